@@ -1,0 +1,107 @@
+"""Eager dispatch overhead of an IR op, side by side in one process.
+
+For a decode-sized (1 x 4096) and a prefill-sized (256 x 4096) input this
+times, round-robin so drift hits every variant alike:
+
+* ``direct``     — the native function called as a plain Python function,
+* ``ir.ops``     — ``ir.ops.rms_norm(...)`` (cached selection, eager fast path),
+* ``torch.ops``  — ``torch.ops.vllm_ir.rms_norm.default(...)`` (through the dispatcher),
+* ``custom_op``  — the same function wrapped by ``torch.library.custom_op``.
+
+Overhead is the median per-call time minus ``direct``'s. Run:
+
+    python benchmarks/dispatch_overhead.py [--out benchmarks/results/dispatch_overhead.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import timeit
+from pathlib import Path
+
+import torch
+
+import vllm_ir as ir
+
+SHAPES = {"decode": (1, 4096), "prefill": (256, 4096)}
+
+
+def _custom_op() -> object:
+    @torch.library.custom_op("vllm_ir_bench::rms_norm", mutates_args=())
+    def rms_norm(
+        x: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> torch.Tensor:
+        return ir.ops.rms_norm.native(x, weight, epsilon, variance_size)
+
+    rms_norm.register_fake(ir.ops.rms_norm.native)
+    return rms_norm
+
+
+def measure(shape: tuple[int, int], rounds: int, number: int) -> dict[str, object]:
+    x = torch.randn(*shape)
+    w = torch.randn(shape[-1])
+    eps = 1e-6
+    variants = {
+        "direct": lambda: ir.ops.rms_norm.native(x, w, eps),
+        "ir.ops": lambda: ir.ops.rms_norm(x, w, eps),
+        "torch.ops": lambda: torch.ops.vllm_ir.rms_norm.default(x, w, eps),
+        "custom_op": lambda: CUSTOM_OP(x, w, eps),
+    }
+    for fn in variants.values():  # warm-up, and the selection cache
+        for _ in range(200):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            samples[name].append(timeit.timeit(fn, number=number) / number * 1e6)
+    median = {name: statistics.median(s) for name, s in samples.items()}
+    return {
+        "shape": list(shape),
+        "median_us": {k: round(v, 3) for k, v in median.items()},
+        "stdev_us": {k: round(statistics.stdev(s), 3) for k, s in samples.items()},
+        "overhead_vs_direct_us": {
+            k: round(v - median["direct"], 3) for k, v in median.items() if k != "direct"
+        },
+        "ratio_vs_direct": {k: round(v / median["direct"], 3) for k, v in median.items()},
+    }
+
+
+CUSTOM_OP = _custom_op()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/dispatch_overhead.json"))
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--number", type=int, default=2000)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    results = {}
+    with torch.inference_mode():
+        for label, shape in SHAPES.items():
+            number = args.number if label == "decode" else max(args.number // 20, 50)
+            results[label] = measure(shape, args.rounds, number)
+    report = {
+        "benchmark": "dispatch_overhead",
+        "torch": torch.__version__,
+        "vllm_ir": ir.__version__,
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "results": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{'shape':>10} {'variant':>10} {'median us':>10} {'overhead us':>12}")
+    for label, r in results.items():
+        for name, t in r["median_us"].items():
+            over = r["overhead_vs_direct_us"].get(name, 0.0)
+            print(f"{label:>10} {name:>10} {t:>10.2f} {over:>12.2f}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

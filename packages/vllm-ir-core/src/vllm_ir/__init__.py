@@ -1,0 +1,49 @@
+"""vllm-ir: a functional intermediate representation for LLM inference kernels.
+
+Model code calls IR ops; a priority list picks the kernel, identically in
+eager mode and under ``torch.compile``.
+
+>>> import torch, vllm_ir as ir
+>>> x, w = torch.randn(4, 64), torch.ones(64)
+>>> y = ir.ops.rms_norm(x, w, 1e-6)
+>>> ir.ops.rms_norm.dispatch(x, w, 1e-6).provider
+'native'
+"""
+
+from vllm_ir import ops
+from vllm_ir._version import API_VERSION, __version__
+from vllm_ir.config import IrOpPriorityConfig, KernelConfig, parse_ir_op_priority_args
+from vllm_ir.dispatch import Selection, invalidate_caches
+from vllm_ir.impl import NATIVE, IrOpImpl
+from vllm_ir.op import IrOp, IrOpInplaceOverload, get_op, register_op
+from vllm_ir.platform import current_platform
+from vllm_ir.priority import PlatformDefaults, PriorityEntry, compiled_selection
+from vllm_ir.providers import ProviderSpec, load_errors, loaded_providers
+from vllm_ir.samples import SampleInput
+from vllm_ir.tolerances import Tolerance
+
+__all__ = [
+    "API_VERSION",
+    "NATIVE",
+    "IrOp",
+    "IrOpImpl",
+    "IrOpInplaceOverload",
+    "IrOpPriorityConfig",
+    "KernelConfig",
+    "PlatformDefaults",
+    "PriorityEntry",
+    "ProviderSpec",
+    "SampleInput",
+    "Selection",
+    "Tolerance",
+    "__version__",
+    "compiled_selection",
+    "current_platform",
+    "get_op",
+    "invalidate_caches",
+    "load_errors",
+    "loaded_providers",
+    "ops",
+    "parse_ir_op_priority_args",
+    "register_op",
+]

@@ -1,0 +1,195 @@
+"""User configuration of kernel selection, from Python or the command line.
+
+>>> import vllm_ir as ir
+>>> config = ir.IrOpPriorityConfig.from_cli_args(["--ir-op-priority.rms_norm=native"])
+>>> config
+IrOpPriorityConfig(rms_norm=['native'])
+>>> with config.scope():
+...     ir.ops.rms_norm.get_priority()[0]
+'native'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_ir.op import IrOp, get_op
+from vllm_ir.priority import scoped_priority, set_process_priority
+
+__all__ = [
+    "CLI_FLAG",
+    "IrOpPriorityConfig",
+    "KernelConfig",
+    "parse_ir_op_priority_args",
+]
+
+CLI_FLAG = "--ir-op-priority"
+
+
+class IrOpPriorityConfig:
+    """Per-op priority lists, e.g. ``IrOpPriorityConfig(rms_norm=["vllm_c", "native"])``.
+
+    Op and provider names are checked on construction (installed providers
+    are discovered first); an unknown one raises ``ValueError`` listing the
+    known names.
+    """
+
+    def __init__(self, **priorities: Sequence[str]) -> None:
+        checked: dict[str, list[str]] = {}
+        for op_name, providers in priorities.items():
+            try:
+                op: IrOp = get_op(op_name)
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
+            checked[op_name] = op.check_providers(providers)
+        self._priorities = checked
+
+    @classmethod
+    def from_dict(cls, priorities: Mapping[str, Sequence[str]]) -> IrOpPriorityConfig:
+        if not isinstance(priorities, Mapping):
+            raise TypeError(
+                f"ir_op_priority must map op names to provider lists, got {priorities!r}"
+            )
+        return cls(**priorities)
+
+    @classmethod
+    def from_cli_args(cls, argv: Sequence[str]) -> IrOpPriorityConfig:
+        """Parse ``--ir-op-priority`` flags; any other argument is an error."""
+        config, rest = parse_ir_op_priority_args(argv)
+        if rest:
+            raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
+        return config
+
+    def to_dict(self) -> dict[str, list[str]]:
+        return {op: list(p) for op, p in self._priorities.items()}
+
+    def merged(self, other: IrOpPriorityConfig) -> IrOpPriorityConfig:
+        """A config with ``other``'s lists overriding this one's, op by op."""
+        return IrOpPriorityConfig(**{**self._priorities, **other._priorities})
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Apply within a ``with`` block, for this thread / task only."""
+        with scoped_priority(self._priorities):
+            yield
+
+    def apply(self) -> None:
+        """Apply process-wide (to every thread without a scope of its own)."""
+        set_process_priority(self._priorities)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, IrOpPriorityConfig) and self._priorities == other._priorities
+
+    def __hash__(self) -> int:
+        return hash(tuple((k, tuple(v)) for k, v in sorted(self._priorities.items())))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{op}={p!r}" for op, p in self._priorities.items())
+        return f"IrOpPriorityConfig({inner})"
+
+
+@dataclass
+class KernelConfig:
+    """Kernel selection settings of a deployment.
+
+    >>> import vllm_ir as ir
+    >>> ir.KernelConfig(ir_op_priority={"rms_norm": ["native"]}).ir_op_priority
+    IrOpPriorityConfig(rms_norm=['native'])
+    """
+
+    ir_op_priority: IrOpPriorityConfig | Mapping[str, Sequence[str]] = field(
+        default_factory=IrOpPriorityConfig
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ir_op_priority, IrOpPriorityConfig):
+            self.ir_op_priority = IrOpPriorityConfig.from_dict(self.ir_op_priority)
+
+    @property
+    def priority(self) -> IrOpPriorityConfig:
+        assert isinstance(self.ir_op_priority, IrOpPriorityConfig)
+        return self.ir_op_priority
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        with self.priority.scope():
+            yield
+
+    def apply(self) -> None:
+        self.priority.apply()
+
+
+def _parse_providers(op_name: str, value: str) -> list[str]:
+    providers = [p.strip() for p in value.split(",")]
+    if not value.strip() or any(not p for p in providers):
+        raise ValueError(
+            f"{CLI_FLAG}.{op_name}={value!r}: expected a comma-separated list of "
+            "providers, e.g. vllm_c,native"
+        )
+    return providers
+
+
+def _parse_json(value: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{CLI_FLAG} {value!r} is not valid JSON ({e.msg} at column {e.colno}); "
+            'expected e.g. \'{"rms_norm": ["vllm_c", "native"]}\''
+        ) from None
+    if not isinstance(parsed, dict) or not all(
+        isinstance(v, list) and all(isinstance(p, str) for p in v) for v in parsed.values()
+    ):
+        raise ValueError(
+            f"{CLI_FLAG} JSON must map op names to lists of provider names, got {value!r}"
+        )
+    return parsed
+
+
+def parse_ir_op_priority_args(
+    argv: Sequence[str],
+) -> tuple[IrOpPriorityConfig, list[str]]:
+    """Split ``--ir-op-priority`` flags out of ``argv``.
+
+    Accepts ``--ir-op-priority.OP=a,b`` / ``--ir-op-priority.OP a,b`` (repeatable,
+    later flags win per op) and ``--ir-op-priority '{"OP": ["a", "b"]}'`` /
+    ``--ir-op-priority={...}``. Returns the config and the other arguments.
+    Malformed flags, unknown ops and unknown providers raise ``ValueError``.
+
+    >>> config, rest = parse_ir_op_priority_args(
+    ...     ["--ir-op-priority.rms_norm=native", "--verbose"])
+    >>> config.to_dict(), rest
+    ({'rms_norm': ['native']}, ['--verbose'])
+    """
+    priorities: dict[str, list[str]] = {}
+    rest: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith(CLI_FLAG):
+            rest.append(arg)
+            continue
+        flag, eq, value = arg.partition("=")
+        if not eq:
+            if i >= len(args):
+                raise ValueError(f"{flag} expects a value")
+            value = args[i]
+            i += 1
+        if flag == CLI_FLAG:
+            priorities.update(_parse_json(value))
+        elif flag.startswith(CLI_FLAG + "."):
+            op_name = flag[len(CLI_FLAG) + 1 :].replace("-", "_")
+            if not op_name:
+                raise ValueError(f"{flag}: missing op name, e.g. {CLI_FLAG}.rms_norm=vllm_c")
+            priorities[op_name] = _parse_providers(op_name, value)
+        else:
+            raise ValueError(
+                f"unrecognized flag {flag!r}; use {CLI_FLAG}.OP=a,b or {CLI_FLAG} '{{json}}'"
+            )
+    return IrOpPriorityConfig(**priorities), rest

@@ -1,0 +1,162 @@
+"""Selection of an impl for a call: priority order, ``supported``,
+batch invariance, ``supports_args`` — and the caches that keep it off the hot path.
+
+Selection is a pure function of the effective priority list and the argument
+metadata that ``supports_args`` may look at, so its answer is cached per op on
+``(priority state, dtype, device, ndim, layout of each tensor, non-tensor args)``.
+Anything that can change an answer (a registration, a process-wide priority,
+provider discovery) calls :func:`invalidate_caches`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_ir import envs
+from vllm_ir.impl import IrOpImpl
+from vllm_ir.logger import get_logger
+from vllm_ir.priority import Mode, PriorityEntry, effective_priority
+
+__all__ = [
+    "Decision",
+    "Selection",
+    "invalidate_caches",
+    "register_cache",
+    "release_cache",
+    "select",
+]
+
+logger = get_logger(__name__)
+
+# Plain dicts: the interpreter specializes subscripts of exact dicts only.
+_caches: list[dict[Any, IrOpImpl]] = []
+
+
+def register_cache() -> dict[Any, IrOpImpl]:
+    """A new selection cache that :func:`invalidate_caches` will clear."""
+    cache: dict[Any, IrOpImpl] = {}
+    _caches.append(cache)
+    return cache
+
+
+def release_cache(cache: dict[Any, IrOpImpl]) -> None:
+    """Stop tracking ``cache`` (its op was unregistered)."""
+    _caches[:] = [c for c in _caches if c is not cache]
+
+
+def invalidate_caches() -> None:
+    """Forget every cached selection (call after changing ``VLLM_*`` variables)."""
+    for cache in _caches:
+        cache.clear()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What selection made of one entry of the priority list."""
+
+    entry: PriorityEntry
+    accepted: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen impl and the decision taken on every entry before it."""
+
+    impl: IrOpImpl
+    decisions: tuple[Decision, ...]
+
+
+def _check_plain_bool(op_name: str, impl: IrOpImpl, answer: object) -> bool:
+    if type(answer) is bool:
+        return answer
+    hint = (
+        " It depends on a symbolic size or value, which would guard the compiled "
+        "graph on it; supports_args may only look at dtype, device, ndim, layout "
+        "and non-tensor arguments."
+        if type(answer).__name__.startswith("Sym")
+        else ""
+    )
+    raise TypeError(
+        f"supports_args of impl {impl.provider!r} of op {op_name!r} returned "
+        f"{type(answer).__name__} {answer!r}; it must return a plain bool.{hint}"
+    )
+
+
+def _rejection(
+    op_name: str,
+    impl: IrOpImpl | None,
+    args: tuple[Any, ...],
+    batch_invariant: bool,
+) -> str | None:
+    """Why ``impl`` cannot serve ``args`` (None if it can)."""
+    if impl is None:
+        return "not registered (is its provider package installed and loaded?)"
+    if not impl.supported:
+        return "not supported on this platform"
+    if batch_invariant and not impl.batch_invariant:
+        return f"not batch invariant ({envs.VLLM_BATCH_INVARIANT}=1)"
+    if impl.supports_args is not None:
+        answer = impl.supports_args(*args)
+        if not _check_plain_bool(op_name, impl, answer):
+            return "arguments not supported (supports_args returned False)"
+    return None
+
+
+def select(
+    op_name: str,
+    impls: Mapping[str, IrOpImpl],
+    args: tuple[Any, ...],
+    mode: Mode,
+    describe_args: Callable[[], str] | None = None,
+) -> Selection:
+    """Walk the effective priority list and return the first impl that can run.
+
+    ``native`` is always on the list and always accepts, so this never fails
+    (an impl whose ``supports_args`` raises propagates its error).
+    """
+    batch_invariant = envs.batch_invariant()
+    decisions: list[Decision] = []
+    for entry in effective_priority(op_name, mode):
+        impl = impls.get(entry.provider)
+        reason = _rejection(op_name, impl, args, batch_invariant)
+        if reason is None:
+            assert impl is not None
+            decisions.append(Decision(entry, True, "selected"))
+            selection = Selection(impl, tuple(decisions))
+            _log(op_name, mode, selection, describe_args)
+            return selection
+        decisions.append(Decision(entry, False, reason))
+    raise AssertionError(f"no impl of {op_name!r} accepted the call; native must always accept")
+
+
+def _log(
+    op_name: str, mode: Mode, selection: Selection, describe_args: Callable[[], str] | None
+) -> None:
+    if not logger.isEnabledFor(10):  # DEBUG
+        return
+    where = f" for {describe_args()}" if describe_args else ""
+    for d in selection.decisions[:-1]:
+        logger.debug(
+            "%s (%s): rejected %s [%s]: %s", op_name, mode, d.entry.provider, d.entry.source, d.reason
+        )
+    chosen = selection.decisions[-1].entry
+    logger.debug(
+        "%s (%s): selected %s [%s]%s", op_name, mode, chosen.provider, chosen.source, where
+    )
+
+
+def describe(args: Iterable[Any]) -> str:
+    """A short, data-free description of call arguments for logs and errors."""
+    import torch
+
+    parts = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            dtype = str(a.dtype).removeprefix("torch.")
+            parts.append(f"Tensor({dtype}, {tuple(a.shape)}, {a.device})")
+        else:
+            parts.append(repr(a))
+    return "(" + ", ".join(parts) + ")"

@@ -1,0 +1,56 @@
+"""Environment variables read by vllm-ir, in one place.
+
+Each is read when it is needed, not at import. Selections are cached, so set
+them before the first call of an op (or call
+:func:`vllm_ir.dispatch.invalidate_caches` after changing them).
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = [
+    "VLLM_BATCH_INVARIANT",
+    "VLLM_IR_PLATFORM",
+    "VLLM_IR_PROVIDERS",
+    "VLLM_LOGGING_LEVEL",
+    "batch_invariant",
+    "logging_level",
+    "platform_override",
+    "provider_allow_list",
+]
+
+VLLM_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
+"""``1`` restricts selection to impls registered with ``batch_invariant=True``."""
+
+VLLM_IR_PROVIDERS = "VLLM_IR_PROVIDERS"
+"""Comma-separated allow-list of provider entry points to load; unset loads all."""
+
+VLLM_LOGGING_LEVEL = "VLLM_LOGGING_LEVEL"
+"""Level of the ``vllm_ir`` logger; ``DEBUG`` logs every selection and rejection."""
+
+VLLM_IR_PLATFORM = "VLLM_IR_PLATFORM"
+"""Overrides platform detection (``cuda``, ``rocm``, ``xpu``, ``cpu``)."""
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def batch_invariant() -> bool:
+    return os.environ.get(VLLM_BATCH_INVARIANT, "0").strip().lower() in _TRUE
+
+
+def provider_allow_list() -> frozenset[str] | None:
+    raw = os.environ.get(VLLM_IR_PROVIDERS)
+    if raw is None or not raw.strip():
+        return None
+    return frozenset(name.strip() for name in raw.split(",") if name.strip())
+
+
+def logging_level() -> str | None:
+    raw = os.environ.get(VLLM_LOGGING_LEVEL)
+    return raw.strip().upper() if raw and raw.strip() else None
+
+
+def platform_override() -> str | None:
+    raw = os.environ.get(VLLM_IR_PLATFORM)
+    return raw.strip().lower() if raw and raw.strip() else None

@@ -1,0 +1,38 @@
+"""The ``vllm_ir`` logger, whose level follows ``VLLM_LOGGING_LEVEL``."""
+
+from __future__ import annotations
+
+import logging
+
+from vllm_ir import envs
+
+__all__ = ["get_logger"]
+
+_ROOT = "vllm_ir"
+_configured = False
+
+
+def _configure() -> None:
+    global _configured
+    _configured = True
+    root = logging.getLogger(_ROOT)
+    level = envs.logging_level()
+    if level is None:
+        return
+    if level not in logging.getLevelNamesMapping():
+        raise ValueError(
+            f"{envs.VLLM_LOGGING_LEVEL}={level!r} is not a logging level; "
+            "use one of DEBUG, INFO, WARNING, ERROR, CRITICAL"
+        )
+    root.setLevel(level)
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+
+
+def get_logger(name: str) -> logging.Logger:
+    """Return the logger for module ``name`` (configured on first use)."""
+    if not _configured:
+        _configure()
+    return logging.getLogger(name)

@@ -1,0 +1,109 @@
+"""RMSNorm and fused residual-add + RMSNorm.
+
+The native functions are the semantics: fp32 compute, result cast back to the
+input dtype, then scaled by the optional weight; ``variance_size`` computes the
+variance over the first ``variance_size`` channels only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from vllm_ir.op import register_op
+from vllm_ir.samples import SampleInput
+
+__all__ = ["fused_add_rms_norm", "rms_norm"]
+
+
+@register_op
+def rms_norm(
+    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> Tensor:
+    """Weighted root-mean-square layer normalization."""
+    orig_dtype = x.dtype
+    x = x.to(torch.float32)
+    x_var = x if variance_size is None else x[..., :variance_size]
+    variance = x_var.pow(2).mean(dim=-1, keepdim=True)
+    x = x * torch.rsqrt(variance + epsilon)
+    x = x.to(orig_dtype)
+    if weight is not None:
+        x = x * weight
+    return x
+
+
+@register_op(allow_inplace=True)
+def fused_add_rms_norm(
+    x: Tensor,
+    x_residual: Tensor,
+    weight: Tensor | None,
+    epsilon: float,
+    variance_size: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Residual add, then RMSNorm: returns ``(rms_norm(x + x_residual), x + x_residual)``.
+
+    The sum is rounded to the input dtype before normalization, as a kernel
+    that stores the new residual and re-reads it does.
+    """
+    x_residual = x + x_residual
+    return rms_norm.native(x_residual, weight, epsilon, variance_size), x_residual
+
+
+def _hidden(gen: torch.Generator, dtype: torch.dtype, device: torch.device, *shape: int) -> Tensor:
+    return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
+
+
+def _weight(gen: torch.Generator, dtype: torch.dtype, device: torch.device, hidden: int) -> Tensor:
+    return (1.0 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype=dtype, device=device)
+
+
+_SHAPES = ((1, 64), (7, 96), (16, 1000), (2, 3, 128))
+"""One row; odd row count; hidden not a power of two; 3-D input."""
+
+
+@rms_norm.register_input_generator
+def _rms_norm_inputs(dtype: torch.dtype, device: torch.device) -> Iterator[SampleInput]:
+    gen = torch.Generator().manual_seed(0)
+    for shape in _SHAPES:
+        hidden = shape[-1]
+        tag = "x".join(map(str, shape))
+        yield SampleInput((_hidden(gen, dtype, device, *shape), _weight(gen, dtype, device, hidden), 1e-6), tag)
+    yield SampleInput((_hidden(gen, dtype, device, 4, 64), None, 1e-5), "4x64-no-weight")
+    yield SampleInput(
+        (_hidden(gen, dtype, device, 4, 96), _weight(gen, dtype, device, 96), 1e-6, 64), "4x96-variance64"
+    )
+    strided = _hidden(gen, dtype, device, 4, 256)[:, :128]
+    yield SampleInput((strided, _weight(gen, dtype, device, 128), 1e-6), "4x128-strided-rows")
+
+
+@fused_add_rms_norm.register_input_generator
+def _fused_add_rms_norm_inputs(dtype: torch.dtype, device: torch.device) -> Iterator[SampleInput]:
+    gen = torch.Generator().manual_seed(1)
+    for shape in _SHAPES:
+        hidden = shape[-1]
+        tag = "x".join(map(str, shape))
+        yield SampleInput(
+            (
+                _hidden(gen, dtype, device, *shape),
+                _hidden(gen, dtype, device, *shape),
+                _weight(gen, dtype, device, hidden),
+                1e-6,
+            ),
+            tag,
+        )
+    yield SampleInput(
+        (_hidden(gen, dtype, device, 4, 64), _hidden(gen, dtype, device, 4, 64), None, 1e-5),
+        "4x64-no-weight",
+    )
+    yield SampleInput(
+        (
+            _hidden(gen, dtype, device, 4, 96),
+            _hidden(gen, dtype, device, 4, 96),
+            _weight(gen, dtype, device, 96),
+            1e-6,
+            64,
+        ),
+        "4x96-variance64",
+    )

@@ -1,0 +1,48 @@
+"""Which platform this process runs on: ``cuda``, ``rocm``, ``xpu`` or ``cpu``."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from vllm_ir import envs
+
+__all__ = ["PLATFORMS", "current_platform", "is_cuda_alike"]
+
+PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
+
+
+@functools.cache
+def _detect() -> str:
+    if torch.cuda.is_available():
+        return "rocm" if torch.version.hip else "cuda"
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        return "xpu"
+    return "cpu"
+
+
+def current_platform() -> str:
+    """The platform whose default priorities apply.
+
+    ``VLLM_IR_PLATFORM`` overrides detection, e.g. to inspect another
+    platform's defaults with ``vllm-ir explain``.
+
+    >>> current_platform() in PLATFORMS
+    True
+    """
+    override = envs.platform_override()
+    if override is None:
+        return _detect()
+    if override not in PLATFORMS:
+        raise ValueError(
+            f"{envs.VLLM_IR_PLATFORM}={override!r} is not a platform; "
+            f"use one of {', '.join(PLATFORMS)}"
+        )
+    return override
+
+
+def is_cuda_alike() -> bool:
+    """True on CUDA and ROCm."""
+    return current_platform() in ("cuda", "rocm")

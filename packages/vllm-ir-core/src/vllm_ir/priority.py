@@ -1,0 +1,242 @@
+"""Priority lists: who asked for which provider, and the effective order.
+
+The effective list of an op is, in order:
+
+1. the user's providers (scoped with :meth:`IrOp.set_priority` /
+   :meth:`IrOpPriorityConfig.scope`, else process-wide via ``apply()``),
+2. the platform defaults contributed by installed providers, minus those
+   already named, for the selection mode (``eager`` or ``compiled``),
+3. ``native``, unless already named.
+
+Scoped state lives in a :class:`contextvars.ContextVar`, so each thread and
+each asyncio task sees its own scopes; threads without a scope see the
+process-wide priorities.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from vllm_ir.impl import NATIVE
+from vllm_ir.platform import PLATFORMS, current_platform
+
+__all__ = [
+    "Mode",
+    "PlatformDefaults",
+    "PriorityEntry",
+    "PriorityState",
+    "add_platform_defaults",
+    "compiled_selection",
+    "current_state",
+    "effective_priority",
+    "platform_default_contributions",
+    "remove_platform_defaults",
+    "scoped_priority",
+    "selection_mode",
+    "set_process_priority",
+]
+
+Mode = Literal["eager", "compiled"]
+MODES: tuple[Mode, ...] = ("eager", "compiled")
+
+
+@dataclass(frozen=True)
+class PriorityEntry:
+    """One provider of an effective priority list and where it came from."""
+
+    provider: str
+    source: str
+
+
+@dataclass(frozen=True)
+class PlatformDefaults:
+    """Default priorities a provider contributes for one platform.
+
+    ``eager`` applies to eager mode and Dynamo-only compilation; ``compiled``
+    applies when Inductor compiles the graph, where ``native`` usually comes
+    first because Inductor fuses it and opaque kernels are fusion barriers.
+    Contributions from several providers are merged by descending ``rank``,
+    then by provider package name, keeping the first occurrence of each entry.
+
+    >>> PlatformDefaults("cuda", eager={"rms_norm": ["vllm_c"]}, compiled={"rms_norm": ["native"]})
+    PlatformDefaults(platform='cuda', eager={'rms_norm': ['vllm_c']}, compiled={'rms_norm': ['native']}, rank=0)
+    """
+
+    platform: str
+    eager: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    compiled: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        if self.platform not in PLATFORMS:
+            raise ValueError(
+                f"PlatformDefaults.platform must be one of {', '.join(PLATFORMS)}, "
+                f"got {self.platform!r}"
+            )
+        for mode in MODES:
+            for op_name, providers in getattr(self, mode).items():
+                if isinstance(providers, str) or not all(isinstance(p, str) for p in providers):
+                    raise TypeError(
+                        f"PlatformDefaults({self.platform!r}).{mode}[{op_name!r}] must be a "
+                        f"list of provider names, got {providers!r}"
+                    )
+
+    def for_mode(self, mode: Mode) -> Mapping[str, Sequence[str]]:
+        return self.eager if mode == "eager" else self.compiled
+
+
+class PriorityState:
+    """An immutable, interned set of user priorities (op name -> providers).
+
+    Interning makes equal states the same object, so dispatch caches can key
+    on identity while repeated scopes with the same lists keep hitting them.
+    """
+
+    __slots__ = ("__weakref__", "origin", "priorities")
+    _interned: dict[tuple[object, ...], PriorityState] = {}
+    _lock = threading.Lock()
+
+    priorities: Mapping[str, tuple[str, ...]]
+    origin: str
+
+    def __new__(cls, priorities: Mapping[str, Sequence[str]], origin: str) -> PriorityState:
+        frozen = {op: tuple(providers) for op, providers in sorted(priorities.items())}
+        key = (origin, *frozen.items())
+        with cls._lock:
+            state = cls._interned.get(key)
+            if state is None:
+                state = object.__new__(cls)
+                state.priorities = frozen
+                state.origin = origin
+                cls._interned[key] = state
+        return state
+
+    def __repr__(self) -> str:
+        return f"PriorityState({dict(self.priorities)!r}, origin={self.origin!r})"
+
+
+_EMPTY_PROCESS = PriorityState({}, "user (process-wide)")
+_process_state: PriorityState = _EMPTY_PROCESS
+_scoped_state: contextvars.ContextVar[PriorityState | None] = contextvars.ContextVar(
+    "vllm_ir_scoped_priority", default=None
+)
+_mode: contextvars.ContextVar[Mode] = contextvars.ContextVar("vllm_ir_mode", default="eager")
+_defaults: dict[str, tuple[PlatformDefaults, ...]] = {}
+
+
+def scoped_state_var() -> contextvars.ContextVar[PriorityState | None]:
+    """The context variable holding the scoped state (``None``: process-wide)."""
+    return _scoped_state
+
+
+def current_state() -> PriorityState:
+    """The user priorities in force in this context."""
+    return _scoped_state.get() or _process_state
+
+
+def _invalidate() -> None:
+    from vllm_ir import dispatch
+
+    dispatch.invalidate_caches()
+
+
+@contextlib.contextmanager
+def scoped_priority(priorities: Mapping[str, Sequence[str]]) -> Iterator[PriorityState]:
+    """Within the block, ``priorities`` override the current lists op by op.
+
+    Nestable; the previous state is restored on exit, exceptions included.
+    Callers validate op and provider names first (see ``IrOpPriorityConfig``).
+    """
+    outer = current_state()
+    merged = {**outer.priorities, **{op: tuple(p) for op, p in priorities.items()}}
+    token = _scoped_state.set(PriorityState(merged, "user (scoped)"))
+    try:
+        yield _scoped_state.get()  # type: ignore[misc]
+    finally:
+        _scoped_state.reset(token)
+
+
+def set_process_priority(priorities: Mapping[str, Sequence[str]], *, replace: bool = False) -> None:
+    """Set priorities for every thread without a scope of its own."""
+    global _process_state
+    base = {} if replace else dict(_process_state.priorities)
+    base.update({op: tuple(p) for op, p in priorities.items()})
+    _process_state = PriorityState(base, "user (process-wide)")
+    _invalidate()
+
+
+def selection_mode() -> Mode:
+    """``compiled`` while the lowering pass selects impls, else ``eager``."""
+    return _mode.get()
+
+
+@contextlib.contextmanager
+def compiled_selection() -> Iterator[None]:
+    """Select with the platform defaults for Inductor-compiled graphs."""
+    token = _mode.set("compiled")
+    try:
+        yield
+    finally:
+        _mode.reset(token)
+
+
+def add_platform_defaults(source: str, defaults: Sequence[PlatformDefaults]) -> None:
+    """Record the default priorities contributed by provider package ``source``."""
+    _defaults[source] = tuple(defaults)
+    _invalidate()
+
+
+def remove_platform_defaults(source: str) -> None:
+    if _defaults.pop(source, None) is not None:
+        _invalidate()
+
+
+def platform_default_contributions(
+    op_name: str, mode: Mode, platform: str | None = None
+) -> list[tuple[str, tuple[str, ...], int]]:
+    """``(source, providers, rank)`` for ``op_name``, in merge order."""
+    platform = platform or current_platform()
+    found = [
+        (source, tuple(d.for_mode(mode)[op_name]), d.rank)
+        for source, contributions in _defaults.items()
+        for d in contributions
+        if d.platform == platform and op_name in d.for_mode(mode)
+    ]
+    return sorted(found, key=lambda item: (-item[2], item[0]))
+
+
+def effective_priority(
+    op_name: str,
+    mode: Mode | None = None,
+    *,
+    state: PriorityState | None = None,
+    platform: str | None = None,
+) -> tuple[PriorityEntry, ...]:
+    """The ordered providers to try for ``op_name``, each with its origin.
+
+    >>> [e.provider for e in effective_priority("some_op", "eager", platform="cpu")]
+    ['native']
+    """
+    mode = mode or selection_mode()
+    state = state or current_state()
+    platform = platform or current_platform()
+    entries: list[PriorityEntry] = []
+    seen: set[str] = set()
+
+    def add(provider: str, source: str) -> None:
+        if provider not in seen:
+            seen.add(provider)
+            entries.append(PriorityEntry(provider, source))
+
+    for provider in state.priorities.get(op_name, ()):
+        add(provider, state.origin)
+    for source, providers, _rank in platform_default_contributions(op_name, mode, platform):
+        for provider in providers:
+            add(provider, f"{platform} {mode} default of {source}")
+    add(NATIVE, "native fallback")
+    return tuple(entries)
