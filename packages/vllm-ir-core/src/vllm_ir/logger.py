@@ -19,7 +19,7 @@ def _configure() -> None:
     level = envs.logging_level()
     if level is None:
         return
-    if level not in logging.getLevelNamesMapping():
+    if not isinstance(logging.getLevelName(level), int):
         raise ValueError(
             f"{envs.VLLM_LOGGING_LEVEL}={level!r} is not a logging level; "
             "use one of DEBUG, INFO, WARNING, ERROR, CRITICAL"

@@ -1,0 +1,105 @@
+"""IrOpPriorityConfig, KernelConfig and --ir-op-priority parsing."""
+
+from __future__ import annotations
+
+import pytest
+from torch import Tensor
+
+import vllm_ir as ir
+
+
+@pytest.fixture
+def with_kernel() -> ir.IrOp:
+    op = ir.ops.rms_norm
+    if "cfg_kernel" not in op._impls:
+
+        @op.register_impl("cfg_kernel")
+        def cfg_kernel(
+            x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+        ) -> Tensor:
+            return op.native(x, weight, epsilon, variance_size)
+
+    yield op
+    op._unregister_impl("cfg_kernel")
+
+
+def test_cli_dotted_form_repeatable(with_kernel: ir.IrOp) -> None:
+    config, rest = ir.parse_ir_op_priority_args(
+        [
+            "serve",
+            "--ir-op-priority.rms_norm=cfg_kernel,native",
+            "--ir-op-priority.fused_add_rms_norm",
+            "native",
+            "--port=8000",
+        ]
+    )
+    assert config.to_dict() == {
+        "rms_norm": ["cfg_kernel", "native"],
+        "fused_add_rms_norm": ["native"],
+    }
+    assert rest == ["serve", "--port=8000"]
+
+
+def test_cli_json_form_and_later_flags_win(with_kernel: ir.IrOp) -> None:
+    config = ir.IrOpPriorityConfig.from_cli_args(
+        [
+            '--ir-op-priority={"rms_norm": ["native"], "fused_add_rms_norm": ["native"]}',
+            "--ir-op-priority.rms-norm=cfg_kernel",
+        ]
+    )
+    assert config.to_dict() == {"rms_norm": ["cfg_kernel"], "fused_add_rms_norm": ["native"]}
+    spaced = ir.IrOpPriorityConfig.from_cli_args(["--ir-op-priority", '{"rms_norm": ["native"]}'])
+    assert spaced == ir.IrOpPriorityConfig(rms_norm=["native"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--ir-op-priority.rms_norm="], "comma-separated list of providers"),
+        (["--ir-op-priority.rms_norm=a,,b"], "comma-separated list of providers"),
+        (["--ir-op-priority.rms_norm"], "expects a value"),
+        (["--ir-op-priority.=native"], "missing op name"),
+        (["--ir-op-priority={not json"], "is not valid JSON"),
+        (['--ir-op-priority=["native"]'], "must map op names to lists"),
+        (['--ir-op-priority={"rms_norm": "native"}'], "must map op names to lists"),
+        (["--ir-op-priority-x=native"], "unrecognized flag"),
+        (["--ir-op-priority.no_such_op=native"], "unknown IR op 'no_such_op'; known ops:"),
+        (["--ir-op-priority.rms_norm=nope"], r"unknown provider\(s\) 'nope'.*known providers:"),
+    ],
+)
+def test_cli_rejects_malformed(argv: list[str], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ir.parse_ir_op_priority_args(argv)
+
+
+def test_from_cli_args_rejects_other_arguments() -> None:
+    with pytest.raises(ValueError, match="unrecognized arguments: --port"):
+        ir.IrOpPriorityConfig.from_cli_args(["--port", "1"])
+
+
+def test_config_scope_and_apply(with_kernel: ir.IrOp) -> None:
+    config = ir.IrOpPriorityConfig(rms_norm=["cfg_kernel"])
+    with config.scope():
+        assert with_kernel.get_priority() == ["cfg_kernel", "native"]
+    assert with_kernel.get_priority() == ["native"]
+    config.apply()
+    assert with_kernel.get_priority() == ["cfg_kernel", "native"]
+    assert with_kernel.get_priority_entries()[0].source == "user (process-wide)"
+
+
+def test_kernel_config_accepts_dict_and_config(with_kernel: ir.IrOp) -> None:
+    from_dict = ir.KernelConfig(ir_op_priority={"rms_norm": ["cfg_kernel", "native"]})
+    from_obj = ir.KernelConfig(ir_op_priority=ir.IrOpPriorityConfig(rms_norm=["cfg_kernel", "native"]))
+    assert from_dict.ir_op_priority == from_obj.ir_op_priority
+    with from_dict.scope():
+        assert with_kernel.get_priority()[0] == "cfg_kernel"
+    assert ir.KernelConfig().ir_op_priority.to_dict() == {}
+    with pytest.raises(TypeError, match="must map op names"):
+        ir.KernelConfig(ir_op_priority=["native"])  # type: ignore[arg-type]
+
+
+def test_merged_overrides_per_op(with_kernel: ir.IrOp) -> None:
+    base = ir.IrOpPriorityConfig(rms_norm=["native"], fused_add_rms_norm=["native"])
+    merged = base.merged(ir.IrOpPriorityConfig(rms_norm=["cfg_kernel"]))
+    assert merged.to_dict() == {"rms_norm": ["cfg_kernel"], "fused_add_rms_norm": ["native"]}
+    assert "rms_norm=['cfg_kernel']" in repr(merged)

@@ -1,0 +1,45 @@
+"""VLLM_LOGGING_LEVEL=DEBUG shows each selection and each rejection, with reasons."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+
+def test_debug_logging_of_selection() -> None:
+    script = textwrap.dedent(
+        """
+        import torch, vllm_ir as ir
+        from torch import Tensor
+
+        @ir.ops.rms_norm.register_impl("no_bf16", supports_args=lambda x, weight, epsilon, variance_size=None: x.dtype != torch.bfloat16)
+        def a(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+            return ir.ops.rms_norm.native(x, weight, epsilon, variance_size)
+
+        @ir.ops.rms_norm.register_impl("absent", supported=False)
+        def b(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+            raise AssertionError
+
+        with ir.ops.rms_norm.set_priority(["absent", "no_bf16"]):
+            ir.ops.rms_norm(torch.ones(2, 8, dtype=torch.bfloat16), None, 1e-6)
+        """
+    )
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "DEBUG"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    log = result.stderr
+    assert "rms_norm (eager): rejected absent [user (scoped)]: not supported on this platform" in log
+    assert "rejected no_bf16 [user (scoped)]: arguments not supported" in log
+    assert "rms_norm (eager): selected native [native fallback] for (Tensor(bfloat16, (2, 8), cpu), None, 1e-06)" in log
+
+
+def test_bad_logging_level_is_a_clear_error() -> None:
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "LOUD"}
+    result = subprocess.run(
+        [sys.executable, "-c", "import vllm_ir"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert "VLLM_LOGGING_LEVEL='LOUD' is not a logging level" in result.stderr

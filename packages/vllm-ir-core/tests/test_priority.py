@@ -1,0 +1,168 @@
+"""Effective priority lists: composition, provenance, scopes and threads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+from torch import Tensor
+
+import vllm_ir as ir
+from vllm_ir import priority
+
+
+def _register(op: ir.IrOp, *providers: str) -> None:
+    for provider in providers:
+
+        def impl(x: Tensor, factor: float) -> Tensor:
+            return x * factor
+
+        op.register_impl(provider)(impl)
+
+
+@pytest.fixture
+def defaults(scale_op: ir.IrOp):  # type: ignore[no-untyped-def]
+    _register(scale_op, "vendor", "triton", "other")
+    platform = ir.current_platform()
+    priority.add_platform_defaults(
+        "pkg-b", [ir.PlatformDefaults(platform, eager={scale_op.name: ["triton"]}, rank=10)]
+    )
+    priority.add_platform_defaults(
+        "pkg-a",
+        [
+            ir.PlatformDefaults(platform, eager={scale_op.name: ["vendor"]}, rank=100),
+            ir.PlatformDefaults("xpu" if platform != "xpu" else "cuda", eager={scale_op.name: ["other"]}),
+        ],
+    )
+    yield scale_op
+    priority.remove_platform_defaults("pkg-a")
+    priority.remove_platform_defaults("pkg-b")
+
+
+def test_defaults_merge_by_rank_then_user_first(defaults: ir.IrOp) -> None:
+    op = defaults
+    assert op.get_priority() == ["vendor", "triton", "native"]
+    with op.set_priority(["triton"]):
+        entries = op.get_priority_entries()
+    assert [(e.provider, e.source) for e in entries] == [
+        ("triton", "user (scoped)"),
+        ("vendor", f"{ir.current_platform()} eager default of pkg-a"),
+        ("native", "native fallback"),
+    ]
+    # other platforms' defaults do not apply
+    assert "other" not in op.get_priority()
+
+
+def test_equal_rank_merges_by_package_name(scale_op: ir.IrOp) -> None:
+    _register(scale_op, "p1", "p2")
+    platform = ir.current_platform()
+    priority.add_platform_defaults("zzz", [ir.PlatformDefaults(platform, eager={scale_op.name: ["p1"]})])
+    priority.add_platform_defaults("aaa", [ir.PlatformDefaults(platform, eager={scale_op.name: ["p2"]})])
+    try:
+        assert scale_op.get_priority() == ["p2", "p1", "native"]
+    finally:
+        priority.remove_platform_defaults("zzz")
+        priority.remove_platform_defaults("aaa")
+
+
+def test_native_named_early_stays_where_named(defaults: ir.IrOp) -> None:
+    with defaults.set_priority(["native", "triton"]):
+        assert defaults.get_priority() == ["native", "triton", "vendor"]
+
+
+def test_scopes_nest_and_restore_on_exception(defaults: ir.IrOp) -> None:
+    op = defaults
+    with op.set_priority(["triton"]):
+        with op.set_priority(["other"]):
+            assert op.get_priority()[0] == "other"
+        assert op.get_priority()[0] == "triton"
+        with pytest.raises(RuntimeError), op.set_priority(["native"]):
+            raise RuntimeError("boom")
+        assert op.get_priority()[0] == "triton"
+    assert op.get_priority()[0] == "vendor"
+
+
+def test_scope_of_one_op_keeps_the_others(defaults: ir.IrOp) -> None:
+    with ir.ops.rms_norm.set_priority(["native"]), defaults.set_priority(["other"]):
+        assert ir.ops.rms_norm.get_priority() == ["native"]
+        assert defaults.get_priority()[0] == "other"
+
+
+def test_process_wide_applies_to_other_threads(defaults: ir.IrOp) -> None:
+    ir.IrOpPriorityConfig(**{defaults.name: ["other"]}).apply()
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(defaults.get_priority()[0]))
+    thread.start()
+    thread.join()
+    assert seen == ["other"]
+    assert defaults.get_priority_entries()[0].source == "user (process-wide)"
+
+
+def test_scopes_are_isolated_between_threads(defaults: ir.IrOp) -> None:
+    op = defaults
+    x = torch.ones(1)
+    barrier = threading.Barrier(2)
+    results: dict[str, list[str]] = {}
+
+    def worker(provider: str) -> None:
+        with op.set_priority([provider]):
+            barrier.wait()  # both scopes are open at once
+            picked = [op.dispatch(x, 1.0).provider for _ in range(50)]
+            barrier.wait()
+        results[provider] = picked
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in ("triton", "other")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(results["triton"]) == {"triton"}
+    assert set(results["other"]) == {"other"}
+    assert op.dispatch(x, 1.0).provider == "vendor"
+
+
+def test_scopes_are_isolated_between_tasks(defaults: ir.IrOp) -> None:
+    op = defaults
+
+    async def task(provider: str) -> str:
+        with op.set_priority([provider]):
+            await asyncio.sleep(0)
+            return op.dispatch(torch.ones(1), 1.0).provider
+
+    async def main() -> list[str]:
+        return list(await asyncio.gather(task("triton"), task("other")))
+
+    assert asyncio.run(main()) == ["triton", "other"]
+
+
+def test_set_priority_validates(defaults: ir.IrOp) -> None:
+    with pytest.raises(ValueError, match=r"unknown provider\(s\) 'nope'.*known providers: native, other"):
+        with defaults.set_priority(["nope"]):
+            pass
+    with pytest.raises(TypeError, match="list of provider names"):
+        with defaults.set_priority("triton"):  # type: ignore[arg-type]
+            pass
+
+
+def test_platform_override(monkeypatch: pytest.MonkeyPatch, scale_op: ir.IrOp) -> None:
+    _register(scale_op, "cuda_kernel")
+    priority.add_platform_defaults(
+        "cuda-pkg", [ir.PlatformDefaults("cuda", eager={scale_op.name: ["cuda_kernel"]})]
+    )
+    try:
+        monkeypatch.setenv("VLLM_IR_PLATFORM", "cuda")
+        assert scale_op.get_priority() == ["cuda_kernel", "native"]
+        monkeypatch.setenv("VLLM_IR_PLATFORM", "tpu")
+        with pytest.raises(ValueError, match="not a platform; use one of cuda, rocm, xpu, cpu"):
+            scale_op.get_priority()
+    finally:
+        priority.remove_platform_defaults("cuda-pkg")
+
+
+def test_platform_defaults_validation() -> None:
+    with pytest.raises(ValueError, match="platform must be one of"):
+        ir.PlatformDefaults("tpu")
+    with pytest.raises(TypeError, match="list of provider names"):
+        ir.PlatformDefaults("cpu", eager={"rms_norm": "native"})  # type: ignore[dict-item]

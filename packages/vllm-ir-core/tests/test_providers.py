@@ -1,0 +1,156 @@
+"""Provider discovery: loading, API checks, rollback, allow-list, defaults."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from importlib import metadata
+
+import pytest
+import torch
+from torch import Tensor
+
+import vllm_ir as ir
+from vllm_ir import priority, providers
+from conftest import unique
+
+
+@pytest.fixture
+def fresh_discovery(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
+    """Discovery state reset, and a fake entry-point table the test fills in."""
+    table: dict[str, object] = {}
+
+    def entry_points(group: str) -> list[metadata.EntryPoint]:
+        assert group == providers.ENTRY_POINT_GROUP
+        eps = []
+        for name, obj in table.items():
+            module = types.ModuleType(f"fake_provider_{name}")
+            module.provider = obj  # type: ignore[attr-defined]
+            monkeypatch.setitem(sys.modules, module.__name__, module)
+            eps.append(metadata.EntryPoint(name, f"{module.__name__}:provider", group))
+        return eps
+
+    monkeypatch.setattr(providers.metadata, "entry_points", entry_points)
+    monkeypatch.setattr(providers, "_loaded_once", False)
+    monkeypatch.setattr(providers, "_loaded", {})
+    monkeypatch.setattr(providers, "_errors", {})
+    yield table
+    for name in table:
+        priority.remove_platform_defaults(f"fake_provider_{name}")
+
+
+def _rms_impl(
+    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> Tensor:
+    return ir.ops.rms_norm.native(x, weight, epsilon, variance_size)
+
+
+def _spec(provider: str, *, api_version: int = ir.API_VERSION, fail: bool = False) -> ir.ProviderSpec:
+    def register() -> None:
+        ir.ops.rms_norm.register_impl(provider)(_rms_impl)
+        if fail:
+            raise RuntimeError("kernel library missing")
+
+    return ir.ProviderSpec(
+        name=provider,
+        api_version=api_version,
+        register=register,
+        defaults=[ir.PlatformDefaults(ir.current_platform(), eager={"rms_norm": [provider]})],
+    )
+
+
+def test_provider_loads_with_defaults_and_attribution(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
+    name = unique("good")
+    fresh_discovery[name] = _spec(name)
+    try:
+        loaded = ir.loaded_providers()
+        assert name in loaded
+        impl = ir.ops.rms_norm.impls[name]
+        assert impl.package == f"fake_provider_{name}"
+        assert ir.ops.rms_norm.get_priority() == [name, "native"]
+        assert ir.ops.rms_norm.dispatch(torch.ones(2, 4), None, 1e-6).provider == name
+    finally:
+        ir.ops.rms_norm._unregister_impl(name)
+
+
+def test_spec_factory_function_is_accepted(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
+    name = unique("factory")
+    fresh_discovery[name] = lambda: _spec(name)
+    try:
+        assert name in ir.loaded_providers()
+    finally:
+        ir.ops.rms_norm._unregister_impl(name)
+
+
+def test_failing_provider_is_skipped_and_rolled_back(fresh_discovery, caplog) -> None:  # type: ignore[no-untyped-def]
+    good, bad = unique("good"), unique("bad")
+    fresh_discovery[bad] = _spec(bad, fail=True)
+    fresh_discovery[good] = _spec(good)
+    try:
+        with caplog.at_level("WARNING", logger="vllm_ir"):
+            errors = ir.load_errors()
+        assert errors[bad].cause == "RuntimeError: kernel library missing"
+        assert "Traceback" in errors[bad].details
+        assert bad not in ir.ops.rms_norm.impls  # its partial registration is undone
+        assert good in ir.ops.rms_norm.impls
+        assert bad not in ir.ops.rms_norm.get_priority()  # nor its defaults
+        assert f"provider {bad!r}" in caplog.text and "kernel library missing" in caplog.text
+    finally:
+        ir.ops.rms_norm._unregister_impl(good)
+
+
+def test_incompatible_api_version_is_refused(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
+    name = unique("future")
+    fresh_discovery[name] = _spec(name, api_version=ir.API_VERSION + 1)
+    cause = ir.load_errors()[name].cause
+    assert f"provider API {ir.API_VERSION + 1}" in cause
+    assert f"vllm-ir-core {ir.__version__} provides API {ir.API_VERSION}" in cause
+    assert name not in ir.ops.rms_norm.impls
+
+
+def test_entry_point_of_wrong_type(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
+    name = unique("wrong")
+    fresh_discovery[name] = {"not": "a spec"}
+    assert "must name a vllm_ir.ProviderSpec" in ir.load_errors()[name].cause
+
+
+def test_allow_list(fresh_discovery, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    kept, skipped = unique("kept"), unique("skipped")
+    fresh_discovery[kept] = _spec(kept)
+    fresh_discovery[skipped] = _spec(skipped)
+    monkeypatch.setenv("VLLM_IR_PROVIDERS", f"{kept},typo_provider")
+    try:
+        with caplog.at_level("WARNING", logger="vllm_ir"):
+            assert set(ir.loaded_providers()) == {kept}
+        assert "'typo_provider', but no such provider is installed" in caplog.text
+        assert skipped not in ir.ops.rms_norm.impls
+    finally:
+        ir.ops.rms_norm._unregister_impl(kept)
+
+
+def test_provider_registering_a_new_op_is_rolled_back(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
+    name = unique("newop")
+    op_name = unique("provider_op")
+
+    def register() -> None:
+        def op_fn(x: Tensor) -> Tensor:
+            return x
+
+        ir.register_op(name=op_name)(op_fn)
+        raise ImportError("missing dependency")
+
+    fresh_discovery[name] = ir.ProviderSpec(name=name, api_version=ir.API_VERSION, register=register)
+    assert "ImportError: missing dependency" in ir.load_errors()[name].cause
+    assert op_name not in ir.op.IrOp.registry
+    assert not hasattr(torch.ops.vllm_ir, op_name)
+
+
+def test_discovery_runs_once(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
+    calls = []
+    name = unique("once")
+    fresh_discovery[name] = ir.ProviderSpec(name, ir.API_VERSION, lambda: calls.append(1))
+    ir.loaded_providers()
+    ir.ops.rms_norm(torch.ones(1, 4), None, 1e-6)
+    ir.loaded_providers()
+    assert calls == [1]

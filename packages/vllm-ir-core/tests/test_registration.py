@@ -1,0 +1,202 @@
+"""register_op / register_impl: what they define, and what they refuse."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor
+
+import vllm_ir as ir
+from conftest import scale, unique
+
+
+def test_register_op_defines_torch_op_fake_and_namespace(make_op: Callable[..., ir.IrOp]) -> None:
+    op = make_op(scale)
+    packet = getattr(torch.ops.vllm_ir, op.name)
+    assert op.torch_op is packet.default
+    assert getattr(ir.ops, op.name) is op
+    assert ir.get_op(op.name) is op
+    assert list(op.impls) == ["native"]
+    with torch._subclasses.FakeTensorMode():
+        out = op.torch_op(torch.empty(3, 5), 2.0)
+    assert out.shape == (3, 5)
+    assert not hasattr(packet, "maybe_inplace")
+
+
+def test_register_op_bare_and_with_arguments() -> None:
+    def bare_op_fn(x: Tensor) -> Tensor:
+        return x + 1
+
+    bare_op_fn.__name__ = unique("bare")
+    op = ir.register_op(bare_op_fn)
+    named = ir.register_op(name=unique("named"), activations=["y"], allow_inplace=True)(
+        lambda_free_op
+    )
+    try:
+        assert op.name == bare_op_fn.__name__
+        assert named.activations == ("y",)
+        assert named.maybe_inplace.torch_op is getattr(torch.ops.vllm_ir, named.name).maybe_inplace
+    finally:
+        op._unregister()
+        named._unregister()
+
+
+def lambda_free_op(y: Tensor, z: Tensor) -> Tensor:
+    return y * z
+
+
+def test_activations_default_to_parameters_starting_with_x(make_op) -> None:
+    def op_fn(x: Tensor, x_residual: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        return x, x_residual
+
+    assert make_op(op_fn, allow_inplace=True).activations == ("x", "x_residual")
+    assert ir.ops.fused_add_rms_norm.activations == ("x", "x_residual")
+    assert ir.ops.rms_norm.activations == ("x",)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fn_src", "error", "match"),
+    [
+        ({"name": "has space"}, "scale", ValueError, "must be a Python identifier"),
+        ({"name": "_private"}, "scale", ValueError, "must not start with an underscore"),
+        ({"name": "rms_norm"}, "scale", ValueError, "already registered"),
+        ({"name": "layernorm"}, "scale", ValueError, "would shadow vllm_ir.ops.layernorm"),
+        ({"activations": ["nope"]}, "scale", ValueError, "activation 'nope' is not a parameter"),
+        ({"activations": ["factor"]}, "scale", TypeError, "activations must be Tensors"),
+        ({"allow_inplace": True, "activations": []}, "scale", ValueError, "no activations"),
+        ({"allow_inplace": True}, "two_out", ValueError, "returns 2 tensor"),
+        ({}, "unannotated", TypeError, "has no type annotation"),
+        ({}, "kwonly", TypeError, "keyword-only"),
+    ],
+)
+def test_register_op_rejects(kwargs, fn_src, error, match) -> None:
+    def two_out(x: Tensor) -> tuple[Tensor, Tensor]:
+        return x, x
+
+    def unannotated(x: Tensor, factor) -> Tensor:  # type: ignore[no-untyped-def]
+        return x
+
+    def kwonly(x: Tensor, *, factor: float) -> Tensor:
+        return x
+
+    fns = {"scale": scale, "two_out": two_out, "unannotated": unannotated, "kwonly": kwonly}
+    kwargs = {"name": unique("rejected"), **kwargs}
+    before = set(ir.op.IrOp.registry)
+    with pytest.raises(error, match=match):
+        ir.register_op(**kwargs)(fns[fn_src])
+    assert set(ir.op.IrOp.registry) == before
+    assert not hasattr(torch.ops.vllm_ir, kwargs["name"]) or kwargs["name"] in before
+
+
+def test_failed_torch_definition_registers_nothing() -> None:
+    def bad_schema(x: Tensor, blob: object) -> Tensor:  # object has no torch schema type
+        return x
+
+    name = unique("bad_schema")
+    with pytest.raises(TypeError, match="has no torch schema"):
+        ir.register_op(name=name)(bad_schema)
+    assert name not in ir.op.IrOp.registry
+    # the name is free again: a corrected definition succeeds
+    ok = ir.register_op(name=name)(scale)
+    ok._unregister()
+
+
+def test_register_impl_and_attributes(scale_op: ir.IrOp) -> None:
+    def supports(x, factor):  # type: ignore[no-untyped-def]
+        return factor > 0
+
+    @scale_op.register_impl("fast", supports_args=supports, batch_invariant=True)
+    def fast(x: Tensor, factor: float) -> Tensor:
+        return torch.mul(x, factor)
+
+    impl = scale_op.impls["fast"]
+    assert fast.__name__ == "fast"  # the decorator returns the function
+    assert (impl.provider, impl.impl_fn, impl.supported, impl.supports_args) == (
+        "fast",
+        fast,
+        True,
+        supports,
+    )
+    assert (impl.inplace, impl.batch_invariant) == (False, True)
+    assert impl.package  # resolved from the registering module
+    assert scale_op.impls["native"].batch_invariant
+
+
+def _impl_for(op: ir.IrOp):  # type: ignore[no-untyped-def]
+    def impl(x: Tensor, factor: float) -> Tensor:
+        return x * factor
+
+    return impl
+
+
+@pytest.mark.parametrize(
+    ("provider", "kwargs", "error", "match"),
+    [
+        ("native", {}, ValueError, "reserved"),
+        ("not-an-identifier", {}, ValueError, "must be a Python identifier"),
+        ("p", {"supported": lambda: True}, TypeError, "supported must be a bool.*call it"),
+        ("p", {"inplace": 1}, TypeError, "inplace must be a bool"),
+        ("p", {"supports_args": 3}, TypeError, "must be callable"),
+        ("p", {"supports_args": lambda x: True}, TypeError, "must take the op's own parameters"),
+        ("p", {"supports_args": lambda x, f: True}, TypeError, "same names"),
+        ("p", {"supports_args": lambda x, factor=1.0: True}, TypeError, "defaults"),
+        ("p", {"inplace": True}, ValueError, "without allow_inplace=True"),
+    ],
+)
+def test_register_impl_rejects(scale_op: ir.IrOp, provider, kwargs, error, match) -> None:
+    with pytest.raises(error, match=match):
+        scale_op.register_impl(provider, **kwargs)(_impl_for(scale_op))
+    assert list(scale_op.impls) == ["native"]
+
+
+def test_register_impl_rejects_duplicate_provider(scale_op: ir.IrOp) -> None:
+    scale_op.register_impl("dup")(_impl_for(scale_op))
+    with pytest.raises(ValueError, match="already has an impl from provider 'dup'"):
+        scale_op.register_impl("dup")(_impl_for(scale_op))
+
+
+@pytest.mark.parametrize(
+    "impl_src",
+    [
+        "def impl(x: Tensor, scale: float) -> Tensor: return x",  # name
+        "def impl(x: Tensor, factor: int) -> Tensor: return x",  # annotation
+        "def impl(x: Tensor, factor: float = 2.0) -> Tensor: return x",  # default
+        "def impl(x: Tensor) -> Tensor: return x",  # arity
+        "def impl(x, factor): return x",  # missing annotations
+    ],
+)
+def test_register_impl_rejects_signature_mismatch(scale_op: ir.IrOp, impl_src: str) -> None:
+    namespace: dict[str, object] = {"Tensor": Tensor}
+    exec(impl_src, namespace)
+    with pytest.raises(TypeError) as info:
+        scale_op.register_impl("mismatch")(namespace["impl"])  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "(x: torch.Tensor, factor: float) -> torch.Tensor" in message  # the native one
+    assert "impl(" in message  # and the offending one
+    assert "mismatch" not in scale_op.impls
+
+
+def test_string_annotations_compare_resolved(scale_op: ir.IrOp) -> None:
+    namespace: dict[str, object] = {}
+    exec(
+        "from __future__ import annotations\n"
+        "from torch import Tensor\n"
+        "def impl(x: Tensor, factor: float) -> Tensor: return x * factor\n",
+        namespace,
+    )
+    scale_op.register_impl("stringly")(namespace["impl"])  # type: ignore[arg-type]
+    assert "stringly" in scale_op.impls
+
+
+def test_maybe_inplace_missing_without_allow_inplace(scale_op: ir.IrOp) -> None:
+    with pytest.raises(AttributeError, match="allow_inplace=True"):
+        scale_op.maybe_inplace  # noqa: B018
+
+
+def test_unknown_op_lists_known_ones() -> None:
+    with pytest.raises(KeyError, match="known ops:.*rms_norm"):
+        ir.get_op("no_such_op")
+    with pytest.raises(AttributeError, match="unknown IR op 'no_such_op'"):
+        ir.ops.no_such_op  # noqa: B018
