@@ -1,0 +1,150 @@
+"""Sessions for the vllm-ir monorepo: ``nox -l`` lists them.
+
+Every session installs through ``constraints.txt`` so all environments test
+the same torch. Packages are found under ``packages/``: a new provider slots
+into ``tests`` and its platform session without edits here.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CONSTRAINTS = str(ROOT / "constraints.txt")
+CORE = "vllm-ir-core"
+
+nox.options.sessions = ["lint", "tests", "integration"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True
+
+
+def _packages() -> dict[str, Path]:
+    found = {}
+    for pyproject in sorted(ROOT.glob("packages/*/pyproject.toml")):
+        name = tomllib.loads(pyproject.read_text())["project"]["name"]
+        found[name] = pyproject.parent
+    return found
+
+
+PACKAGES = _packages()
+INTEGRATION = ROOT / "integration-tests"
+# third-party-style provider packages the integration tests install next to the wheels
+INTEGRATION_PACKAGES = sorted(p.parent for p in INTEGRATION.glob("*/pyproject.toml"))
+PLATFORM_PACKAGES = {
+    "cpu": ["vllm-ir-cpu"],
+    "cuda": ["vllm-ir-cuda", "vllm-ir-triton"],
+    "rocm": ["vllm-ir-rocm", "vllm-ir-triton"],
+    "xpu": ["vllm-ir-xpu", "vllm-ir-triton"],
+}
+ENV = {
+    # compiled artifacts live in the build tree so repeated runs hit warm caches
+    "TORCHINDUCTOR_CACHE_DIR": str(ROOT / ".cache" / "inductor"),
+    "TRITON_CACHE_DIR": str(ROOT / ".cache" / "triton"),
+    "PIP_CONSTRAINT": CONSTRAINTS,
+}
+
+
+def _install(session: nox.Session, *names: str, extras: str = "test") -> None:
+    """Install core and the named packages from this checkout, with test extras."""
+    targets = [CORE, *[n for n in names if n != CORE]]
+    args = [f"{PACKAGES[n]}[{extras}]" if extras else str(PACKAGES[n]) for n in targets]
+    session.install("-c", CONSTRAINTS, *args)
+
+
+def _pytest(session: nox.Session, *paths: str) -> None:
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths,
+                *session.posargs, env=ENV)
+
+
+@nox.session
+@nox.parametrize("package", list(PACKAGES))
+def tests(session: nox.Session, package: str) -> None:
+    """Unit tests of one package (core, or a provider on top of core)."""
+    _install(session, package)
+    _pytest(session, str(PACKAGES[package] / "tests"))
+
+
+@nox.session
+@nox.parametrize("platform", list(PLATFORM_PACKAGES))
+def platform(session: nox.Session, platform: str) -> None:
+    """Core plus one platform's providers; hardware tests skip without the hardware."""
+    present = [p for p in PLATFORM_PACKAGES[platform] if p in PACKAGES]
+    if not present:
+        session.skip(f"no provider package for {platform} in this checkout yet")
+    _install(session, *present)
+    _pytest(session, *(str(PACKAGES[p] / "tests") for p in present))
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """Build every wheel, install them together with third-party providers, test."""
+    dist = ROOT / ".cache" / "dist-integration"
+    session.install("-c", CONSTRAINTS, "build", "pytest", "numpy")
+    _build_wheels(session, dist, [*PACKAGES.values(), *INTEGRATION_PACKAGES], sdist=False)
+    wheels = sorted(str(w) for w in dist.glob("*.whl"))
+    # one command, so the providers' vllm-ir-core requirement resolves to the wheel built here
+    session.install("-c", CONSTRAINTS, *wheels)
+    # a reused venv already holds these versions: replace them with what was just built
+    session.install("--force-reinstall", "--no-deps", *wheels)
+    env = {**ENV, "VLLM_IR_WHEEL_DIR": str(dist)}
+    session.run(
+        *("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", str(INTEGRATION)),
+        *session.posargs,
+        env=env,
+    )
+
+
+def _build_wheels(
+    session: nox.Session,
+    dist: Path,
+    sources: Sequence[Path] | None = None,
+    *,
+    sdist: bool = True,
+) -> None:
+    """Build ``sources`` (default: every package) into an emptied ``dist``."""
+    dist.mkdir(parents=True, exist_ok=True)
+    for old in dist.glob("*"):
+        old.unlink()
+    kinds = ["--wheel", "--sdist"] if sdist else ["--wheel"]
+    for path in PACKAGES.values() if sources is None else sources:
+        session.run("python", "-m", "build", *kinds, "--outdir", str(dist), str(path), silent=True)
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build every sdist and wheel with hatchling and check their metadata."""
+    dist = ROOT / ".cache" / "dist"
+    session.install("build", "twine")
+    _build_wheels(session, dist)
+    session.run("twine", "check", "--strict", *sorted(str(p) for p in dist.iterdir()))
+    session.run("python", str(ROOT / "tools" / "check_wheels.py"), str(dist))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format) and mypy over every package."""
+    session.install("-c", CONSTRAINTS, "ruff", "mypy", "torch", "nox", "pytest")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    sources = [str(p / "src") for p in PACKAGES.values()]
+    session.run("mypy", *sources, env={"MYPYPATH": os.pathsep.join(sources)})
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks; JSON results land in benchmarks/results/."""
+    _install(session, *PACKAGES, extras="")
+    for script in sorted((ROOT / "benchmarks").glob("*.py")):
+        session.run("python", str(script), *session.posargs, env=ENV)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: a small model through IR ops, eager and compiled."""
+    _install(session, *PACKAGES, extras="")
+    session.run("python", str(ROOT / "examples" / "demo.py"), *session.posargs, env=ENV)
