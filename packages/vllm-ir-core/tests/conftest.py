@@ -7,9 +7,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from torch import Tensor
-
 import vllm_ir as ir
+from torch import Tensor
 from vllm_ir import dispatch, priority
 
 _counter = itertools.count()

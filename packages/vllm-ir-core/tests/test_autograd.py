@@ -5,9 +5,8 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch import Tensor
-
 import vllm_ir as ir
+from torch import Tensor
 
 
 def _grads(fn, x: Tensor, r: Tensor, w: Tensor) -> tuple[Tensor, ...]:  # type: ignore[no-untyped-def]
@@ -19,7 +18,11 @@ def _grads(fn, x: Tensor, r: Tensor, w: Tensor) -> tuple[Tensor, ...]:  # type: 
 
 def test_gradients_match_native() -> None:
     op = ir.ops.fused_add_rms_norm
-    x, r, w = torch.randn(3, 16, dtype=torch.float64), torch.randn(3, 16, dtype=torch.float64), torch.rand(16, dtype=torch.float64)
+    x, r, w = (
+        torch.randn(3, 16, dtype=torch.float64),
+        torch.randn(3, 16, dtype=torch.float64),
+        torch.rand(16, dtype=torch.float64),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "autograd kernel was not registered"
         for call in (op, op.maybe_inplace):
@@ -50,7 +53,8 @@ def test_maybe_inplace_with_grad_does_not_donate(inplace_op: ir.IrOp) -> None:
     x = torch.arange(4.0, requires_grad=True)
     y = torch.ones(4)
     with inplace_op.set_priority(["writes_inputs"]):
-        out, total = inplace_op.maybe_inplace(x, y)
+        out, _ = inplace_op.maybe_inplace(x, y)
     assert y.tolist() == [1.0] * 4  # degraded to the functional overload
     out.sum().backward()
-    assert x.grad is not None and x.grad.tolist() == [2.0] * 4
+    assert x.grad is not None
+    assert x.grad.tolist() == [2.0] * 4

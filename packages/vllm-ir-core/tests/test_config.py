@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from torch import Tensor
-
 import vllm_ir as ir
+from torch import Tensor
 
 
 @pytest.fixture
@@ -89,7 +88,9 @@ def test_config_scope_and_apply(with_kernel: ir.IrOp) -> None:
 
 def test_kernel_config_accepts_dict_and_config(with_kernel: ir.IrOp) -> None:
     from_dict = ir.KernelConfig(ir_op_priority={"rms_norm": ["cfg_kernel", "native"]})
-    from_obj = ir.KernelConfig(ir_op_priority=ir.IrOpPriorityConfig(rms_norm=["cfg_kernel", "native"]))
+    from_obj = ir.KernelConfig(
+        ir_op_priority=ir.IrOpPriorityConfig(rms_norm=["cfg_kernel", "native"])
+    )
     assert from_dict.ir_op_priority == from_obj.ir_op_priority
     with from_dict.scope():
         assert with_kernel.get_priority()[0] == "cfg_kernel"

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import Tensor
-
 import vllm_ir as ir
+from torch import Tensor
 from vllm_ir import dispatch
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 import vllm_ir as ir
 
 
@@ -31,7 +30,7 @@ def test_default_overload_clones_for_inplace_impl(inplace_op: ir.IrOp) -> None:
 
 def test_maybe_inplace_with_functional_impl_leaves_inputs(inplace_op: ir.IrOp) -> None:
     x, y = _inputs()
-    out, total = inplace_op.maybe_inplace(x, y)  # native: functional
+    out, _ = inplace_op.maybe_inplace(x, y)  # native: functional
     assert x.tolist() == [0.0, 1.0, 2.0, 3.0]
     assert out.data_ptr() != x.data_ptr()
 

@@ -13,13 +13,18 @@ def test_debug_logging_of_selection() -> None:
         """
         import torch, vllm_ir as ir
         from torch import Tensor
+        from typing import Optional
+        T = Optional[Tensor]
 
-        @ir.ops.rms_norm.register_impl("no_bf16", supports_args=lambda x, weight, epsilon, variance_size=None: x.dtype != torch.bfloat16)
-        def a(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+        def not_bf16(x, weight, epsilon, variance_size=None):
+            return x.dtype != torch.bfloat16
+
+        @ir.ops.rms_norm.register_impl("no_bf16", supports_args=not_bf16)
+        def a(x: Tensor, weight: T, epsilon: float, variance_size: Optional[int] = None) -> Tensor:
             return ir.ops.rms_norm.native(x, weight, epsilon, variance_size)
 
         @ir.ops.rms_norm.register_impl("absent", supported=False)
-        def b(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+        def b(x: Tensor, weight: T, epsilon: float, variance_size: Optional[int] = None) -> Tensor:
             raise AssertionError
 
         with ir.ops.rms_norm.set_priority(["absent", "no_bf16"]):
@@ -31,9 +36,12 @@ def test_debug_logging_of_selection() -> None:
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     )
     log = result.stderr
-    assert "rms_norm (eager): rejected absent [user (scoped)]: not supported on this platform" in log
+    assert (
+        "rms_norm (eager): rejected absent [user (scoped)]: not supported on this platform" in log
+    )
     assert "rejected no_bf16 [user (scoped)]: arguments not supported" in log
-    assert "rms_norm (eager): selected native [native fallback] for (Tensor(bfloat16, (2, 8), cpu), None, 1e-06)" in log
+    selected = "rms_norm (eager): selected native [native fallback]"
+    assert f"{selected} for (Tensor(bfloat16, (2, 8), cpu), None, 1e-06)" in log
 
 
 def test_bad_logging_level_is_a_clear_error() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import vllm_ir as ir
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -72,8 +71,9 @@ def test_sample_inputs_cover_the_documented_cases() -> None:
 
 
 def test_tolerances_defined_per_dtype() -> None:
-    assert ir.ops.rms_norm.tolerance(torch.float32).atol < ir.ops.rms_norm.tolerance(
-        torch.bfloat16
-    ).atol
-    with pytest.raises(KeyError, match="no tolerance defined for torch.int8"):
+    assert (
+        ir.ops.rms_norm.tolerance(torch.float32).atol
+        < ir.ops.rms_norm.tolerance(torch.bfloat16).atol
+    )
+    with pytest.raises(KeyError, match=r"no tolerance defined for torch\.int8"):
         ir.ops.rms_norm.tolerance(torch.int8)

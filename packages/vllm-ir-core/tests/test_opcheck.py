@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import vllm_ir as ir
 
 CORE_OPS = ["rms_norm", "fused_add_rms_norm"]

@@ -7,9 +7,8 @@ import threading
 
 import pytest
 import torch
-from torch import Tensor
-
 import vllm_ir as ir
+from torch import Tensor
 from vllm_ir import priority
 
 
@@ -33,7 +32,9 @@ def defaults(scale_op: ir.IrOp):  # type: ignore[no-untyped-def]
         "pkg-a",
         [
             ir.PlatformDefaults(platform, eager={scale_op.name: ["vendor"]}, rank=100),
-            ir.PlatformDefaults("xpu" if platform != "xpu" else "cuda", eager={scale_op.name: ["other"]}),
+            ir.PlatformDefaults(
+                "xpu" if platform != "xpu" else "cuda", eager={scale_op.name: ["other"]}
+            ),
         ],
     )
     yield scale_op
@@ -58,8 +59,12 @@ def test_defaults_merge_by_rank_then_user_first(defaults: ir.IrOp) -> None:
 def test_equal_rank_merges_by_package_name(scale_op: ir.IrOp) -> None:
     _register(scale_op, "p1", "p2")
     platform = ir.current_platform()
-    priority.add_platform_defaults("zzz", [ir.PlatformDefaults(platform, eager={scale_op.name: ["p1"]})])
-    priority.add_platform_defaults("aaa", [ir.PlatformDefaults(platform, eager={scale_op.name: ["p2"]})])
+    priority.add_platform_defaults(
+        "zzz", [ir.PlatformDefaults(platform, eager={scale_op.name: ["p1"]})]
+    )
+    priority.add_platform_defaults(
+        "aaa", [ir.PlatformDefaults(platform, eager={scale_op.name: ["p2"]})]
+    )
     try:
         assert scale_op.get_priority() == ["p2", "p1", "native"]
     finally:
@@ -138,12 +143,12 @@ def test_scopes_are_isolated_between_tasks(defaults: ir.IrOp) -> None:
 
 
 def test_set_priority_validates(defaults: ir.IrOp) -> None:
-    with pytest.raises(ValueError, match=r"unknown provider\(s\) 'nope'.*known providers: native, other"):
-        with defaults.set_priority(["nope"]):
-            pass
-    with pytest.raises(TypeError, match="list of provider names"):
-        with defaults.set_priority("triton"):  # type: ignore[arg-type]
-            pass
+    known = r"unknown provider\(s\) 'nope'.*known providers: native, other"
+    with pytest.raises(ValueError, match=known), defaults.set_priority(["nope"]):
+        pass
+    bad: list[str] = "triton"  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="list of provider names"), defaults.set_priority(bad):
+        pass
 
 
 def test_platform_override(monkeypatch: pytest.MonkeyPatch, scale_op: ir.IrOp) -> None:

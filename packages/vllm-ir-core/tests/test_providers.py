@@ -9,11 +9,10 @@ from importlib import metadata
 
 import pytest
 import torch
-from torch import Tensor
-
 import vllm_ir as ir
-from vllm_ir import priority, providers
 from conftest import unique
+from torch import Tensor
+from vllm_ir import priority, providers
 
 
 @pytest.fixture
@@ -46,7 +45,9 @@ def _rms_impl(
     return ir.ops.rms_norm.native(x, weight, epsilon, variance_size)
 
 
-def _spec(provider: str, *, api_version: int = ir.API_VERSION, fail: bool = False) -> ir.ProviderSpec:
+def _spec(
+    provider: str, *, api_version: int = ir.API_VERSION, fail: bool = False
+) -> ir.ProviderSpec:
     def register() -> None:
         ir.ops.rms_norm.register_impl(provider)(_rms_impl)
         if fail:
@@ -95,7 +96,8 @@ def test_failing_provider_is_skipped_and_rolled_back(fresh_discovery, caplog) ->
         assert bad not in ir.ops.rms_norm.impls  # its partial registration is undone
         assert good in ir.ops.rms_norm.impls
         assert bad not in ir.ops.rms_norm.get_priority()  # nor its defaults
-        assert f"provider {bad!r}" in caplog.text and "kernel library missing" in caplog.text
+        assert f"provider {bad!r}" in caplog.text
+        assert "kernel library missing" in caplog.text
     finally:
         ir.ops.rms_norm._unregister_impl(good)
 
@@ -140,7 +142,9 @@ def test_provider_registering_a_new_op_is_rolled_back(fresh_discovery) -> None: 
         ir.register_op(name=op_name)(op_fn)
         raise ImportError("missing dependency")
 
-    fresh_discovery[name] = ir.ProviderSpec(name=name, api_version=ir.API_VERSION, register=register)
+    fresh_discovery[name] = ir.ProviderSpec(
+        name=name, api_version=ir.API_VERSION, register=register
+    )
     assert "ImportError: missing dependency" in ir.load_errors()[name].cause
     assert op_name not in ir.op.IrOp.registry
     assert not hasattr(torch.ops.vllm_ir, op_name)

@@ -6,10 +6,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from torch import Tensor
-
 import vllm_ir as ir
 from conftest import scale, unique
+from torch import Tensor
 
 
 def test_register_op_defines_torch_op_fake_and_namespace(make_op: Callable[..., ir.IrOp]) -> None:
@@ -192,11 +191,11 @@ def test_string_annotations_compare_resolved(scale_op: ir.IrOp) -> None:
 
 def test_maybe_inplace_missing_without_allow_inplace(scale_op: ir.IrOp) -> None:
     with pytest.raises(AttributeError, match="allow_inplace=True"):
-        scale_op.maybe_inplace  # noqa: B018
+        scale_op.maybe_inplace
 
 
 def test_unknown_op_lists_known_ones() -> None:
-    with pytest.raises(KeyError, match="known ops:.*rms_norm"):
+    with pytest.raises(KeyError, match=r"known ops:.*rms_norm"):
         ir.get_op("no_such_op")
     with pytest.raises(AttributeError, match="unknown IR op 'no_such_op'"):
-        ir.ops.no_such_op  # noqa: B018
+        ir.ops.no_such_op

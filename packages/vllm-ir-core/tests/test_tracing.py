@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
-
 import vllm_ir as ir
+from torch.fx.experimental.proxy_tensor import make_fx
 
 
 class TinyDecoder(torch.nn.Module):
@@ -53,7 +52,10 @@ def test_make_fx_fake_mode_with_grad() -> None:
     assert _ir_targets(gm.graph) == EXPECTED[:2]
     # when autograd needs the donated values, maybe_inplace degrades to default
     gm = make_fx(f, tracing_mode="fake")(x, r, torch.ones(32, requires_grad=True))
-    assert _ir_targets(gm.graph) == ["vllm_ir.rms_norm.default", "vllm_ir.fused_add_rms_norm.default"]
+    assert _ir_targets(gm.graph) == [
+        "vllm_ir.rms_norm.default",
+        "vllm_ir.fused_add_rms_norm.default",
+    ]
 
 
 def test_symbolic_trace_one_node_per_call() -> None:

@@ -98,8 +98,7 @@ def make_key_fn(sig: inspect.Signature) -> Callable[..., tuple[Any, ...]]:
         else:
             items.append(f"_generic_meta({p.name})")
     source = (
-        f"def key(state, {_params_source(sig, namespace)}):\n"
-        f"    return ({', '.join(items)},)\n"
+        f"def key(state, {_params_source(sig, namespace)}):\n    return ({', '.join(items)},)\n"
     )
     return _compile(source, "key", namespace)
 

@@ -140,7 +140,12 @@ def _log(
     where = f" for {describe_args()}" if describe_args else ""
     for d in selection.decisions[:-1]:
         logger.debug(
-            "%s (%s): rejected %s [%s]: %s", op_name, mode, d.entry.provider, d.entry.source, d.reason
+            "%s (%s): rejected %s [%s]: %s",
+            op_name,
+            mode,
+            d.entry.provider,
+            d.entry.source,
+            d.reason,
         )
     chosen = selection.decisions[-1].entry
     logger.debug(

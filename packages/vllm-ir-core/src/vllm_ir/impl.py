@@ -103,9 +103,7 @@ def check_impl_signature(
 ) -> None:
     """Raise ``TypeError`` unless ``impl_fn`` has exactly the native signature."""
     if not callable(impl_fn):
-        raise TypeError(
-            f"impl {provider!r} of op {op_name!r} must be callable, got {impl_fn!r}"
-        )
+        raise TypeError(f"impl {provider!r} of op {op_name!r} must be callable, got {impl_fn!r}")
     impl = resolved_signature(impl_fn)
     if impl != native:
         raise TypeError(

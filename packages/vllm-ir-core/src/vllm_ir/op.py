@@ -175,9 +175,7 @@ class IrOp:
             qualname, self._backward, setup_context=self._setup_context, lib=self._lib
         )
         if self.allow_inplace:
-            inplace_schema = infer_schema(
-                self.native, mutates_args=self.activations
-            )
+            inplace_schema = infer_schema(self.native, mutates_args=self.activations)
             overload = f"{self.name}.maybe_inplace"
             self._lib.define(f"{overload}{inplace_schema}")
             # A torch schema cannot say "outputs may alias inputs", so behind the
@@ -285,10 +283,8 @@ class IrOp:
         selection = _dispatch.select(
             self.name, self._impls, args, mode, lambda: _dispatch.describe(args)
         )
-        try:
+        with contextlib.suppress(TypeError):  # unhashable argument: stay uncached
             self._caches[mode][self._key(_scoped_get(), *args)] = selection.impl
-        except TypeError:  # unhashable non-tensor argument: stay uncached
-            pass
         return selection.impl
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -302,8 +298,7 @@ class IrOp:
     def _clone_activations(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         idx = self._activation_idx
         return tuple(
-            a.clone() if i in idx and isinstance(a, torch.Tensor) else a
-            for i, a in enumerate(args)
+            a.clone() if i in idx and isinstance(a, torch.Tensor) else a for i, a in enumerate(args)
         )
 
     # -- impls ------------------------------------------------------------
@@ -410,8 +405,7 @@ class IrOp:
         """Validate a priority list for this op; returns it as a list."""
         if isinstance(providers, str) or not all(isinstance(p, str) for p in providers):
             raise TypeError(
-                f"priority of op {self.name!r} must be a list of provider names, "
-                f"got {providers!r}"
+                f"priority of op {self.name!r} must be a list of provider names, got {providers!r}"
             )
         known = self.impls
         unknown = [p for p in providers if p not in known]
@@ -690,4 +684,3 @@ def get_op(name: str) -> IrOp:
         raise KeyError(
             f"unknown IR op {name!r}; known ops: {', '.join(sorted(IrOp._registry))}"
         ) from None
-

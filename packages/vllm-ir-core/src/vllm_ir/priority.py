@@ -20,7 +20,7 @@ import contextvars
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from vllm_ir.impl import NATIVE
 from vllm_ir.platform import PLATFORMS, current_platform
@@ -63,8 +63,8 @@ class PlatformDefaults:
     Contributions from several providers are merged by descending ``rank``,
     then by provider package name, keeping the first occurrence of each entry.
 
-    >>> PlatformDefaults("cuda", eager={"rms_norm": ["vllm_c"]}, compiled={"rms_norm": ["native"]})
-    PlatformDefaults(platform='cuda', eager={'rms_norm': ['vllm_c']}, compiled={'rms_norm': ['native']}, rank=0)
+    >>> PlatformDefaults("cuda", eager={"rms_norm": ["vllm_c"]}).eager
+    {'rms_norm': ['vllm_c']}
     """
 
     platform: str
@@ -98,8 +98,8 @@ class PriorityState:
     """
 
     __slots__ = ("__weakref__", "origin", "priorities")
-    _interned: dict[tuple[object, ...], PriorityState] = {}
-    _lock = threading.Lock()
+    _interned: ClassVar[dict[tuple[object, ...], PriorityState]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
 
     priorities: Mapping[str, tuple[str, ...]]
     origin: str

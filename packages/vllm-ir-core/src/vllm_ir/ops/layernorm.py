@@ -69,10 +69,13 @@ def _rms_norm_inputs(dtype: torch.dtype, device: torch.device) -> Iterator[Sampl
     for shape in _SHAPES:
         hidden = shape[-1]
         tag = "x".join(map(str, shape))
-        yield SampleInput((_hidden(gen, dtype, device, *shape), _weight(gen, dtype, device, hidden), 1e-6), tag)
+        yield SampleInput(
+            (_hidden(gen, dtype, device, *shape), _weight(gen, dtype, device, hidden), 1e-6), tag
+        )
     yield SampleInput((_hidden(gen, dtype, device, 4, 64), None, 1e-5), "4x64-no-weight")
     yield SampleInput(
-        (_hidden(gen, dtype, device, 4, 96), _weight(gen, dtype, device, 96), 1e-6, 64), "4x96-variance64"
+        (_hidden(gen, dtype, device, 4, 96), _weight(gen, dtype, device, 96), 1e-6, 64),
+        "4x96-variance64",
     )
     strided = _hidden(gen, dtype, device, 4, 256)[:, :128]
     yield SampleInput((strided, _weight(gen, dtype, device, 128), 1e-6), "4x128-strided-rows")
