@@ -8,11 +8,11 @@ into ``tests`` and its platform session without edits here.
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
 import nox
+import tomllib
 
 ROOT = Path(__file__).parent
 CONSTRAINTS = str(ROOT / "constraints.txt")
@@ -57,8 +57,9 @@ def _install(session: nox.Session, *names: str, extras: str = "test") -> None:
 
 
 def _pytest(session: nox.Session, *paths: str) -> None:
-    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths,
-                *session.posargs, env=ENV)
+    session.run(
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths, *session.posargs, env=ENV
+    )
 
 
 @nox.session

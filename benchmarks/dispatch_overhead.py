@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import random
 import statistics
 import timeit
 from pathlib import Path
@@ -59,13 +60,21 @@ def measure(shape: tuple[int, int], rounds: int, number: int) -> dict[str, objec
         for _ in range(200):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in variants}
+    order = list(variants)
+    rng = random.Random(0)
     for _ in range(rounds):
-        for name, fn in variants.items():
-            samples[name].append(timeit.timeit(fn, number=number) / number * 1e6)
+        rng.shuffle(order)  # no variant always runs first or after the same one
+        for name in order:
+            samples[name].append(timeit.timeit(variants[name], number=number) / number * 1e6)
     median = {name: statistics.median(s) for name, s in samples.items()}
+    best = {name: min(s) for name, s in samples.items()}
     return {
         "shape": list(shape),
         "median_us": {k: round(v, 3) for k, v in median.items()},
+        "min_us": {k: round(v, 3) for k, v in best.items()},
+        "min_overhead_vs_direct_us": {
+            k: round(v - best["direct"], 3) for k, v in best.items() if k != "direct"
+        },
         "stdev_us": {k: round(statistics.stdev(s), 3) for k, s in samples.items()},
         "overhead_vs_direct_us": {
             k: round(v - median["direct"], 3) for k, v in median.items() if k != "direct"
@@ -134,13 +143,13 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"{'shape':>10} {'variant':>10} {'median us':>10} {'overhead us':>12}")
+    print(f"{'shape':>10} {'variant':>10} {'median us':>10} {'overhead us':>12} {'min us':>10}")
     for label, r in results.items():
         if label == "dispatch_only":
             continue
         for name, t in r["median_us"].items():
             over = r["overhead_vs_direct_us"].get(name, 0.0)
-            print(f"{label:>10} {name:>10} {t:>10.2f} {over:>12.2f}")
+            print(f"{label:>10} {name:>10} {t:>10.2f} {over:>12.2f} {r['min_us'][name]:>10.2f}")
     only = results["dispatch_only"]
     print("dispatch only (no-op impl), min over rounds:")
     for name, t in only["min_ns"].items():

@@ -16,7 +16,6 @@ import sys
 import time
 
 import torch
-
 import vllm_ir as ir
 
 
@@ -67,8 +66,10 @@ def main(argv: list[str]) -> int:
         for name, error in sorted(ir.load_errors().items()):
             print(f"  provider {name} failed to load: {error.cause}")
         probe = torch.randn(args.tokens, args.hidden)
-        samples = {"rms_norm": (probe, model.input_norm, 1e-6),
-                   "fused_add_rms_norm": (probe, probe, model.input_norm, 1e-6)}
+        samples = {
+            "rms_norm": (probe, model.input_norm, 1e-6),
+            "fused_add_rms_norm": (probe, probe, model.input_norm, 1e-6),
+        }
         for op in ops:
             chosen = op.dispatch(*samples[op.name]).provider
             print(f"  {op.name}: priority {op.get_priority()} -> selected {chosen!r}")

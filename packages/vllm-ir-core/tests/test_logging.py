@@ -41,7 +41,7 @@ def test_debug_logging_of_selection() -> None:
     )
     assert "rejected no_bf16 [user (scoped)]: arguments not supported" in log
     selected = "rms_norm (eager): selected native [native fallback]"
-    assert f"{selected} for (Tensor(bfloat16, (2, 8), cpu), None, 1e-06)" in log
+    assert f"{selected} for (Tensor(bfloat16, (2, 8), cpu), None, 1e-06, None)" in log
 
 
 def test_bad_logging_level_is_a_clear_error() -> None:

@@ -23,7 +23,7 @@ import torch
 from torch.library import Library, infer_schema
 
 from vllm_ir import dispatch as _dispatch
-from vllm_ir._argkey import make_key_fn, make_needs_grad_fn, tensor_kind
+from vllm_ir._hotpath import make_eager_call, make_key_fn, make_needs_grad_fn, tensor_kind
 from vllm_ir.impl import (
     NATIVE,
     IrOpImpl,
@@ -48,10 +48,6 @@ __all__ = ["IrOp", "IrOpInplaceOverload", "NAMESPACE", "get_op", "register_op"]
 NAMESPACE = "vllm_ir"
 """The ``torch.ops`` namespace of every IR op."""
 
-# Bound once: attribute lookups on ``torch`` cost ~50 ns each on the hot path.
-_is_compiling = torch.compiler.is_compiling
-_dispatch_stack_len = torch._C._len_torch_dispatch_stack
-_has_torch_function = torch.overrides.has_torch_function
 _grad_enabled = torch.is_grad_enabled
 _scoped_get = scoped_state_var().get
 
@@ -127,7 +123,7 @@ class IrOp:
             name, self.signature, activations, allow_inplace
         )
         self._activation_idx = frozenset(self._param_names.index(a) for a in self.activations)
-        self._key = make_key_fn(self.signature)
+        self._key = make_key_fn(self.signature, _scoped_get)
         self._needs_grad = make_needs_grad_fn(self.signature)
         self._caches: dict[Mode, dict[Any, IrOpImpl]] = {
             "eager": _dispatch.register_cache(),
@@ -156,6 +152,18 @@ class IrOp:
             raise
         self.torch_op: torch._ops.OpOverload = getattr(torch.ops.vllm_ir, name).default
         """``torch.ops.vllm_ir.<name>.default``: never mutates its inputs."""
+        call = make_eager_call(
+            self.signature,
+            torch_op=self.torch_op,
+            cache=self._eager_cache,
+            select=self._select_uncached,
+            scoped_get=_scoped_get,
+            clone_for_inplace=self.activations if allow_inplace else None,
+        )
+        # A class per op, as torch.fx does per GraphModule: ``op(...)`` looks
+        # ``__call__`` up on the type, and the generated one takes the op's own
+        # parameters.
+        self.__class__ = type(f"IrOp[{name}]", (IrOp,), {"__call__": call, "__doc__": self.__doc__})
 
     # -- torch library ----------------------------------------------------
 
@@ -235,23 +243,12 @@ class IrOp:
     # -- calling ----------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """The default overload: never mutates its inputs."""
-        if kwargs:
-            args = self._bind(args, kwargs)
-        if (
-            _is_compiling()
-            or _dispatch_stack_len()
-            or _has_torch_function(args)
-            or (_grad_enabled() and self._needs_grad(*args))
-        ):
-            return self.torch_op(*args)
-        try:
-            impl = self._eager_cache[self._key(_scoped_get(), *args)]
-        except (KeyError, TypeError):
-            impl = self._select_uncached(args, "eager")
-        if impl.inplace:
-            args = self._clone_activations(args)
-        return impl.impl_fn(*args)
+        """The default overload: never mutates its inputs.
+
+        Each op's class replaces this with code generated from its signature
+        (see ``vllm_ir._hotpath``); this is only reached before that.
+        """
+        raise TypeError(f"op {self.name!r} is not fully constructed")
 
     def dispatch(self, *args: Any, **kwargs: Any) -> IrOpImpl:
         """The impl that a call with these arguments runs.
@@ -264,7 +261,7 @@ class IrOp:
             args = self._bind(args, kwargs)
         mode = selection_mode()
         try:
-            return self._caches[mode][self._key(_scoped_get(), *args)]
+            return self._caches[mode][self._key(*args)]
         except (KeyError, TypeError):
             return self._select_uncached(args, mode)
 
@@ -284,7 +281,7 @@ class IrOp:
             self.name, self._impls, args, mode, lambda: _dispatch.describe(args)
         )
         with contextlib.suppress(TypeError):  # unhashable argument: stay uncached
-            self._caches[mode][self._key(_scoped_get(), *args)] = selection.impl
+            self._caches[mode][self._key(*args)] = selection.impl
         return selection.impl
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -492,23 +489,21 @@ class IrOpInplaceOverload:
     def __init__(self, op: IrOp) -> None:
         self.op = op
         self.torch_op: torch._ops.OpOverload = getattr(torch.ops.vllm_ir, op.name).maybe_inplace
+        call = make_eager_call(
+            op.signature,
+            torch_op=self.torch_op,
+            cache=op._eager_cache,
+            select=op._select_uncached,
+            scoped_get=_scoped_get,
+            clone_for_inplace=None,
+        )
+        self.__class__ = type(
+            f"IrOpInplaceOverload[{op.name}]", (IrOpInplaceOverload,), {"__call__": call}
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        op = self.op
-        if kwargs:
-            args = op._bind(args, kwargs)
-        if (
-            _is_compiling()
-            or _dispatch_stack_len()
-            or _has_torch_function(args)
-            or (_grad_enabled() and op._needs_grad(*args))
-        ):
-            return self.torch_op(*args)
-        try:
-            impl = op._eager_cache[op._key(_scoped_get(), *args)]
-        except (KeyError, TypeError):
-            impl = op._select_uncached(args, "eager")
-        return impl.impl_fn(*args)
+        """Call with donated activations (replaced per op by generated code)."""
+        raise TypeError(f"maybe_inplace of {self.op.name!r} is not fully constructed")
 
     def __repr__(self) -> str:
         return f"IrOpInplaceOverload({self.op.name})"
