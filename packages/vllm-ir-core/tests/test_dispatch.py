@@ -176,3 +176,19 @@ def test_compiled_mode_uses_compiled_defaults(scale_op: ir.IrOp) -> None:
 def test_describe_is_data_free() -> None:
     text = dispatch.describe((torch.ones(2, 3, dtype=torch.bfloat16), None, 1e-6))
     assert text == "(Tensor(bfloat16, (2, 3), cpu), None, 1e-06)"
+
+
+def test_device_type_is_part_of_the_key(scale_op: ir.IrOp) -> None:
+    _register(scale_op, "cpu_only", 1.0, supports_args=lambda x, factor: x.device.type == "cpu")
+    with scale_op.set_priority(["cpu_only"]):
+        assert scale_op.dispatch(torch.ones(2), 1.0).provider == "cpu_only"
+        assert scale_op.dispatch(torch.ones(2, device="meta"), 1.0).provider == "native"
+
+
+def test_wrong_arity_names_the_op(scale_op: ir.IrOp) -> None:
+    with pytest.raises(TypeError, match=rf"{scale_op.name}\(\) missing 1 required"):
+        scale_op(torch.ones(1))
+    with pytest.raises(TypeError, match=rf"{scale_op.name}\(x: torch.Tensor, factor: float\)"):
+        scale_op.dispatch(torch.ones(1))
+    with pytest.raises(TypeError, match="missing a required argument: 'factor'"):
+        scale_op.select(torch.ones(1))

@@ -44,10 +44,10 @@ def test_debug_logging_of_selection() -> None:
     assert f"{selected} for (Tensor(bfloat16, (2, 8), cpu), None, 1e-06, None)" in log
 
 
-def test_bad_logging_level_is_a_clear_error() -> None:
+def test_bad_logging_level_warns_and_is_ignored() -> None:
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "LOUD"}
+    script = "import torch, vllm_ir as ir; ir.ops.rms_norm(torch.ones(1, 4), None, 1e-6)"
     result = subprocess.run(
-        [sys.executable, "-c", "import vllm_ir"], env=env, capture_output=True, text=True
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     )
-    assert result.returncode != 0
-    assert "VLLM_LOGGING_LEVEL='LOUD' is not a logging level" in result.stderr
+    assert "VLLM_LOGGING_LEVEL='LOUD' is not a logging level and is ignored" in result.stderr

@@ -171,3 +171,20 @@ def test_platform_defaults_validation() -> None:
         ir.PlatformDefaults("tpu")
     with pytest.raises(TypeError, match="list of provider names"):
         ir.PlatformDefaults("cpu", eager={"rms_norm": "native"})  # type: ignore[dict-item]
+
+
+def test_process_wide_change_reaches_ops_a_scope_does_not_name(defaults: ir.IrOp) -> None:
+    with ir.ops.rms_norm.set_priority(["native"]):
+        ir.IrOpPriorityConfig(**{defaults.name: ["other"]}).apply()
+        entry = defaults.get_priority_entries()[0]
+        assert (entry.provider, entry.source) == ("other", "user (process-wide)")
+        assert defaults.dispatch(torch.ones(1), 1.0).provider == "other"
+    ir.clear_process_priority()
+    assert defaults.get_priority()[0] == "vendor"
+
+
+def test_apply_replace_drops_other_ops(defaults: ir.IrOp) -> None:
+    ir.IrOpPriorityConfig(rms_norm=["native"]).apply()
+    ir.IrOpPriorityConfig(**{defaults.name: ["other"]}).apply(replace=True)
+    assert ir.ops.rms_norm.get_priority_entries()[0].source == "native fallback"
+    assert defaults.get_priority()[0] == "other"

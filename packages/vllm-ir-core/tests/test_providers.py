@@ -158,3 +158,23 @@ def test_discovery_runs_once(fresh_discovery) -> None:  # type: ignore[no-untype
     ir.ops.rms_norm(torch.ones(1, 4), None, 1e-6)
     ir.loaded_providers()
     assert calls == [1]
+
+
+def test_import_time_registrations_are_rolled_back(fresh_discovery, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    name = unique("eager_import")
+    module = types.ModuleType(f"importing_{name}")
+
+    def module_getattr(attr: str) -> object:
+        # what a package does when it registers kernels at import time
+        ir.ops.rms_norm.register_impl(name)(_rms_impl)
+        return _spec(name, api_version=ir.API_VERSION + 1)
+
+    module.__getattr__ = module_getattr  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(
+        providers.metadata,
+        "entry_points",
+        lambda group: [metadata.EntryPoint(name, f"{module.__name__}:provider", group)],
+    )
+    assert "provides API" in ir.load_errors()[name].cause
+    assert name not in ir.ops.rms_norm.impls

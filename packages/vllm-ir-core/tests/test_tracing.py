@@ -87,3 +87,24 @@ def test_eager_matches_traced_graph() -> None:
     with torch.no_grad():
         gm = make_fx(model)(x.clone())
         torch.testing.assert_close(gm(x.clone()), model(x.clone()))
+
+
+def test_dynamo_traces_an_op_never_called_eagerly(make_op) -> None:  # type: ignore[no-untyped-def]
+    def fresh(x: torch.Tensor, x_other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x + x_other, x_other
+
+    op = make_op(fresh, allow_inplace=True)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm, example_inputs):  # type: ignore[no-untyped-def]
+        graphs.append(gm)
+        return gm.forward
+
+    fn = torch.compile(
+        lambda a, b: op.maybe_inplace(op(a, b)[0], b), backend=backend, fullgraph=True
+    )
+    fn(torch.ones(2), torch.ones(2))
+    assert _ir_targets(graphs[0].graph) == [
+        f"vllm_ir.{op.name}.default",
+        f"vllm_ir.{op.name}.maybe_inplace",
+    ]

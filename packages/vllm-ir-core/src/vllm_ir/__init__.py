@@ -12,7 +12,12 @@ eager mode and under ``torch.compile``.
 
 from vllm_ir import ops
 from vllm_ir._version import API_VERSION, __version__
-from vllm_ir.config import IrOpPriorityConfig, KernelConfig, parse_ir_op_priority_args
+from vllm_ir.config import (
+    IrOpPriorityConfig,
+    KernelConfig,
+    clear_process_priority,
+    parse_ir_op_priority_args,
+)
 from vllm_ir.dispatch import Selection, invalidate_caches
 from vllm_ir.impl import NATIVE, IrOpImpl
 from vllm_ir.op import IrOp, IrOpInplaceOverload, get_op, register_op
@@ -37,6 +42,7 @@ __all__ = [
     "Selection",
     "Tolerance",
     "__version__",
+    "clear_process_priority",
     "compiled_selection",
     "current_platform",
     "get_op",

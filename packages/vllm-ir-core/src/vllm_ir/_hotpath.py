@@ -51,7 +51,7 @@ def _meta(name: str, first: bool) -> str:
     # An op's tensors share one device and layout (its native function fails
     # otherwise), so only the first tensor pays for them: each read is ~50 ns.
     if first:
-        return f"{name}.dtype, {name}.ndim, {name}.get_device(), {name}.layout"
+        return f"{name}.dtype, {name}.ndim, {name}.device, {name}.layout"
     return f"{name}.dtype, {name}.ndim"
 
 
@@ -116,8 +116,8 @@ def _base_namespace(scoped_get: Callable[[], Any]) -> dict[str, Any]:
 def make_key_fn(sig: inspect.Signature, scoped_get: Callable[[], Any]) -> Callable[..., Any]:
     """``key(*args)`` -> hashable tuple of the metadata selection may read.
 
-    The scoped priority state; per tensor, dtype and ndim; device index and
-    layout of the first tensor parameter; non-tensor arguments by value.
+    The scoped priority state; per tensor, dtype and ndim; device and layout
+    of the first tensor parameter; non-tensor arguments by value.
     """
     namespace = _base_namespace(scoped_get)
     source = f"def key({_params_source(sig, namespace)}):\n    return {_key_expr(sig)}\n"
@@ -135,6 +135,7 @@ def make_needs_grad_fn(sig: inspect.Signature) -> Callable[..., bool]:
 
 def make_eager_call(
     sig: inspect.Signature,
+    op_name: str,
     *,
     torch_op: Callable[..., Any],
     cache: dict[Any, Any],
@@ -163,10 +164,15 @@ def make_eager_call(
     )
     names = list(sig.parameters)
     args = ", ".join(names)
+    # tensors inside list arguments may carry __torch_function__ too
+    checked = ", ".join(
+        f"*{p.name}" if tensor_kind(p.annotation) == "list" else p.name
+        for p in sig.parameters.values()
+    )
     lines = [
-        f"def __call__(self, {_params_source(sig, namespace)}):",
+        f"def {op_name}(self, {_params_source(sig, namespace)}):",
         "    if (_is_compiling() or _dispatch_stack_len()",
-        f"            or _has_torch_function(({args},))",
+        f"            or _has_torch_function(({checked},))",
         f"            or (_grad_enabled() and ({_needs_grad_expr(sig)}))):",
         f"        return _torch_op({args})",
         "    try:",
@@ -178,4 +184,5 @@ def make_eager_call(
         cloned = ", ".join(f"{n}.clone()" if n in clone_for_inplace else n for n in names)
         lines += ["    if impl.inplace:", f"        return impl.impl_fn({cloned})"]
     lines.append(f"    return impl.impl_fn({args})")
-    return _compile("\n".join(lines) + "\n", "__call__", namespace)
+    # named after the op, so a wrong call says "rms_norm() missing 1 required ..."
+    return _compile("\n".join(lines) + "\n", op_name, namespace)

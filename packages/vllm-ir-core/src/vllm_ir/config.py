@@ -22,6 +22,7 @@ from vllm_ir.priority import scoped_priority, set_process_priority
 
 __all__ = [
     "CLI_FLAG",
+    "clear_process_priority",
     "IrOpPriorityConfig",
     "KernelConfig",
     "parse_ir_op_priority_args",
@@ -77,9 +78,12 @@ class IrOpPriorityConfig:
         with scoped_priority(self._priorities):
             yield
 
-    def apply(self) -> None:
-        """Apply process-wide (to every thread without a scope of its own)."""
-        set_process_priority(self._priorities)
+    def apply(self, *, replace: bool = False) -> None:
+        """Apply process-wide: to every thread, for the ops its scopes do not name.
+
+        Lists of ops this config does not name are kept, unless ``replace``.
+        """
+        set_process_priority(self._priorities, replace=replace)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, IrOpPriorityConfig) and self._priorities == other._priorities
@@ -119,8 +123,13 @@ class KernelConfig:
         with self.priority.scope():
             yield
 
-    def apply(self) -> None:
-        self.priority.apply()
+    def apply(self, *, replace: bool = False) -> None:
+        self.priority.apply(replace=replace)
+
+
+def clear_process_priority() -> None:
+    """Forget every process-wide priority set with ``apply()``."""
+    set_process_priority({}, replace=True)
 
 
 def _parse_providers(op_name: str, value: str) -> list[str]:

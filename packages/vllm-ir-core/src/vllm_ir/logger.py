@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 from vllm_ir import envs
 
@@ -20,10 +21,13 @@ def _configure() -> None:
     if level is None:
         return
     if not isinstance(logging.getLevelName(level), int):
-        raise ValueError(
-            f"{envs.VLLM_LOGGING_LEVEL}={level!r} is not a logging level; "
-            "use one of DEBUG, INFO, WARNING, ERROR, CRITICAL"
+        # a typo in an environment variable must not make the library unimportable
+        warnings.warn(
+            f"{envs.VLLM_LOGGING_LEVEL}={level!r} is not a logging level and is ignored; "
+            "use one of DEBUG, INFO, WARNING, ERROR, CRITICAL",
+            stacklevel=3,
         )
+        return
     root.setLevel(level)
     if not root.handlers:
         handler = logging.StreamHandler()

@@ -154,6 +154,7 @@ class IrOp:
         """``torch.ops.vllm_ir.<name>.default``: never mutates its inputs."""
         call = make_eager_call(
             self.signature,
+            name,
             torch_op=self.torch_op,
             cache=self._eager_cache,
             select=self._select_uncached,
@@ -164,6 +165,8 @@ class IrOp:
         # ``__call__`` up on the type, and the generated one takes the op's own
         # parameters.
         self.__class__ = type(f"IrOp[{name}]", (IrOp,), {"__call__": call, "__doc__": self.__doc__})
+        # built now, not on first use: Dynamo cannot trace the code generation
+        self._maybe_inplace = IrOpInplaceOverload(self) if allow_inplace else None
 
     # -- torch library ----------------------------------------------------
 
@@ -267,8 +270,7 @@ class IrOp:
 
     def select(self, *args: Any, mode: Mode | None = None, **kwargs: Any) -> _dispatch.Selection:
         """Like :meth:`dispatch`, uncached, with the decision on every candidate."""
-        if kwargs:
-            args = self._bind(args, kwargs)
+        args = self._bind(args, kwargs)
         _ensure_providers_loaded()
         with _mode_scope(mode):
             return _dispatch.select(
@@ -276,6 +278,10 @@ class IrOp:
             )
 
     def _select_uncached(self, args: tuple[Any, ...], mode: Mode) -> IrOpImpl:
+        try:
+            self.signature.bind(*args)
+        except TypeError as e:
+            raise TypeError(f"{self.name}{self.signature}: {e}") from None
         _ensure_providers_loaded()
         selection = _dispatch.select(
             self.name, self._impls, args, mode, lambda: _dispatch.describe(args)
@@ -461,18 +467,12 @@ class IrOp:
     @property
     def maybe_inplace(self) -> IrOpInplaceOverload:
         """The overload that may reuse the activations' memory for its outputs."""
-        try:
-            return self.__dict__["_maybe_inplace"]
-        except KeyError:
-            pass
-        if not self.allow_inplace:
+        if self._maybe_inplace is None:
             raise AttributeError(
                 f"op {self.name!r} has no maybe_inplace overload; declare it with "
                 "@register_op(allow_inplace=True)"
             )
-        overload = IrOpInplaceOverload(self)
-        self.__dict__["_maybe_inplace"] = overload
-        return overload
+        return self._maybe_inplace
 
     def __repr__(self) -> str:
         return f"IrOp({self.name}{self.signature})"
@@ -491,6 +491,7 @@ class IrOpInplaceOverload:
         self.torch_op: torch._ops.OpOverload = getattr(torch.ops.vllm_ir, op.name).maybe_inplace
         call = make_eager_call(
             op.signature,
+            op.name,
             torch_op=self.torch_op,
             cache=op._eager_cache,
             select=op._select_uncached,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
@@ -39,6 +40,7 @@ __all__ = [
     "scoped_priority",
     "selection_mode",
     "set_process_priority",
+    "user_priority",
 ]
 
 Mode = Literal["eager", "compiled"]
@@ -98,7 +100,10 @@ class PriorityState:
     """
 
     __slots__ = ("__weakref__", "origin", "priorities")
-    _interned: ClassVar[dict[tuple[object, ...], PriorityState]] = {}
+    # weak: a state lives while a scope or a cached selection holds it
+    _interned: ClassVar[weakref.WeakValueDictionary[tuple[object, ...], PriorityState]] = (
+        weakref.WeakValueDictionary()
+    )
     _lock: ClassVar[threading.Lock] = threading.Lock()
 
     priorities: Mapping[str, tuple[str, ...]]
@@ -121,6 +126,7 @@ class PriorityState:
 
 
 _EMPTY_PROCESS = PriorityState({}, "user (process-wide)")
+_EMPTY_SCOPE = PriorityState({}, "user (scoped)")
 _process_state: PriorityState = _EMPTY_PROCESS
 _scoped_state: contextvars.ContextVar[PriorityState | None] = contextvars.ContextVar(
     "vllm_ir_scoped_priority", default=None
@@ -135,8 +141,17 @@ def scoped_state_var() -> contextvars.ContextVar[PriorityState | None]:
 
 
 def current_state() -> PriorityState:
-    """The user priorities in force in this context."""
-    return _scoped_state.get() or _process_state
+    """The scoped user priorities in force in this context (empty outside scopes)."""
+    return _scoped_state.get() or _EMPTY_SCOPE
+
+
+def user_priority(op_name: str) -> tuple[tuple[str, ...], str]:
+    """The user's list for ``op_name`` and its origin: the innermost scope naming
+    the op, else the process-wide setting (empty if neither names it)."""
+    scoped = _scoped_state.get()
+    if scoped is not None and op_name in scoped.priorities:
+        return scoped.priorities[op_name], scoped.origin
+    return _process_state.priorities.get(op_name, ()), _process_state.origin
 
 
 def _invalidate() -> None:
@@ -150,7 +165,9 @@ def scoped_priority(priorities: Mapping[str, Sequence[str]]) -> Iterator[Priorit
     """Within the block, ``priorities`` override the current lists op by op.
 
     Nestable; the previous state is restored on exit, exceptions included.
-    Callers validate op and provider names first (see ``IrOpPriorityConfig``).
+    Ops the scopes do not name keep following the process-wide lists, even
+    when those change while the scope is open. Callers validate op and
+    provider names first (see ``IrOpPriorityConfig``).
     """
     outer = current_state()
     merged = {**outer.priorities, **{op: tuple(p) for op, p in priorities.items()}}
@@ -162,7 +179,11 @@ def scoped_priority(priorities: Mapping[str, Sequence[str]]) -> Iterator[Priorit
 
 
 def set_process_priority(priorities: Mapping[str, Sequence[str]], *, replace: bool = False) -> None:
-    """Set priorities for every thread without a scope of its own."""
+    """Set priorities for every thread, for the ops its scopes do not name.
+
+    ``replace=True`` drops the lists of ops not in ``priorities``;
+    ``set_process_priority({}, replace=True)`` clears them all.
+    """
     global _process_state
     base = {} if replace else dict(_process_state.priorities)
     base.update({op: tuple(p) for op, p in priorities.items()})
@@ -223,7 +244,6 @@ def effective_priority(
     ['native']
     """
     mode = mode or selection_mode()
-    state = state or current_state()
     platform = platform or current_platform()
     entries: list[PriorityEntry] = []
     seen: set[str] = set()
@@ -233,8 +253,12 @@ def effective_priority(
             seen.add(provider)
             entries.append(PriorityEntry(provider, source))
 
-    for provider in state.priorities.get(op_name, ()):
-        add(provider, state.origin)
+    if state is None:
+        user, origin = user_priority(op_name)
+    else:
+        user, origin = state.priorities.get(op_name, ()), state.origin
+    for provider in user:
+        add(provider, origin)
     for source, providers, _rank in platform_default_contributions(op_name, mode, platform):
         for provider in providers:
             add(provider, f"{platform} {mode} default of {source}")

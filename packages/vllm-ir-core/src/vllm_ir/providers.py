@@ -109,11 +109,23 @@ def _resolve_spec(ep_name: str, obj: object) -> ProviderSpec:
 def load_provider(entry_point: str, package: str, obj: object) -> LoadedProvider:
     """Check and register one provider; raises on any problem, registering nothing.
 
-    ``obj`` is what the entry point names. Exposed for tests and for
-    embedding a provider without installing it.
+    ``obj`` is what the entry point names: a :class:`ProviderSpec` or a
+    function returning one. During discovery the entry point itself is loaded
+    inside the same recorded scope, so registrations a package makes when
+    imported are attributed and rolled back like those of its ``register``.
+    Exposed for tests and for embedding a provider without installing it.
     """
     from vllm_ir.op import recording_registrations
 
+    with recording_registrations(package):
+        loaded = _load_and_register(entry_point, package, obj)
+    _loaded[entry_point] = loaded
+    return loaded
+
+
+def _load_and_register(entry_point: str, package: str, obj: object) -> LoadedProvider:
+    if isinstance(obj, _Loader):
+        obj = obj.load()
     spec = _resolve_spec(entry_point, obj)
     if spec.api_version != API_VERSION:
         raise RuntimeError(
@@ -122,13 +134,19 @@ def load_provider(entry_point: str, package: str, obj: object) -> LoadedProvider
             f"API {API_VERSION}; install a {package.split()[0]} release built for "
             f"vllm-ir-core {__version__}, or a vllm-ir-core that provides API {spec.api_version}"
         )
-    source = package.split()[0]
-    with recording_registrations(package):
-        spec.register()
-    add_platform_defaults(source, spec.defaults)
-    loaded = LoadedProvider(entry_point, package, spec)
-    _loaded[entry_point] = loaded
-    return loaded
+    spec.register()
+    add_platform_defaults(package.split()[0], spec.defaults)
+    return LoadedProvider(entry_point, package, spec)
+
+
+@dataclass(frozen=True)
+class _Loader:
+    """Defers ``EntryPoint.load`` (the provider's import) into the recorded scope."""
+
+    entry_point: metadata.EntryPoint
+
+    def load(self) -> object:
+        return self.entry_point.load()
 
 
 def _discover() -> None:
@@ -151,7 +169,7 @@ def _discover() -> None:
             continue
         package = _package_of(ep)
         try:
-            load_provider(ep.name, package, ep.load())
+            load_provider(ep.name, package, _Loader(ep))
             logger.debug("provider %r loaded from %s", ep.name, package)
         except Exception as e:
             error = ProviderLoadError(
