@@ -27,6 +27,18 @@ from vllm_ir.providers import ProviderSpec, load_errors, loaded_providers
 from vllm_ir.samples import SampleInput
 from vllm_ir.tolerances import Tolerance
 
+# The compile integration imports Inductor (seconds): loaded on first use.
+_LAZY = {"VllmIRBackend": "vllm_ir.compile", "compile": "vllm_ir.compile"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'vllm_ir' has no attribute {name!r}")
+
+
 __all__ = [
     "API_VERSION",
     "NATIVE",
@@ -41,8 +53,10 @@ __all__ = [
     "SampleInput",
     "Selection",
     "Tolerance",
+    "VllmIRBackend",
     "__version__",
     "clear_process_priority",
+    "compile",
     "compiled_selection",
     "current_platform",
     "get_op",

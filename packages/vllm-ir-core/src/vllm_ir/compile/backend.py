@@ -1,0 +1,167 @@
+"""The ``vllm_ir`` torch.compile backend: Inductor with vllm-ir's passes.
+
+Pipeline per graph::
+
+    Dynamo graph (vllm_ir.* nodes, maybe_inplace included)
+      pre-grad      InplaceFunctionalizationPass   maybe_inplace -> default, donations checked
+      AOTAutograd   functionalization
+      post-grad pre LoweringPass.pre               functional impls inlined
+      (Inductor's own post-grad passes: pattern matching, reinplacing)
+      post-grad post LoweringPass.post             inplace impls inlined, with clones
+                     CloneEliminationPass          unnecessary clones removed
+      Inductor codegen
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch._inductor import config as inductor_config
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from vllm_ir.compile.clone_elimination import CloneEliminationPass
+from vllm_ir.compile.context import PassContext, pass_context
+from vllm_ir.compile.functionalize import InplaceFunctionalizationPass
+from vllm_ir.compile.lowering import LoweringPass
+from vllm_ir.config import IrOpPriorityConfig
+from vllm_ir.logger import get_logger
+from vllm_ir.op import IrOp
+from vllm_ir.priority import user_priority
+
+__all__ = ["ComposedPass", "VllmIRBackend", "compile", "vllm_ir_backend"]
+
+logger = get_logger(__name__)
+
+_HOOKS = ("pre_grad_custom_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass")
+
+
+class ComposedPass(CustomGraphPass):
+    """Runs passes in order; its uuid is None (no caching) if any pass lacks one."""
+
+    def __init__(self, *passes: Callable[[fx.Graph], Any]) -> None:
+        self.passes = passes
+
+    def __call__(self, graph: fx.Graph) -> None:
+        for p in self.passes:
+            p(graph)
+
+    def uuid(self) -> Any:
+        h = hashlib.sha256()
+        for p in self.passes:
+            uuid = p.uuid() if isinstance(p, CustomGraphPass) else None
+            if uuid is None:
+                return None
+            h.update(repr(uuid).encode())
+        return h.hexdigest()
+
+
+def _user_priorities() -> dict[str, tuple[str, ...]]:
+    snapshot = {}
+    for name in IrOp.registry:
+        providers, _origin = user_priority(name)
+        if providers:
+            snapshot[name] = providers
+    return snapshot
+
+
+class VllmIRBackend:
+    """A torch.compile backend running Inductor with vllm-ir's passes.
+
+    Priorities are those in force when the backend is created, unless
+    ``priority`` is given. Inductor hooks the user already set in
+    ``torch._inductor.config`` are kept: vllm-ir's pass runs first, then theirs.
+
+    >>> import torch, vllm_ir as ir
+    >>> backend = ir.VllmIRBackend()
+    >>> f = torch.compile(lambda x: ir.ops.rms_norm(x, None, 1e-6), backend=backend)
+    >>> f(torch.ones(2, 8)).shape
+    torch.Size([2, 8])
+    >>> backend.lowering_pass.selected_impls
+    {'rms_norm': {'rms_norm': 'native'}}
+    """
+
+    def __init__(
+        self,
+        *,
+        priority: IrOpPriorityConfig | Mapping[str, Sequence[str]] | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if priority is None:
+            priorities = _user_priorities()
+        elif isinstance(priority, IrOpPriorityConfig):
+            priorities = priority.to_dict()
+        else:
+            priorities = IrOpPriorityConfig.from_dict(priority).to_dict()
+        self.lowering_pass = LoweringPass(priorities)
+        self.functionalization_pass = InplaceFunctionalizationPass()
+        self.clone_elimination_pass = CloneEliminationPass()
+        self.options = dict(options or {})
+        bad = [k for k in self.options if k in _HOOKS]
+        if bad:
+            raise ValueError(
+                f"options may not set {', '.join(bad)}: set them in torch._inductor.config, "
+                "and VllmIRBackend composes them with its own passes"
+            )
+        self.pass_contexts: list[PassContext] = []
+        """One per compiled graph: donations, selections, clone counts, timings."""
+
+    def _hooks(self) -> dict[str, Any]:
+        ours = {
+            "pre_grad_custom_pass": self.functionalization_pass,
+            "post_grad_custom_pre_pass": self.lowering_pass.pre,
+            "post_grad_custom_post_pass": ComposedPass(
+                self.lowering_pass.post, self.clone_elimination_pass
+            ),
+        }
+        hooks = {}
+        for name, mine in ours.items():
+            theirs = getattr(inductor_config, name)
+            hooks[name] = mine if theirs is None else ComposedPass(mine, theirs)
+        return hooks
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        from torch._inductor.compile_fx import compile_fx
+
+        ctx = PassContext()
+        self.pass_contexts.append(ctx)
+        with pass_context(ctx), inductor_config.patch({**self.options, **self._hooks()}):
+            compiled = compile_fx(gm, list(example_inputs))
+        logger.debug(
+            "compiled a graph: %d maybe_inplace functionalized, selections %s, "
+            "clones inserted %d, removed %d",
+            ctx.functionalized,
+            ctx.selected_impls,
+            ctx.clones_inserted,
+            ctx.clones_removed,
+        )
+        return compiled
+
+
+def vllm_ir_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    """The backend registered as ``torch.compile(..., backend="vllm_ir")``."""
+    return VllmIRBackend()(gm, example_inputs)
+
+
+def compile(  # noqa: A001 - mirrors torch.compile
+    model: Any,
+    *,
+    priority: IrOpPriorityConfig | Mapping[str, Sequence[str]] | None = None,
+    options: Mapping[str, Any] | None = None,
+    **torch_compile_kwargs: Any,
+) -> Any:
+    """``torch.compile(model, backend=VllmIRBackend(...), **torch_compile_kwargs)``.
+
+    The backend is reachable as ``compiled.vllm_ir_backend`` where the result
+    accepts attributes (modules and functions do).
+    """
+    backend = VllmIRBackend(priority=priority, options=options)
+    compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
+    try:
+        compiled.vllm_ir_backend = backend
+    except AttributeError:
+        pass
+    return compiled

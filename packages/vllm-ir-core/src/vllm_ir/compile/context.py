@@ -1,0 +1,70 @@
+"""What one compilation's passes tell each other and the user."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+__all__ = ["DONATED_META", "Donation", "PassContext", "get_pass_context", "pass_context"]
+
+DONATED_META = "vllm_ir_donated"
+"""Key in an IR node's ``meta["custom"]``: the argument positions its caller
+donated through ``maybe_inplace``. AOTAutograd copies ``meta["custom"]`` onto
+the nodes it traces from a node, so the record reaches the post-grad graph
+whatever AOTAutograd renames or reorders."""
+
+
+@dataclass(frozen=True)
+class Donation:
+    """One activation donated to ``maybe_inplace`` in the pre-grad graph."""
+
+    op: str
+    node: str
+    argument: str
+    value: str
+    graph_input: bool
+
+
+@dataclass
+class PassContext:
+    """State shared by the passes of one compilation (one graph)."""
+
+    donations: list[Donation] = field(default_factory=list)
+    functionalized: int = 0
+    selected_impls: dict[str, dict[str, str]] = field(default_factory=dict)
+    clones_inserted: int = 0
+    clones_removed: int = 0
+    clones_kept: dict[str, str] = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def donated_graph_inputs(self) -> list[str]:
+        return [d.value for d in self.donations if d.graph_input]
+
+
+_current: contextvars.ContextVar[PassContext | None] = contextvars.ContextVar(
+    "vllm_ir_pass_context", default=None
+)
+
+
+def get_pass_context() -> PassContext:
+    """The context of the compilation in progress."""
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError(
+            "no vllm-ir compilation in progress: run passes through VllmIRBackend, "
+            "or inside `with pass_context():`"
+        )
+    return ctx
+
+
+@contextlib.contextmanager
+def pass_context(ctx: PassContext | None = None) -> Iterator[PassContext]:
+    ctx = ctx or PassContext()
+    token = _current.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)

@@ -1,0 +1,213 @@
+"""Post-grad: replace each IR node by the traced graph of its selected impl.
+
+Selection is the eager ``dispatch``, run on the node's FakeTensors with the
+compile-mode priorities. Two stages, because of where Inductor looks:
+
+* ``pre`` (``post_grad_custom_pre_pass``) lowers every node whose impl is
+  functional, before Inductor's own post-grad pattern passes, so that e.g.
+  the residual add of a lowered ``fused_add_rms_norm`` still folds into a
+  preceding ``addmm``.
+* ``post`` (``post_grad_custom_post_pass``) lowers the impls that write into
+  their inputs. They are traced with clones of their activations (the
+  default overload never mutates its inputs); clone elimination then drops
+  the clones that are provably unnecessary. Raw in-place kernels are placed
+  after Inductor's passes because those assume a functional graph.
+
+Each ``(impl, argument metadata)`` is traced once and its graph reused for
+every other node with the same metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch._inductor.pattern_matcher import fwd_only
+
+from vllm_ir.compile.context import DONATED_META, get_pass_context
+from vllm_ir.compile.ir_nodes import call_args, ir_op_of, is_ir_node
+from vllm_ir.compile.pass_base import VllmIRPass, source_hash
+from vllm_ir.impl import IrOpImpl
+from vllm_ir.logger import get_logger
+from vllm_ir.op import IrOp
+from vllm_ir.priority import compiled_selection, effective_priority, scoped_priority
+
+__all__ = ["ACTIVATION_CLONE_META", "LoweringPass"]
+
+logger = get_logger(__name__)
+
+ACTIVATION_CLONE_META = "vllm_ir_activation_clone"
+"""``meta`` key on clones the lowering inserts for an inplace impl:
+``{"op": ..., "argument": ..., "donated": bool}``."""
+
+_MAX_ROUNDS = 8  # impls may call other IR ops; each round lowers one level
+
+
+class LoweringPass:
+    """Lowers IR nodes; ``selected_impls`` records every node's provider.
+
+    ``selected_impls`` has the shape ``{"rms_norm": {"<node>": "<provider>"}}``.
+    """
+
+    def __init__(self, priorities: Mapping[str, Sequence[str]]) -> None:
+        self.priorities = {op: tuple(p) for op, p in priorities.items()}
+        self.selected_impls: dict[str, dict[str, str]] = {}
+        self._traced: dict[tuple[Any, ...], fx.GraphModule] = {}
+        self.pre = _LoweringStage(self, inplace=False)
+        self.post = _LoweringStage(self, inplace=True)
+
+    @contextlib.contextmanager
+    def _selection(self) -> Any:
+        with scoped_priority(self.priorities), compiled_selection():
+            yield
+
+    def cache_state(self) -> Any:
+        """Effective compiled priorities and the source of every impl they may pick."""
+        from vllm_ir.op import IrOp as _IrOp
+
+        state = []
+        with self._selection():
+            for name, op in sorted(_IrOp.registry.items()):
+                entries = [e.provider for e in effective_priority(name)]
+                impls = op.impls
+                sources = [source_hash(impls[p].impl_fn) for p in entries if p in impls]
+                state.append((name, tuple(entries), tuple(sources)))
+        return tuple(state)
+
+    def lower(self, graph: fx.Graph, *, inplace: bool) -> None:
+        ctx = get_pass_context()
+        with self._selection():
+            for _ in range(_MAX_ROUNDS):
+                nodes = [n for n in graph.nodes if is_ir_node(n)]
+                lowered = 0
+                for node in nodes:
+                    lowered += self._lower_node(graph, node, inplace=inplace)
+                if not lowered:
+                    break
+        if inplace:
+            left = [n for n in graph.nodes if is_ir_node(n)]
+            if left:
+                raise RuntimeError(
+                    "vllm-ir lowering left IR nodes in the graph: "
+                    + ", ".join(f"{n.name} ({n.target})" for n in left)
+                )
+        ctx.selected_impls = self.selected_impls
+
+    def _lower_node(self, graph: fx.Graph, node: fx.Node, *, inplace: bool) -> int:
+        if is_ir_node(node, "maybe_inplace"):
+            raise RuntimeError(
+                f"{node.name}: {node.target} reached lowering; the pre-grad "
+                "InplaceFunctionalizationPass must rewrite maybe_inplace first"
+            )
+        op = ir_op_of(node)
+        args = call_args(node, op)
+        fake_args = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
+        impl = op.dispatch(*fake_args)
+        if impl.inplace and not inplace:
+            return 0
+        self.selected_impls.setdefault(op.name, {})[node.name] = impl.provider
+        gm = self._trace(op, impl, args, fake_args)
+        donated = node.meta.get("custom", {}).get(DONATED_META, ())
+        _inline(graph, node, gm, args, op, donated)
+        logger.debug("lowered %s to %s", node.name, impl.provider)
+        return 1
+
+    def _trace(
+        self, op: IrOp, impl: IrOpImpl, args: list[Any], fake_args: list[Any]
+    ) -> fx.GraphModule:
+        key = (op.name, impl.provider, *map(_metadata, fake_args))
+        gm = self._traced.get(key)
+        if gm is not None:
+            return gm
+        tensor_pos = [i for i, a in enumerate(args) if isinstance(a, fx.Node)]
+        constants = list(fake_args)
+        activations = op._activation_idx if impl.inplace else frozenset()
+
+        def call(*tensors: torch.Tensor) -> Any:
+            full = list(constants)
+            for i, t in zip(tensor_pos, tensors, strict=True):
+                full[i] = t.clone() if i in activations else t
+            return impl.impl_fn(*full)
+
+        # the clones must survive tracing: no no-op removal for inplace impls
+        gm = fwd_only(call, [fake_args[i] for i in tensor_pos], run_functional_passes=False)
+        if not impl.inplace:
+            gm.graph.eliminate_dead_code()
+        self._traced[key] = gm
+        return gm
+
+
+class _LoweringStage(VllmIRPass):
+    def __init__(self, lowering: LoweringPass, *, inplace: bool) -> None:
+        self.lowering = lowering
+        self.inplace = inplace
+        self.name = "lowering_inplace" if inplace else "lowering_functional"
+
+    def run(self, graph: fx.Graph) -> None:
+        self.lowering.lower(graph, inplace=self.inplace)
+
+    def cache_state(self) -> Any:
+        return (self.inplace, self.lowering.cache_state())
+
+
+def _metadata(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (
+            value.dtype,
+            value.device,
+            tuple(map(str, value.shape)),
+            tuple(map(str, value.stride())),
+        )
+    return repr(value)
+
+
+def _inline(
+    graph: fx.Graph,
+    node: fx.Node,
+    gm: fx.GraphModule,
+    args: list[Any],
+    op: IrOp,
+    donated: Sequence[int],
+) -> None:
+    tensor_args = [(i, a) for i, a in enumerate(args) if isinstance(a, fx.Node)]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    env: dict[fx.Node, Any] = {}
+    position: dict[fx.Node, int] = {}
+    for ph, (i, a) in zip(placeholders, tensor_args, strict=True):
+        env[ph] = a
+        position[ph] = i
+    names = list(op.signature.parameters)
+    ctx = get_pass_context()
+    with graph.inserting_before(node):
+        for n in gm.graph.nodes:
+            if n.op in ("placeholder", "output"):
+                continue
+            new = graph.node_copy(n, lambda x: env[x])
+            env[n] = new
+            src = n.args[0] if n.args else None
+            if n.target is torch.ops.aten.clone.default and src in position:
+                i = position[src]
+                new.meta[ACTIVATION_CLONE_META] = {
+                    "op": op.name,
+                    "argument": names[i],
+                    "donated": i in donated,
+                }
+                ctx.clones_inserted += 1
+
+    def mapped(value: Any) -> Any:
+        return env[value] if isinstance(value, fx.Node) else value
+
+    result = gm.graph.output_node().args[0]
+    if isinstance(result, (tuple, list)):
+        for user in list(node.users):
+            if user.target is not operator.getitem:
+                raise RuntimeError(f"{node.name}: unexpected user {user.format_node()}")
+            user.replace_all_uses_with(mapped(result[user.args[1]]))
+            graph.erase_node(user)
+    else:
+        node.replace_all_uses_with(mapped(result))
+    graph.erase_node(node)
