@@ -146,7 +146,7 @@ def vllm_ir_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
     return VllmIRBackend()(gm, example_inputs)
 
 
-def compile(  # noqa: A001 - mirrors torch.compile
+def compile(
     model: Any,
     *,
     priority: IrOpPriorityConfig | Mapping[str, Sequence[str]] | None = None,

@@ -95,12 +95,13 @@ def _why_needed(clone: fx.Node, aliases: AliasGroups, order: dict[fx.Node, int])
     first_write = writes[0]
     source_writes = _writes_after(source_aliases, order[clone], order)
     if source_writes:
-        return f"source written after the clone by {source_writes[0].name}"
+        return f"source written after the clone: by {source_writes[0].name}"
     for member in source_aliases:
         for user in member.users:
             if user is not clone and order[user] >= order[first_write]:
-                what = "returned as graph output" if user.op == "output" else f"read by {user.name}"
-                return f"source {member.name} {what} after the write"
+                if user.op == "output":
+                    return f"source returned as graph output after the write: {member.name}"
+                return f"source read after the write: {member.name} by {user.name}"
     if any(m.op == "placeholder" for m in source_aliases):
         info = clone.meta.get(ACTIVATION_CLONE_META)
         if not info or not info["donated"]:

@@ -50,8 +50,13 @@ class InplaceFunctionalizationPass(VllmIRPass):
                 _check_not_read_after(op.name, name, value, node, group, order)
                 donated.append(index)
                 ctx.donations.append(
-                    Donation(op.name, node.name, name, value.name,
-                             any(m.op == "placeholder" for m in group))
+                    Donation(
+                        op.name,
+                        node.name,
+                        name,
+                        value.name,
+                        any(m.op == "placeholder" for m in group),
+                    )
                 )
             node.target = op.torch_op
             node.meta.setdefault("custom", {})[DONATED_META] = tuple(donated)
@@ -78,4 +83,3 @@ def _check_not_read_after(
                 "garbage afterwards: clone it before the call, or call the default "
                 f"overload ir.ops.{op_name}(...) which leaves its inputs intact."
             )
-

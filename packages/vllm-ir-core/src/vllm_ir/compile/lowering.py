@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._guards import detect_fake_mode
 from torch._inductor.pattern_matcher import fwd_only
 
 from vllm_ir.compile.context import DONATED_META, get_pass_context
@@ -165,6 +166,19 @@ def _metadata(value: Any) -> Any:
     return repr(value)
 
 
+def _propagate_fake(node: fx.Node, fake_mode: Any) -> None:
+    if node.op != "call_function":
+        return
+
+    def val(a: Any) -> Any:
+        return a.meta["val"] if isinstance(a, fx.Node) else a
+
+    args = fx.node.map_aggregate(node.args, val)
+    kwargs = fx.node.map_aggregate(node.kwargs, val)
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        node.meta["val"] = node.target(*args, **kwargs)  # type: ignore[operator]
+
+
 def _inline(
     graph: fx.Graph,
     node: fx.Node,
@@ -182,12 +196,17 @@ def _inline(
         position[ph] = i
     names = list(op.signature.parameters)
     ctx = get_pass_context()
+    fake_mode = detect_fake_mode([a.meta.get("val") for _, a in tensor_args])
     with graph.inserting_before(node):
         for n in gm.graph.nodes:
             if n.op in ("placeholder", "output"):
                 continue
             new = graph.node_copy(n, lambda x: env[x])
             env[n] = new
+            # The trace is shared by every node with this metadata, so its
+            # FakeTensors are too; recompute them from this node's inputs so
+            # storages (views, in-place writes) alias exactly what they alias here.
+            _propagate_fake(new, fake_mode)
             src = n.args[0] if n.args else None
             if n.target is torch.ops.aten.clone.default and src in position:
                 i = position[src]

@@ -1,0 +1,250 @@
+"""The passes on FX graphs, without Inductor: fast, and precise about counts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import stand_in_kernels as kernels
+import torch
+import vllm_ir as ir
+from torch import fx
+from torch.fx.experimental.proxy_tensor import make_fx
+from vllm_ir.compile import (
+    CloneEliminationPass,
+    InplaceFunctionalizationPass,
+    LoweringPass,
+    pass_context,
+)
+from vllm_ir.compile.context import DONATED_META
+
+H = 16
+FUSED = ir.ops.fused_add_rms_norm
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stand_ins() -> Iterator[None]:
+    kernels.register()
+    yield
+    kernels.unregister()
+
+
+def trace(fn: Callable[..., object], *args: torch.Tensor) -> fx.GraphModule:
+    return make_fx(fn, tracing_mode="fake")(*args)
+
+
+def count(gm: fx.GraphModule, target: object) -> int:
+    return sum(1 for n in gm.graph.nodes if n.target is target)
+
+
+def run_pipeline(gm: fx.GraphModule, priorities: dict[str, list[str]]):  # type: ignore[no-untyped-def]
+    lowering = LoweringPass(priorities)
+    with pass_context() as ctx:
+        InplaceFunctionalizationPass()(gm.graph)
+        lowering.pre(gm.graph)
+        lowering.post(gm.graph)
+        CloneEliminationPass()(gm.graph)
+    gm.recompile()
+    return ctx, lowering
+
+
+def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return (
+        torch.randn(4, H, generator=g),
+        torch.randn(4, H, generator=g),
+        torch.rand(H, generator=g),
+    )
+
+
+# -- functionalization ----------------------------------------------------
+
+
+def two_layers(x, r, w):  # type: ignore[no-untyped-def]
+    h, r = FUSED.maybe_inplace(x, r, w, 1e-6)
+    h2 = h * 2
+    return FUSED.maybe_inplace(h2, r, w, 1e-6)
+
+
+def test_functionalization_rewrites_and_records_donations() -> None:
+    gm = trace(two_layers, *inputs())
+    assert count(gm, FUSED.maybe_inplace.torch_op) == 2
+    with pass_context() as ctx:
+        InplaceFunctionalizationPass()(gm.graph)
+    assert count(gm, FUSED.maybe_inplace.torch_op) == 0
+    assert count(gm, FUSED.torch_op) == 2
+    assert ctx.functionalized == 2
+    marks = [n.meta["custom"][DONATED_META] for n in gm.graph.nodes if n.target is FUSED.torch_op]
+    assert marks == [(0, 1), (0, 1)]
+    assert ctx.donated_graph_inputs == ["x_1", "r_1"]
+
+
+def read_after(x, r, w):  # type: ignore[no-untyped-def]
+    h, r2 = FUSED.maybe_inplace(x, r, w, 1e-6)
+    return h + x
+
+
+def read_view_taken_before(x, r, w):  # type: ignore[no-untyped-def]
+    v = x[:, :4]
+    h, r2 = FUSED.maybe_inplace(x, r, w, 1e-6)
+    return h, v.sum()
+
+
+def read_view_taken_after(x, r, w):  # type: ignore[no-untyped-def]
+    h, r2 = FUSED.maybe_inplace(x, r, w, 1e-6)
+    return h, r.view(-1)
+
+
+def read_base_of_donated_view(x, r, w):  # type: ignore[no-untyped-def]
+    h, r2 = FUSED.maybe_inplace(x[:2], r[:2], w, 1e-6)
+    return h, x
+
+
+def return_donated(x, r, w):  # type: ignore[no-untyped-def]
+    h, r2 = FUSED.maybe_inplace(x, r, w, 1e-6)
+    return h, r
+
+
+def donate_twice(x, r, w):  # type: ignore[no-untyped-def]
+    return FUSED.maybe_inplace(x, x, w, 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("fn", "match"),
+    [
+        (read_after, r"donates activation 'x' \(x_1\), but add \(aten.add.Tensor\) reads it"),
+        (read_view_taken_before, r"activation 'x' \(x_1\).*through its alias slice"),
+        (read_view_taken_after, r"activation 'x_residual' \(r_1\).*view"),
+        (read_base_of_donated_view, r"activation 'x' \(slice.*the graph output reads it"),
+        (return_donated, r"'x_residual' \(r_1\), but the graph output reads it"),
+        (donate_twice, r"x_1 is passed as both 'x' and 'x_residual'"),
+    ],
+)
+def test_donated_activation_read_after_is_an_error(fn, match: str) -> None:  # type: ignore[no-untyped-def]
+    gm = trace(fn, *inputs())
+    with pass_context(), pytest.raises(ValueError, match=match):
+        InplaceFunctionalizationPass()(gm.graph)
+
+
+# -- lowering ---------------------------------------------------------------
+
+
+def mixed(x, r, w):  # type: ignore[no-untyped-def]
+    a = ir.ops.rms_norm(x, w, 1e-6)
+    b = ir.ops.rms_norm(x, w, 1e-6, 8)  # the opaque kernel declines variance_size
+    return a + b, FUSED(a, r, w, 1e-6)
+
+
+def test_lowering_selects_per_node_and_records() -> None:
+    gm = trace(mixed, *inputs())
+    ctx, lowering = run_pipeline(gm, {"rms_norm": [kernels.OPAQUE], "fused_add_rms_norm": []})
+    assert lowering.selected_impls == {
+        "rms_norm": {"rms_norm": kernels.OPAQUE, "rms_norm_1": "native"},
+        "fused_add_rms_norm": {"fused_add_rms_norm": "native"},
+    }
+    assert ctx.selected_impls is lowering.selected_impls
+    assert count(gm, torch.ops.vllm_ir_test.rms_norm.default) == 1
+    assert not [n for n in gm.graph.nodes if str(n.target).startswith("vllm_ir.")]
+    x, r, w = inputs()
+    torch.testing.assert_close(gm(x, r, w), mixed(x, r, w))
+
+
+def test_compiled_mode_defaults_apply_in_lowering() -> None:
+    ir.priority.add_platform_defaults(
+        "test-compiled",
+        [
+            ir.PlatformDefaults(
+                ir.current_platform(),
+                eager={"rms_norm": [kernels.OPAQUE]},
+                compiled={"rms_norm": ["native"]},
+            )
+        ],
+    )
+    try:
+        gm = trace(lambda x, w: ir.ops.rms_norm(x, w, 1e-6), *inputs()[::2])
+        _, lowering = run_pipeline(gm, {})
+        assert lowering.selected_impls == {"rms_norm": {"rms_norm": "native"}}
+    finally:
+        ir.priority.remove_platform_defaults("test-compiled")
+
+
+def test_each_impl_and_metadata_traced_once() -> None:
+    def layers(x, r, w):  # type: ignore[no-untyped-def]
+        for _ in range(6):
+            x, r = FUSED.maybe_inplace(x * 1.0, r, w, 1e-6)
+        return x, r
+
+    gm = trace(layers, *inputs())
+    _, lowering = run_pipeline(gm, {"fused_add_rms_norm": [kernels.INPLACE]})
+    assert len(lowering._traced) == 1
+    assert len(lowering.selected_impls["fused_add_rms_norm"]) == 6
+
+
+# -- lowering of in-place impls + clone elimination --------------------------------
+
+
+def donated_chain(x, r, w):  # type: ignore[no-untyped-def]
+    h, r = FUSED.maybe_inplace(x, r, w, 1e-6)
+    h = h * 2
+    return FUSED.maybe_inplace(h, r, w, 1e-6)
+
+
+def not_donated(x, r, w):  # type: ignore[no-untyped-def]
+    return FUSED(x, r, w, 1e-6)
+
+
+def mixed_donation(x, r, w):  # type: ignore[no-untyped-def]
+    h = x * 2  # an intermediate: its clone can go even without donation
+    return FUSED(h, r, w, 1e-6)
+
+
+def view_read_after(x, r, w):  # type: ignore[no-untyped-def]
+    h = x * 2
+    v = h[:, :4]
+    out, res = FUSED(h, r, w, 1e-6)
+    return out, res, v + 1  # reading a view of h after the write keeps h's clone
+
+
+def donated_view(x, r, w):  # type: ignore[no-untyped-def]
+    h = x * 2
+    return FUSED.maybe_inplace(h.view(4, H), r, w, 1e-6)
+
+
+def transposed_input(x, r, w):  # type: ignore[no-untyped-def]
+    h = (x * 2).t().contiguous().t()  # non-contiguous rows
+    return FUSED.maybe_inplace(h, r, w, 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("fn", "inserted", "left", "kept_reason"),
+    [
+        (donated_chain, 4, 0, None),
+        (not_donated, 2, 2, "graph input that was not donated"),
+        (mixed_donation, 2, 1, "graph input that was not donated"),
+        (view_read_after, 2, 2, "source read after the write"),
+        (donated_view, 2, 0, None),
+        (transposed_input, 2, 1, "changes layout"),  # the user's .contiguous() stays
+    ],
+)
+def test_clone_counts(fn, inserted: int, left: int, kept_reason: str | None) -> None:  # type: ignore[no-untyped-def]
+    gm = trace(fn, *inputs())
+    ctx, _ = run_pipeline(gm, {"fused_add_rms_norm": [kernels.INPLACE]})
+    assert ctx.clones_inserted == inserted
+    assert count(gm, torch.ops.aten.clone.default) == left
+    if kept_reason:
+        assert any(kept_reason in reason for reason in ctx.clones_kept.values()), ctx.clones_kept
+    x, r, w = inputs()
+    want = fn(x.clone(), r.clone(), w)
+    x2, r2 = x.clone(), r.clone()
+    got = gm(x2, r2, w)
+    torch.testing.assert_close(got, want)
+    if fn in (not_donated, mixed_donation, view_read_after):
+        torch.testing.assert_close((x2, r2), (x, r))  # non-donated inputs untouched
+
+
+def test_inplace_kernel_writes_into_donated_inputs() -> None:
+    gm = trace(donated_chain, *inputs())
+    run_pipeline(gm, {"fused_add_rms_norm": [kernels.INPLACE]})
+    x, r, w = inputs()
+    out, res = gm(x, r, w)
+    assert res.data_ptr() == r.data_ptr()  # zero copies: the residual stream is reused
