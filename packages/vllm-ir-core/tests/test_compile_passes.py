@@ -80,28 +80,28 @@ def test_functionalization_rewrites_and_records_donations() -> None:
 
 
 def read_after(x, r, w):  # type: ignore[no-untyped-def]
-    h, r2 = FUSED.maybe_inplace(x, r, w, 1e-6)
+    h, _r2 = FUSED.maybe_inplace(x, r, w, 1e-6)
     return h + x
 
 
 def read_view_taken_before(x, r, w):  # type: ignore[no-untyped-def]
     v = x[:, :4]
-    h, r2 = FUSED.maybe_inplace(x, r, w, 1e-6)
+    h, _r2 = FUSED.maybe_inplace(x, r, w, 1e-6)
     return h, v.sum()
 
 
 def read_view_taken_after(x, r, w):  # type: ignore[no-untyped-def]
-    h, r2 = FUSED.maybe_inplace(x, r, w, 1e-6)
+    h, _r2 = FUSED.maybe_inplace(x, r, w, 1e-6)
     return h, r.view(-1)
 
 
 def read_base_of_donated_view(x, r, w):  # type: ignore[no-untyped-def]
-    h, r2 = FUSED.maybe_inplace(x[:2], r[:2], w, 1e-6)
+    h, _r2 = FUSED.maybe_inplace(x[:2], r[:2], w, 1e-6)
     return h, x
 
 
 def return_donated(x, r, w):  # type: ignore[no-untyped-def]
-    h, r2 = FUSED.maybe_inplace(x, r, w, 1e-6)
+    h, _r2 = FUSED.maybe_inplace(x, r, w, 1e-6)
     return h, r
 
 
@@ -246,5 +246,5 @@ def test_inplace_kernel_writes_into_donated_inputs() -> None:
     gm = trace(donated_chain, *inputs())
     run_pipeline(gm, {"fused_add_rms_norm": [kernels.INPLACE]})
     x, r, w = inputs()
-    out, res = gm(x, r, w)
+    _out, res = gm(x, r, w)
     assert res.data_ptr() == r.data_ptr()  # zero copies: the residual stream is reused

@@ -14,6 +14,7 @@ Pipeline per graph::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -160,8 +161,6 @@ def compile(
     """
     backend = VllmIRBackend(priority=priority, options=options)
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
-    try:
+    with contextlib.suppress(AttributeError):
         compiled.vllm_ir_backend = backend
-    except AttributeError:
-        pass
     return compiled

@@ -1,0 +1,223 @@
+"""The backend end to end through Inductor. Compiles are costly: few, shared."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import stand_in_kernels as kernels
+import torch
+import vllm_ir as ir
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
+from torch._inductor import metrics
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+HIDDEN, LAYERS = 32, 3
+
+
+class Decoder(torch.nn.Module):
+    """rms_norm, then per layer a linear and fused_add_rms_norm.maybe_inplace."""
+
+    def __init__(self, use_ir: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.use_ir = use_ir
+        self.linears = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(LAYERS))
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(HIDDEN))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = ir.ops.rms_norm if self.use_ir else ir.ops.rms_norm.native
+        fused = ir.ops.fused_add_rms_norm.maybe_inplace if self.use_ir else _plain_fused
+        residual = x
+        h = norm(x, self.weight, 1e-6)
+        for linear in self.linears:
+            h, residual = fused(linear(h), residual, self.weight, 1e-6)
+        return h
+
+
+def _plain_fused(x, r, w, eps):  # type: ignore[no-untyped-def]
+    return ir.ops.fused_add_rms_norm.native(x, r, w, eps)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stand_ins() -> Iterator[None]:
+    kernels.register()
+    yield
+    kernels.unregister()
+
+
+@pytest.fixture(scope="module")
+def inplace_compiled() -> tuple[Decoder, Any, ir.VllmIRBackend]:
+    """The decoder compiled with the opaque in-place kernel and opaque rms_norm."""
+    model = Decoder().eval()
+    backend = ir.VllmIRBackend(
+        priority={"fused_add_rms_norm": [kernels.INPLACE], "rms_norm": [kernels.OPAQUE]}
+    )
+    return model, torch.compile(model, backend=backend, dynamic=False), backend
+
+
+def test_eager_equals_compiled_with_inplace_kernel(inplace_compiled) -> None:  # type: ignore[no-untyped-def]
+    model, compiled, backend = inplace_compiled
+    x = torch.randn(5, HIDDEN)
+    with torch.no_grad():
+        with ir.IrOpPriorityConfig(fused_add_rms_norm=[kernels.INPLACE]).scope():
+            eager = model(x.clone())
+        got = compiled(x.clone())
+    tol = ir.ops.fused_add_rms_norm.tolerance(torch.float32)
+    torch.testing.assert_close(got, eager, atol=tol.atol, rtol=tol.rtol)
+    assert backend.lowering_pass.selected_impls == {
+        "rms_norm": {"rms_norm": kernels.OPAQUE},
+        "fused_add_rms_norm": {
+            name: kernels.INPLACE
+            for name in ("fused_add_rms_norm", "fused_add_rms_norm_1", "fused_add_rms_norm_2")
+        },
+    }
+
+
+def test_zero_clones_left_for_donated_inputs(inplace_compiled) -> None:  # type: ignore[no-untyped-def]
+    _, compiled, backend = inplace_compiled
+    with torch.no_grad():
+        compiled(torch.randn(5, HIDDEN))
+    ctx = backend.pass_contexts[0]
+    assert ctx.functionalized == LAYERS
+    assert ctx.clones_inserted == 2 * LAYERS
+    assert ctx.clones_removed == 2 * LAYERS, ctx.clones_kept
+    assert [d.graph_input for d in ctx.donations][:2] == [False, True]  # linear out, input x
+
+
+@pytest.fixture(scope="module")
+def kernel_counts() -> dict[str, int]:
+    """Kernels generated for the IR model (compile defaults) and the plain-torch one."""
+    result = {}
+    for label, use_ir in (("ir", True), ("plain", False)):
+        torch._dynamo.reset()
+        metrics.reset()
+        model = Decoder(use_ir).eval()
+        backend = ir.VllmIRBackend() if use_ir else "inductor"
+        with torch.no_grad():
+            torch.compile(model, backend=backend)(torch.randn(4, HIDDEN))
+        result[label] = metrics.generated_kernel_count
+    return result
+
+
+def test_ir_model_generates_no_more_kernels_than_plain_torch(kernel_counts) -> None:  # type: ignore[no-untyped-def]
+    assert kernel_counts["plain"] > 0
+    assert kernel_counts["ir"] == kernel_counts["plain"], kernel_counts
+
+
+class RecordingPass(CustomGraphPass):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.calls += 1
+
+    def uuid(self) -> str:
+        return "recording-pass"
+
+
+def test_dynamic_batch_no_recompile_and_user_hooks_compose() -> None:
+    torch._dynamo.reset()
+    user_pass = RecordingPass()
+    backend = ir.VllmIRBackend()
+    calls = []
+
+    def counting_backend(gm, example_inputs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return backend(gm, example_inputs)
+
+    fn = torch.compile(
+        lambda x, w: ir.ops.rms_norm(x, w, 1e-6), backend=counting_backend, dynamic=True
+    )
+    w = torch.rand(HIDDEN)
+    with inductor_config.patch(post_grad_custom_post_pass=user_pass, fx_graph_cache=False):
+        for batch in (3, 7, 64):
+            x = torch.randn(batch, HIDDEN)
+            torch.testing.assert_close(fn(x, w), ir.ops.rms_norm(x, w, 1e-6))
+    assert len(calls) == 1  # one graph serves every batch size
+    assert user_pass.calls == 1  # the user's hook ran after ours
+    assert inductor_config.post_grad_custom_post_pass is None
+
+
+def test_supports_args_guarding_on_batch_size_is_refused() -> None:
+    torch._dynamo.reset()
+    op = ir.ops.rms_norm
+
+    def batch_dependent(x, weight, epsilon, variance_size=None):  # type: ignore[no-untyped-def]
+        return x.shape[0] > 1
+
+    @op.register_impl("batch_guard", supports_args=batch_dependent)
+    def impl(
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        epsilon: float,
+        variance_size: int | None = None,
+    ) -> torch.Tensor:
+        return op.native(x, weight, epsilon, variance_size)
+
+    try:
+        fn = torch.compile(
+            lambda x: op(x, None, 1e-6),
+            backend=ir.VllmIRBackend(priority={"rms_norm": ["batch_guard"]}),
+            dynamic=True,
+        )
+        with pytest.raises(Exception, match="returned SymBool.*would guard the compiled graph"):
+            fn(torch.randn(4, HIDDEN))
+    finally:
+        op._unregister_impl("batch_guard")
+
+
+def test_donated_input_read_after_is_a_compile_error() -> None:
+    torch._dynamo.reset()
+
+    def bad(x, r, w):  # type: ignore[no-untyped-def]
+        h, _ = ir.ops.fused_add_rms_norm.maybe_inplace(x, r, w, 1e-6)
+        return h + x
+
+    fn = torch.compile(bad, backend=ir.VllmIRBackend())
+    with pytest.raises(Exception, match=r"donates activation 'x'.*reads it after the call"):
+        fn(torch.randn(2, HIDDEN), torch.randn(2, HIDDEN), torch.ones(HIDDEN))
+
+
+def _compile_once(priority: dict[str, list[str]]) -> None:
+    torch._dynamo.reset()
+    fn = torch.compile(
+        lambda x: ir.ops.rms_norm(x, None, 1e-6), backend=ir.VllmIRBackend(priority=priority)
+    )
+    fn(torch.randn(2, 8))
+
+
+def test_fx_graph_cache_keys_on_priority(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    with inductor_config.patch(fx_graph_cache=True, fx_graph_remote_cache=False):
+        counters.clear()
+        _compile_once({"rms_norm": ["native"]})
+        _compile_once({"rms_norm": ["native"]})
+        assert counters["inductor"]["fxgraph_cache_hit"] == 1
+        _compile_once({"rms_norm": [kernels.OPAQUE]})
+        assert counters["inductor"]["fxgraph_cache_miss"] == 2
+        assert counters["inductor"]["fxgraph_cache_hit"] == 1
+
+
+def test_uuid_covers_priorities_and_impl_sources() -> None:
+    a = ir.VllmIRBackend(priority={"rms_norm": ["native"]}).lowering_pass.pre.uuid()
+    b = ir.VllmIRBackend(priority={"rms_norm": ["native"]}).lowering_pass.pre.uuid()
+    c = ir.VllmIRBackend(priority={"rms_norm": [kernels.OPAQUE]}).lowering_pass.pre.uuid()
+    assert a == b != c
+    # a changed impl source changes the key too
+    impl = ir.ops.rms_norm._impls[kernels.OPAQUE]
+    original = impl.impl_fn
+    object.__setattr__(impl, "impl_fn", kernels.fused_add_rms_norm_inplace)
+    try:
+        d = ir.VllmIRBackend(priority={"rms_norm": [kernels.OPAQUE]}).lowering_pass.pre.uuid()
+    finally:
+        object.__setattr__(impl, "impl_fn", original)
+    assert d != c
+
+
+def test_string_backend_is_registered() -> None:
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: ir.ops.rms_norm(x, None, 1e-6), backend="vllm_ir")
+    torch.testing.assert_close(fn(torch.ones(2, 8)), torch.ones(2, 8))
