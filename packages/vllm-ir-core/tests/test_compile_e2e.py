@@ -163,7 +163,7 @@ def test_supports_args_guarding_on_batch_size_is_refused() -> None:
             backend=ir.VllmIRBackend(priority={"rms_norm": ["batch_guard"]}),
             dynamic=True,
         )
-        with pytest.raises(Exception, match="returned SymBool.*would guard the compiled graph"):
+        with pytest.raises(Exception, match=r"returned SymBool.*would guard the compiled graph"):
             fn(torch.randn(4, HIDDEN))
     finally:
         op._unregister_impl("batch_guard")

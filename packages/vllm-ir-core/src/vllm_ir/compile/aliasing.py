@@ -61,7 +61,7 @@ class AliasGroups:
         self._storages: dict[fx.Node, list[object]] = {}
         self._members: dict[object, set[fx.Node]] = {}
         for node in graph.nodes:
-            keys = [
+            keys: list[object] = [
                 StorageWeakRef(t.untyped_storage())
                 for t in tensor_values(_meta_value(node))
                 if not _is_sparse(t)

@@ -91,6 +91,7 @@ class VllmIRBackend:
         priority: IrOpPriorityConfig | Mapping[str, Sequence[str]] | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> None:
+        priorities: Mapping[str, Sequence[str]]
         if priority is None:
             priorities = _user_priorities()
         elif isinstance(priority, IrOpPriorityConfig):
@@ -162,5 +163,5 @@ def compile(
     backend = VllmIRBackend(priority=priority, options=options)
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     with contextlib.suppress(AttributeError):
-        compiled.vllm_ir_backend = backend
+        compiled.vllm_ir_backend = backend  # type: ignore[attr-defined]
     return compiled

@@ -106,7 +106,9 @@ def _why_needed(clone: fx.Node, aliases: AliasGroups, order: dict[fx.Node, int])
         info = clone.meta.get(ACTIVATION_CLONE_META)
         if not info or not info["donated"]:
             return "source is a graph input that was not donated"
-        writers = [w for w in writes if isinstance(w.target, torch._ops.OpOverload)]
-        if any(w.target.namespace == "aten" for w in writers):
+        namespaces = [
+            w.target.namespace for w in writes if isinstance(w.target, torch._ops.OpOverload)
+        ]
+        if "aten" in namespaces:
             return "ATen op would mutate a graph input (torch 2.13 Inductor CPU bug)"
     return None

@@ -225,7 +225,9 @@ def _inline(
         for user in list(node.users):
             if user.target is not operator.getitem:
                 raise RuntimeError(f"{node.name}: unexpected user {user.format_node()}")
-            user.replace_all_uses_with(mapped(result[user.args[1]]))
+            index = user.args[1]
+            assert isinstance(index, int)
+            user.replace_all_uses_with(mapped(result[index]))
             graph.erase_node(user)
     else:
         node.replace_all_uses_with(mapped(result))
