@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,11 +11,22 @@ import stand_in_kernels as kernels
 import torch
 import vllm_ir as ir
 from torch._dynamo.utils import counters
+from torch._functorch import config as functorch_config
 from torch._inductor import config as inductor_config
 from torch._inductor import metrics
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 HIDDEN, LAYERS = 32, 3
+
+
+@contextlib.contextmanager
+def no_cache() -> Iterator[None]:
+    """Inductor's caches off: on a hit the passes (and their records) do not run."""
+    with (
+        inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False),
+        functorch_config.patch(enable_autograd_cache=False),
+    ):
+        yield
 
 
 class Decoder(torch.nn.Module):
@@ -49,13 +61,22 @@ def _stand_ins() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def inplace_compiled() -> tuple[Decoder, Any, ir.VllmIRBackend]:
-    """The decoder compiled with the opaque in-place kernel and opaque rms_norm."""
+def inplace_compiled() -> Iterator[tuple[Decoder, Any, ir.VllmIRBackend]]:
+    """The decoder compiled with the opaque in-place kernel and opaque rms_norm.
+
+    Compiled here, with Inductor's caches off: a cache hit would skip the
+    passes whose records these tests read.
+    """
+    torch._dynamo.reset()
     model = Decoder().eval()
     backend = ir.VllmIRBackend(
         priority={"fused_add_rms_norm": [kernels.INPLACE], "rms_norm": [kernels.OPAQUE]}
     )
-    return model, torch.compile(model, backend=backend, dynamic=False), backend
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    with no_cache(), torch.no_grad():
+        compiled(torch.randn(5, HIDDEN))
+    assert not backend.pass_contexts[0].from_cache
+    yield model, compiled, backend
 
 
 def test_eager_equals_compiled_with_inplace_kernel(inplace_compiled) -> None:  # type: ignore[no-untyped-def]
@@ -96,7 +117,7 @@ def kernel_counts() -> dict[str, int]:
         metrics.reset()
         model = Decoder(use_ir).eval()
         backend = ir.VllmIRBackend() if use_ir else "inductor"
-        with torch.no_grad():
+        with no_cache(), torch.no_grad():
             torch.compile(model, backend=backend)(torch.randn(4, HIDDEN))
         result[label] = metrics.generated_kernel_count
     return result
@@ -132,7 +153,7 @@ def test_dynamic_batch_no_recompile_and_user_hooks_compose() -> None:
         lambda x, w: ir.ops.rms_norm(x, w, 1e-6), backend=counting_backend, dynamic=True
     )
     w = torch.rand(HIDDEN)
-    with inductor_config.patch(post_grad_custom_post_pass=user_pass, fx_graph_cache=False):
+    with inductor_config.patch(post_grad_custom_post_pass=user_pass), no_cache():
         for batch in (3, 7, 64):
             x = torch.randn(batch, HIDDEN)
             torch.testing.assert_close(fn(x, w), ir.ops.rms_norm(x, w, 1e-6))
@@ -181,20 +202,20 @@ def test_donated_input_read_after_is_a_compile_error() -> None:
         fn(torch.randn(2, HIDDEN), torch.randn(2, HIDDEN), torch.ones(HIDDEN))
 
 
-def _compile_once(priority: dict[str, list[str]]) -> None:
+def _compile_once(priority: dict[str, list[str]]) -> ir.VllmIRBackend:
     torch._dynamo.reset()
-    fn = torch.compile(
-        lambda x: ir.ops.rms_norm(x, None, 1e-6), backend=ir.VllmIRBackend(priority=priority)
-    )
+    backend = ir.VllmIRBackend(priority=priority)
+    fn = torch.compile(lambda x: ir.ops.rms_norm(x, None, 1e-6), backend=backend)
     fn(torch.randn(2, 8))
+    return backend
 
 
 def test_fx_graph_cache_keys_on_priority(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     with inductor_config.patch(fx_graph_cache=True, fx_graph_remote_cache=False):
         counters.clear()
-        _compile_once({"rms_norm": ["native"]})
-        _compile_once({"rms_norm": ["native"]})
+        assert not _compile_once({"rms_norm": ["native"]}).pass_contexts[0].from_cache
+        assert _compile_once({"rms_norm": ["native"]}).pass_contexts[0].from_cache
         assert counters["inductor"]["fxgraph_cache_hit"] == 1
         _compile_once({"rms_norm": [kernels.OPAQUE]})
         assert counters["inductor"]["fxgraph_cache_miss"] == 2

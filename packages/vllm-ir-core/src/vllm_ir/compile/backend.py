@@ -132,6 +132,10 @@ class VllmIRBackend:
         self.pass_contexts.append(ctx)
         with pass_context(ctx), inductor_config.patch({**self.options, **self._hooks()}):
             compiled = compile_fx(gm, list(example_inputs))
+        ctx.from_cache = not ctx.timings_ms
+        if ctx.from_cache:
+            logger.debug("graph served from Inductor's cache: vllm-ir passes did not run")
+            return compiled
         logger.debug(
             "compiled a graph: %d maybe_inplace functionalized, selections %s, "
             "clones inserted %d, removed %d",

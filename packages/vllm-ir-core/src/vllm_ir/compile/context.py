@@ -38,6 +38,10 @@ class PassContext:
     clones_removed: int = 0
     clones_kept: dict[str, str] = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
+    from_cache: bool = False
+    """Inductor served the graph from its caches, so no pass ran and the
+    fields above are empty; disable ``fx_graph_cache`` (and
+    ``torch._functorch.config.enable_autograd_cache``) to see them again."""
 
     @property
     def donated_graph_inputs(self) -> list[str]:
