@@ -18,8 +18,8 @@ import stand_in_kernels  # noqa: F401  (defines vllm_ir_test::scale_)
 import torch
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
-from vllm_ir.compile import eliminate_clones
-from vllm_ir.compile.lowering import ACTIVATION_CLONE_META
+from vllm_ir.compilation import eliminate_clones
+from vllm_ir.compilation.lowering import ACTIVATION_CLONE_META
 
 GRAPHS = 400
 SHAPE = (4, 6)

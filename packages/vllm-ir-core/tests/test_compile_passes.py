@@ -10,13 +10,13 @@ import torch
 import vllm_ir as ir
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
-from vllm_ir.compile import (
+from vllm_ir.compilation import (
     CloneEliminationPass,
     InplaceFunctionalizationPass,
     LoweringPass,
     pass_context,
 )
-from vllm_ir.compile.context import DONATED_META
+from vllm_ir.compilation.context import DONATED_META
 
 H = 16
 FUSED = ir.ops.fused_add_rms_norm
@@ -248,3 +248,22 @@ def test_inplace_kernel_writes_into_donated_inputs() -> None:
     x, r, w = inputs()
     _out, res = gm(x, r, w)
     assert res.data_ptr() == r.data_ptr()  # zero copies: the residual stream is reused
+
+
+def test_ir_passes_see_ir_nodes_before_lowering() -> None:
+    seen: list[list[str]] = []
+
+    class FusionProbe(ir.compilation.VllmIRPass):
+        name = "fusion_probe"
+
+        def run(self, graph: fx.Graph) -> None:
+            seen.append(
+                [str(n.target) for n in graph.nodes if str(n.target).startswith("vllm_ir.")]
+            )
+
+    backend = ir.VllmIRBackend(ir_passes=[FusionProbe()])
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        torch.compile(two_layers, backend=backend)(*inputs())
+    assert seen == [["vllm_ir.fused_add_rms_norm.default"] * 2]
+    assert backend.pass_contexts[0].timings_ms["fusion_probe"] >= 0

@@ -28,7 +28,7 @@ from vllm_ir.samples import SampleInput
 from vllm_ir.tolerances import Tolerance
 
 # The compile integration imports Inductor (seconds): loaded on first use.
-_LAZY = {"VllmIRBackend": "vllm_ir.compile", "compile": "vllm_ir.compile"}
+_LAZY = {"VllmIRBackend": "vllm_ir.compilation", "compile": "vllm_ir.compilation"}
 
 
 def __getattr__(name: str) -> object:

@@ -27,7 +27,7 @@ def current_platform() -> str:
     """The platform whose default priorities apply.
 
     ``VLLM_IR_PLATFORM`` overrides detection, e.g. to inspect another
-    platform's defaults with ``vllm-ir explain``.
+    platform's default priorities on this machine.
 
     >>> current_platform() in PLATFORMS
     True

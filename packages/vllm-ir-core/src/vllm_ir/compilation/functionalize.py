@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from torch import fx
 
-from vllm_ir.compile.aliasing import AliasGroups
-from vllm_ir.compile.context import DONATED_META, Donation, get_pass_context
-from vllm_ir.compile.ir_nodes import call_args, ir_op_of, is_ir_node
-from vllm_ir.compile.pass_base import VllmIRPass
+from vllm_ir.compilation.aliasing import AliasGroups
+from vllm_ir.compilation.context import DONATED_META, Donation, get_pass_context
+from vllm_ir.compilation.ir_nodes import call_args, ir_op_of, is_ir_node
+from vllm_ir.compilation.pass_base import VllmIRPass
 
 __all__ = ["InplaceFunctionalizationPass"]
 

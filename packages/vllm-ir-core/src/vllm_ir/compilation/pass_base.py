@@ -14,7 +14,7 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from vllm_ir._version import __version__
-from vllm_ir.compile.context import get_pass_context
+from vllm_ir.compilation.context import get_pass_context
 from vllm_ir.logger import get_logger
 
 __all__ = ["DUMP_ENV", "VllmIRPass", "source_hash"]

@@ -24,10 +24,10 @@ from torch import fx
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from vllm_ir.compile.clone_elimination import CloneEliminationPass
-from vllm_ir.compile.context import PassContext, pass_context
-from vllm_ir.compile.functionalize import InplaceFunctionalizationPass
-from vllm_ir.compile.lowering import LoweringPass
+from vllm_ir.compilation.clone_elimination import CloneEliminationPass
+from vllm_ir.compilation.context import PassContext, pass_context
+from vllm_ir.compilation.functionalize import InplaceFunctionalizationPass
+from vllm_ir.compilation.lowering import LoweringPass
 from vllm_ir.config import IrOpPriorityConfig
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
@@ -73,16 +73,24 @@ class VllmIRBackend:
     """A torch.compile backend running Inductor with vllm-ir's passes.
 
     Priorities are those in force when the backend is created, unless
-    ``priority`` is given. Inductor hooks the user already set in
-    ``torch._inductor.config`` are kept: vllm-ir's pass runs first, then theirs.
+    ``priority`` is given. ``ir_passes`` run on the functional post-grad graph
+    while it still holds IR nodes (one node per op call: fusion and
+    transformation passes match those), before lowering; give them a
+    ``uuid()`` (:class:`~vllm_ir.compilation.VllmIRPass`) or Inductor's cache is
+    bypassed. Inductor hooks the user already set in ``torch._inductor.config``
+    are kept: vllm-ir's pass runs first, then theirs.
 
-    >>> import torch, vllm_ir as ir
-    >>> backend = ir.VllmIRBackend()
-    >>> f = torch.compile(lambda x: ir.ops.rms_norm(x, None, 1e-6), backend=backend)
-    >>> f(torch.ones(2, 8)).shape
-    torch.Size([2, 8])
-    >>> backend.lowering_pass.selected_impls
-    {'rms_norm': {'rms_norm': 'native'}}
+    Usage (``torch.compile(model, backend="vllm_ir")`` creates one per graph)::
+
+        backend = ir.VllmIRBackend(priority={"rms_norm": ["native"]})
+        compiled = torch.compile(model, backend=backend)
+        compiled(x)
+        backend.lowering_pass.selected_impls  # {'rms_norm': {'rms_norm': 'native'}}
+        backend.pass_contexts[0].clones_removed
+
+    >>> import vllm_ir as ir
+    >>> ir.VllmIRBackend(priority={"rms_norm": ["native"]}).lowering_pass.priorities
+    {'rms_norm': ('native',)}
     """
 
     def __init__(
@@ -90,6 +98,7 @@ class VllmIRBackend:
         *,
         priority: IrOpPriorityConfig | Mapping[str, Sequence[str]] | None = None,
         options: Mapping[str, Any] | None = None,
+        ir_passes: Sequence[Callable[[fx.Graph], Any]] = (),
     ) -> None:
         priorities: Mapping[str, Sequence[str]]
         if priority is None:
@@ -99,6 +108,8 @@ class VllmIRBackend:
         else:
             priorities = IrOpPriorityConfig.from_dict(priority).to_dict()
         self.lowering_pass = LoweringPass(priorities)
+        self.ir_passes = tuple(ir_passes)
+        """Fusion / transformation passes over IR nodes, run post-grad before lowering."""
         self.functionalization_pass = InplaceFunctionalizationPass()
         self.clone_elimination_pass = CloneEliminationPass()
         self.options = dict(options or {})
@@ -114,7 +125,11 @@ class VllmIRBackend:
     def _hooks(self) -> dict[str, Any]:
         ours = {
             "pre_grad_custom_pass": self.functionalization_pass,
-            "post_grad_custom_pre_pass": self.lowering_pass.pre,
+            "post_grad_custom_pre_pass": (
+                ComposedPass(*self.ir_passes, self.lowering_pass.pre)
+                if self.ir_passes
+                else self.lowering_pass.pre
+            ),
             "post_grad_custom_post_pass": ComposedPass(
                 self.lowering_pass.post, self.clone_elimination_pass
             ),
@@ -157,6 +172,7 @@ def compile(
     *,
     priority: IrOpPriorityConfig | Mapping[str, Sequence[str]] | None = None,
     options: Mapping[str, Any] | None = None,
+    ir_passes: Sequence[Callable[[fx.Graph], Any]] = (),
     **torch_compile_kwargs: Any,
 ) -> Any:
     """``torch.compile(model, backend=VllmIRBackend(...), **torch_compile_kwargs)``.
@@ -164,7 +180,7 @@ def compile(
     The backend is reachable as ``compiled.vllm_ir_backend`` where the result
     accepts attributes (modules and functions do).
     """
-    backend = VllmIRBackend(priority=priority, options=options)
+    backend = VllmIRBackend(priority=priority, options=options, ir_passes=ir_passes)
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     with contextlib.suppress(AttributeError):
         compiled.vllm_ir_backend = backend  # type: ignore[attr-defined]

@@ -31,10 +31,10 @@ from torch._inductor.pattern_matcher import fwd_only
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from vllm_ir.compile.aliasing import is_write
-from vllm_ir.compile.context import DONATED_META, get_pass_context
-from vllm_ir.compile.ir_nodes import call_args, ir_op_of, is_ir_node
-from vllm_ir.compile.pass_base import VllmIRPass, source_hash
+from vllm_ir.compilation.aliasing import is_write
+from vllm_ir.compilation.context import DONATED_META, get_pass_context
+from vllm_ir.compilation.ir_nodes import call_args, ir_op_of, is_ir_node
+from vllm_ir.compilation.pass_base import VllmIRPass, source_hash
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp

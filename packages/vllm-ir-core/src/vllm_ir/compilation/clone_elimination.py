@@ -25,10 +25,10 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from vllm_ir.compile.aliasing import AliasGroups, written_args
-from vllm_ir.compile.context import get_pass_context
-from vllm_ir.compile.lowering import ACTIVATION_CLONE_META
-from vllm_ir.compile.pass_base import VllmIRPass
+from vllm_ir.compilation.aliasing import AliasGroups, written_args
+from vllm_ir.compilation.context import get_pass_context
+from vllm_ir.compilation.lowering import ACTIVATION_CLONE_META
+from vllm_ir.compilation.pass_base import VllmIRPass
 
 __all__ = ["CloneEliminationPass", "eliminate_clones"]
 

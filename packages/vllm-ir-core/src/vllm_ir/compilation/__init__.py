@@ -1,0 +1,24 @@
+"""vllm-ir's torch.compile integration: the backend and its passes."""
+
+from vllm_ir.compilation.backend import ComposedPass, VllmIRBackend, compile, vllm_ir_backend
+from vllm_ir.compilation.clone_elimination import CloneEliminationPass, eliminate_clones
+from vllm_ir.compilation.context import PassContext, get_pass_context, pass_context
+from vllm_ir.compilation.functionalize import InplaceFunctionalizationPass
+from vllm_ir.compilation.lowering import LoweringPass
+from vllm_ir.compilation.pass_base import DUMP_ENV, VllmIRPass
+
+__all__ = [
+    "DUMP_ENV",
+    "CloneEliminationPass",
+    "ComposedPass",
+    "InplaceFunctionalizationPass",
+    "LoweringPass",
+    "PassContext",
+    "VllmIRBackend",
+    "VllmIRPass",
+    "compile",
+    "eliminate_clones",
+    "get_pass_context",
+    "pass_context",
+    "vllm_ir_backend",
+]
