@@ -61,7 +61,7 @@ def _stand_ins() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def inplace_compiled() -> Iterator[tuple[Decoder, Any, ir.VllmIRBackend]]:
+def inplace_compiled() -> tuple[Decoder, Any, ir.VllmIRBackend]:
     """The decoder compiled with the opaque in-place kernel and opaque rms_norm.
 
     Compiled here, with Inductor's caches off: a cache hit would skip the
@@ -76,7 +76,7 @@ def inplace_compiled() -> Iterator[tuple[Decoder, Any, ir.VllmIRBackend]]:
     with no_cache(), torch.no_grad():
         compiled(torch.randn(5, HIDDEN))
     assert not backend.pass_contexts[0].from_cache
-    yield model, compiled, backend
+    return model, compiled, backend
 
 
 def test_eager_equals_compiled_with_inplace_kernel(inplace_compiled) -> None:  # type: ignore[no-untyped-def]
