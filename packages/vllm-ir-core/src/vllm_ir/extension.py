@@ -1,0 +1,128 @@
+"""Building a provider's C++/CUDA kernels: JIT with ninja, cached, process safe.
+
+Provider packages ship sources and call :func:`build_extension` on first use
+(or ahead of time, from their ``python -m <package> build`` command). The
+shared library lands in a cache directory keyed by the package, its version,
+torch's version and a hash of the sources and flags, so an upgrade never
+loads a stale build. A file lock serializes concurrent builds of the same
+key across processes; the second process waits, then loads the result.
+
+The library registers its ops with ``TORCH_LIBRARY``; it is loaded with
+``torch.ops.load_library``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from vllm_ir.logger import get_logger
+
+__all__ = ["CACHE_ENV", "ExtensionBuildError", "build_extension", "cache_root"]
+
+CACHE_ENV = "VLLM_IR_CACHE_DIR"
+"""Where built kernels live (default: ``~/.cache/vllm_ir``)."""
+
+_LOCK_TIMEOUT_S = 30 * 60  # a cold CUDA build of several kernels takes minutes
+
+logger = get_logger(__name__)
+
+
+class ExtensionBuildError(RuntimeError):
+    """A provider's kernels cannot be built here; the message says why and what to do."""
+
+
+def cache_root() -> Path:
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "vllm_ir"
+
+
+def _digest(sources: Sequence[Path], flags: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for path in sorted(sources):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    h.update("\0".join(flags).encode())
+    return h.hexdigest()[:16]
+
+
+def _check_toolchain(name: str, with_cuda: bool) -> None:
+    from torch.utils import cpp_extension
+
+    if not cpp_extension.is_ninja_available():
+        raise ExtensionBuildError(
+            f"building {name} needs ninja, which is not on PATH; `pip install ninja`"
+        )
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise ExtensionBuildError(
+            f"building {name} needs a C++ compiler ({compiler!r} not found); install one "
+            "(e.g. g++) or set CXX"
+        )
+    if with_cuda:
+        if torch.version.cuda is None:
+            raise ExtensionBuildError(
+                f"{name} holds CUDA kernels, but this torch ({torch.__version__}) is not a "
+                "CUDA build; install a CUDA build of torch"
+            )
+        if cpp_extension.CUDA_HOME is None:
+            raise ExtensionBuildError(
+                f"building {name} needs the CUDA toolkit (nvcc), which was not found; "
+                "install it or set CUDA_HOME"
+            )
+
+
+def build_extension(
+    name: str,
+    version: str,
+    sources: Sequence[Path],
+    *,
+    extra_cflags: Sequence[str] = (),
+    extra_cuda_cflags: Sequence[str] = (),
+    extra_ldflags: Sequence[str] = (),
+    with_cuda: bool = False,
+    verbose: bool = False,
+) -> Path:
+    """Build (or reuse) the shared library and load it into ``torch.ops``.
+
+    Returns the library's path. Raises :class:`ExtensionBuildError` when a
+    tool is missing, before trying to compile.
+    """
+    from filelock import FileLock, Timeout
+    from torch.utils import cpp_extension
+
+    _check_toolchain(name, with_cuda)
+    sources = [Path(s) for s in sources]
+    flags = [*extra_cflags, *extra_cuda_cflags, *extra_ldflags]
+    key = f"{name}-{version}-torch{torch.__version__}-{_digest(sources, flags)}"
+    build_dir = cache_root() / "extensions" / key
+    build_dir.mkdir(parents=True, exist_ok=True)
+    library = build_dir / f"{name}.so"
+    lock = FileLock(str(build_dir / "build.lock"), timeout=_LOCK_TIMEOUT_S)
+    try:
+        with lock:
+            if not library.exists():
+                logger.info("building %s in %s (first use; cached afterwards)", name, build_dir)
+                cpp_extension.load(
+                    name=name,
+                    sources=[str(s) for s in sources],
+                    extra_cflags=list(extra_cflags),
+                    extra_cuda_cflags=list(extra_cuda_cflags),
+                    extra_ldflags=list(extra_ldflags),
+                    build_directory=str(build_dir),
+                    with_cuda=with_cuda,
+                    is_python_module=False,
+                    verbose=verbose,
+                )
+    except Timeout:
+        raise ExtensionBuildError(
+            f"waited {_LOCK_TIMEOUT_S} s for another process building {name} in {build_dir}; "
+            f"if no build is running, delete {lock.lock_file}"
+        ) from None
+    torch.ops.load_library(str(library))
+    return library

@@ -1,0 +1,49 @@
+"""Kernel builds: clear errors before compiling, and cache keys that change with the inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from vllm_ir import extension
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    path = tmp_path / "k.cpp"
+    path.write_text("// kernel\n")
+    return path
+
+
+def test_missing_ninja_is_a_clear_error(monkeypatch, source: Path) -> None:  # type: ignore[no-untyped-def]
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
+    with pytest.raises(extension.ExtensionBuildError, match="needs ninja.*pip install ninja"):
+        extension.build_extension("k", "0", [source])
+
+
+def test_missing_compiler_is_a_clear_error(monkeypatch, source: Path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.raises(extension.ExtensionBuildError, match="'no-such-compiler' not found"):
+        extension.build_extension("k", "0", [source])
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="needs a CPU-only torch")
+def test_cuda_kernels_need_a_cuda_torch(source: Path) -> None:
+    with pytest.raises(extension.ExtensionBuildError, match="not a CUDA build"):
+        extension.build_extension("k", "0", [source], with_cuda=True)
+
+
+def test_cache_key_covers_sources_and_flags(source: Path, tmp_path: Path) -> None:
+    base = extension._digest([source], ["-O3"])
+    assert extension._digest([source], ["-O3"]) == base
+    assert extension._digest([source], ["-O2"]) != base
+    source.write_text("// changed\n")
+    assert extension._digest([source], ["-O3"]) != base
+
+
+def test_cache_root_follows_env(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(extension.CACHE_ENV, str(tmp_path))
+    assert extension.cache_root() == tmp_path
