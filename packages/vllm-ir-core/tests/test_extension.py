@@ -20,7 +20,7 @@ def test_missing_ninja_is_a_clear_error(monkeypatch, source: Path) -> None:  # t
     from torch.utils import cpp_extension
 
     monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
-    with pytest.raises(extension.ExtensionBuildError, match="needs ninja.*pip install ninja"):
+    with pytest.raises(extension.ExtensionBuildError, match=r"needs ninja.*pip install ninja"):
         extension.build_extension("k", "0", [source])
 
 
