@@ -1,0 +1,312 @@
+"""The conformance kit: check a provider's impls against the ops' contracts.
+
+One call checks everything an impl promises::
+
+    from vllm_ir.testing import assert_conforms
+    assert_conforms("my_provider")
+
+For each op the provider implements, and each dtype:
+
+* ``correctness``: results equal the native semantics within the op's
+  tolerance, over the op's sample inputs (those ``supports_args`` accepts);
+* ``supports_args``: returns a plain ``bool``, and the same answer for every
+  batch size — it is called with FakeTensors of a symbolic batch dimension,
+  where reading a size yields a ``SymBool`` (a guard on the batch size);
+* ``mutation``: an impl that writes into its inputs is declared
+  ``inplace=True``, and an inplace impl returns the activations it wrote;
+* ``compiled``: eager and ``torch.compile(backend=VllmIRBackend(...))`` agree;
+* ``opcheck``: ``torch.library.opcheck`` of the op's torch overloads with the
+  provider selected.
+
+In pytest, :func:`conformance_cases` parametrizes one test per case::
+
+    @pytest.mark.parametrize("case", conformance_cases("my_provider"), ids=str)
+    def test_conformance(case):
+        case.check()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vllm_ir.impl import IrOpImpl
+from vllm_ir.op import IrOp
+from vllm_ir.samples import SampleInput
+
+__all__ = [
+    "CHECKS",
+    "ConformanceCase",
+    "ConformanceError",
+    "ConformanceReport",
+    "NotApplicable",
+    "assert_conforms",
+    "check_provider",
+    "conformance_cases",
+]
+
+CHECKS = ("correctness", "supports_args", "mutation", "compiled", "opcheck")
+DEFAULT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class ConformanceError(AssertionError):
+    """An impl broke a contract; the message lists every failure."""
+
+
+class NotApplicable(Exception):
+    """The impl declines every sample input of this case (e.g. an unsupported dtype)."""
+
+
+@dataclass(frozen=True)
+class ConformanceCase:
+    """One check of one provider's impl of one op, for one dtype."""
+
+    op: IrOp
+    provider: str
+    check_name: str
+    dtype: torch.dtype
+    device: str = "cpu"
+
+    def __str__(self) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"{self.op.name}-{self.provider}-{self.check_name}-{dtype}"
+
+    @property
+    def impl(self) -> IrOpImpl:
+        return self.op.impls[self.provider]
+
+    def check(self) -> None:
+        """Run the check; raises :class:`ConformanceError` on failure.
+
+        A case the impl does not apply to (``supports_args`` declines every
+        sample) raises :class:`NotApplicable`, or skips under pytest.
+        """
+        try:
+            _run(self)
+        except NotApplicable as e:
+            if "pytest" not in sys.modules:
+                raise
+            import pytest
+
+            pytest.skip(str(e))
+
+
+def _samples(case: ConformanceCase) -> Iterator[SampleInput]:
+    for sample in case.op.sample_inputs(case.dtype, case.device):
+        supports = case.impl.supports_args
+        if supports is None or supports(*sample.args) is True:
+            yield sample
+
+
+@contextlib.contextmanager
+def _selected(case: ConformanceCase) -> Iterator[None]:
+    with case.op.set_priority([case.provider]):
+        yield
+
+
+def _close(got: Any, want: Any, case: ConformanceCase, what: str) -> str | None:
+    tol = case.op.tolerance(case.dtype)
+    try:
+        torch.testing.assert_close(got, want, atol=tol.atol, rtol=tol.rtol)
+    except AssertionError as e:
+        return f"{what}: {str(e).splitlines()[0]}"
+    return None
+
+
+def _check_correctness(case: ConformanceCase) -> Iterator[str]:
+    for sample in _samples(case):
+        want = case.op.native(*sample.clone().args)
+        got = case.impl.impl_fn(*sample.clone().args)
+        failure = _close(got, want, case, f"sample {sample.name}")
+        if failure:
+            yield failure
+
+
+def _symbolic(value: Any, fake_mode: Any) -> Any:
+    """A FakeTensor of ``value`` whose first dimension is a symbolic batch size."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    dims = [DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (value.dim() - 1)
+    context: StatelessSymbolicContext | None = (
+        StatelessSymbolicContext(dynamic_sizes=dims) if value.dim() > 1 else None
+    )
+    return fake_mode.from_tensor(value, symbolic_context=context)
+
+
+def _check_supports_args(case: ConformanceCase) -> Iterator[str]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    supports = case.impl.supports_args
+    if supports is None:
+        return
+    for sample in case.op.sample_inputs(case.dtype, case.device):
+        answer = supports(*sample.args)
+        if type(answer) is not bool:
+            yield f"sample {sample.name}: returned {type(answer).__name__}, not a plain bool"
+            continue
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        with fake_mode:
+            symbolic = [_symbolic(a, fake_mode) for a in sample.args]
+            symbolic_answer = supports(*symbolic)
+        if type(symbolic_answer) is not bool:
+            yield (
+                f"sample {sample.name}: returned {type(symbolic_answer).__name__} for a "
+                "symbolic batch size: it reads sizes and would guard compiled graphs on them"
+            )
+        elif symbolic_answer != answer:
+            yield f"sample {sample.name}: answers differ between real and fake tensors"
+
+
+def _check_mutation(case: ConformanceCase) -> Iterator[str]:
+    op, impl = case.op, case.impl
+    for sample in _samples(case):
+        args = sample.clone().args
+        before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        out = impl.impl_fn(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        mutated = [
+            name
+            for name, a, b in zip(
+                list(op.signature.parameters)[: len(args)], args, before, strict=True
+            )
+            if isinstance(a, torch.Tensor) and not torch.equal(a, b)
+        ]
+        if mutated and not impl.inplace:
+            yield f"sample {sample.name}: writes {mutated} but is not registered inplace=True"
+        bad = [m for m in mutated if m not in op.activations]
+        if bad:
+            yield f"sample {sample.name}: writes non-activation arguments {bad}"
+        if impl.inplace:
+            acts = [args[list(op.signature.parameters).index(a)] for a in op.activations]
+            shared = [
+                any(o.data_ptr() == a.data_ptr() for o in outs if isinstance(o, torch.Tensor))
+                for a in acts
+            ]
+            if not all(shared):
+                yield (
+                    f"sample {sample.name}: inplace impl must return its outputs in the "
+                    f"activations {list(op.activations)}"
+                )
+
+
+def _check_compiled(case: ConformanceCase) -> Iterator[str]:
+    from vllm_ir.compilation import VllmIRBackend
+
+    sample = next(iter(_samples(case)), None)
+    if sample is None:
+        return
+    torch._dynamo.reset()
+    backend = VllmIRBackend(priority={case.op.name: [case.provider]})
+    op = case.op
+    compiled = torch.compile(lambda *args: op(*args), backend=backend, fullgraph=True)
+    with _selected(case):
+        want = case.op(*sample.clone().args)
+    got = compiled(*sample.clone().args)
+    failure = _close(got, want, case, f"eager vs compiled, sample {sample.name}")
+    if failure:
+        yield failure
+    chosen = set(backend.lowering_pass.selected_impls.get(case.op.name, {}).values())
+    if chosen and chosen != {case.provider}:
+        yield f"compiled graph selected {sorted(chosen)}, not {case.provider!r}"
+
+
+def _check_opcheck(case: ConformanceCase) -> Iterator[str]:
+    overloads = [case.op.torch_op]
+    if case.op.allow_inplace:
+        overloads.append(case.op.maybe_inplace.torch_op)
+    with _selected(case):
+        for sample in _samples(case):
+            for overload in overloads:
+                try:
+                    torch.library.opcheck(overload, sample.clone().args)
+                except Exception as e:
+                    yield f"{overload} on sample {sample.name}: {str(e).splitlines()[0]}"
+
+
+_CHECKS = {
+    "correctness": _check_correctness,
+    "supports_args": _check_supports_args,
+    "mutation": _check_mutation,
+    "compiled": _check_compiled,
+    "opcheck": _check_opcheck,
+}
+
+
+def conformance_cases(
+    provider: str,
+    *,
+    ops: Iterable[IrOp] | None = None,
+    dtypes: Sequence[torch.dtype] = DEFAULT_DTYPES,
+    checks: Sequence[str] = CHECKS,
+    device: str = "cpu",
+) -> list[ConformanceCase]:
+    """Every (op, check, dtype) case for ``provider``'s impls; for parametrize.
+
+    ``compiled`` runs for the first dtype only (a compile costs seconds).
+    """
+    from vllm_ir.op import IrOp as _IrOp
+
+    unknown = [c for c in checks if c not in _CHECKS]
+    if unknown:
+        raise ValueError(f"unknown checks {unknown}; known: {', '.join(CHECKS)}")
+    selected = list(ops) if ops is not None else list(_IrOp.registry.values())
+    cases = []
+    for op in selected:
+        if provider not in op.impls:
+            continue
+        for check in checks:
+            for dtype in dtypes[:1] if check == "compiled" else dtypes:
+                cases.append(ConformanceCase(op, provider, check, dtype, device))
+    if not cases:
+        raise LookupError(f"provider {provider!r} implements none of the ops checked")
+    return cases
+
+
+@dataclass
+class ConformanceReport:
+    """The outcome of :func:`check_provider`."""
+
+    passed: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    not_applicable: list[str] = field(default_factory=list)
+
+
+def _run(case: ConformanceCase) -> None:
+    if next(iter(_samples(case)), None) is None:
+        raise NotApplicable(f"{case}: supports_args declines every sample input")
+    failures = list(_CHECKS[case.check_name](case))
+    if failures:
+        raise ConformanceError(f"{case}: " + "; ".join(failures))
+
+
+def check_provider(provider: str, **kwargs: Any) -> ConformanceReport:
+    """Run every case; collect failures instead of stopping at the first."""
+    report = ConformanceReport()
+    for case in conformance_cases(provider, **kwargs):
+        try:
+            _run(case)
+        except ConformanceError as e:
+            report.failures.append(str(e))
+        except NotApplicable as e:
+            report.not_applicable.append(str(e))
+        else:
+            report.passed.append(str(case))
+    return report
+
+
+def assert_conforms(provider: str, **kwargs: Any) -> None:
+    """Raise :class:`ConformanceError` listing every failed case."""
+    report = check_provider(provider, **kwargs)
+    if report.failures:
+        raise ConformanceError(
+            f"{len(report.failures)} conformance failure(s) for {provider!r}:\n"
+            + "\n".join(f"  {f}" for f in report.failures)
+        )

@@ -1,0 +1,122 @@
+"""The conformance kit catches what it promises to catch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import vllm_ir as ir
+from torch import Tensor
+from vllm_ir.testing import (
+    ConformanceError,
+    assert_conforms,
+    check_provider,
+    conformance_cases,
+)
+
+RMS = ir.ops.rms_norm
+FUSED = ir.ops.fused_add_rms_norm
+FAST_CHECKS = ("correctness", "supports_args", "mutation", "opcheck")
+
+
+@pytest.fixture
+def registered() -> Iterator[list[tuple[ir.IrOp, str]]]:
+    made: list[tuple[ir.IrOp, str]] = []
+    yield made
+    for op, provider in made:
+        op._unregister_impl(provider)
+
+
+def _rms(provider: str, fn, made, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    RMS.register_impl(provider, **kwargs)(fn)
+    made.append((RMS, provider))
+
+
+def good_rms(
+    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> Tensor:
+    return RMS.native(x, weight, epsilon, variance_size)
+
+
+def wrong_rms(
+    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> Tensor:
+    return RMS.native(x, weight, epsilon * 1e4, variance_size)  # epsilon misapplied
+
+
+def mutating_rms(
+    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> Tensor:
+    return x.copy_(RMS.native(x, weight, epsilon, variance_size))
+
+
+def batch_guard(x, weight, epsilon, variance_size=None):  # type: ignore[no-untyped-def]
+    return x.shape[0] >= 1
+
+
+def test_a_correct_provider_conforms(registered) -> None:  # type: ignore[no-untyped-def]
+    _rms(
+        "kit_good",
+        good_rms,
+        registered,
+        supports_args=lambda x, weight, epsilon, variance_size=None: x.dtype != torch.float16,
+    )
+    assert_conforms("kit_good", checks=FAST_CHECKS)
+
+
+def test_a_wrong_result_is_caught(registered) -> None:  # type: ignore[no-untyped-def]
+    _rms("kit_wrong", wrong_rms, registered)
+    report = check_provider("kit_wrong", checks=("correctness",), dtypes=(torch.float32,))
+    assert len(report.failures) == 1
+    assert "rms_norm-kit_wrong-correctness-float32" in report.failures[0]
+    assert "Tensor-likes are not close" in report.failures[0]
+
+
+def test_an_undeclared_inplace_impl_is_caught(registered) -> None:  # type: ignore[no-untyped-def]
+    _rms("kit_mutating", mutating_rms, registered)
+    with pytest.raises(
+        ConformanceError, match=r"writes \['x'\] but is not registered inplace=True"
+    ):
+        assert_conforms("kit_mutating", checks=("mutation",), dtypes=(torch.float32,))
+
+
+def test_a_batch_guarding_supports_args_is_caught(registered) -> None:  # type: ignore[no-untyped-def]
+    _rms("kit_guard", good_rms, registered, supports_args=batch_guard)
+    with pytest.raises(ConformanceError, match="returned SymBool for a symbolic batch size"):
+        assert_conforms("kit_guard", checks=("supports_args",), dtypes=(torch.float32,))
+
+
+def test_an_inplace_impl_must_return_its_activations(registered) -> None:  # type: ignore[no-untyped-def]
+    def writes_but_returns_new(
+        x: Tensor,
+        x_residual: Tensor,
+        weight: Tensor | None,
+        epsilon: float,
+        variance_size: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        out, res = FUSED.native(x, x_residual, weight, epsilon, variance_size)
+        x_residual.copy_(res)
+        return out, res.clone()
+
+    FUSED.register_impl("kit_half_inplace", inplace=True)(writes_but_returns_new)
+    registered.append((FUSED, "kit_half_inplace"))
+    with pytest.raises(ConformanceError, match="must return its outputs in the activations"):
+        assert_conforms("kit_half_inplace", checks=("mutation",), dtypes=(torch.float32,))
+
+
+def test_compiled_check_runs_the_backend(registered) -> None:  # type: ignore[no-untyped-def]
+    _rms("kit_compiled", good_rms, registered)
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        assert_conforms("kit_compiled", checks=("compiled",))
+
+
+def test_cases_parametrize_per_op_check_and_dtype(registered) -> None:  # type: ignore[no-untyped-def]
+    _rms("kit_cases", good_rms, registered)
+    cases = conformance_cases("kit_cases")
+    assert str(cases[0]) == "rms_norm-kit_cases-correctness-float32"
+    assert sum(1 for c in cases if c.check_name == "compiled") == 1
+    with pytest.raises(LookupError, match="implements none"):
+        conformance_cases("no_such_provider")
+    with pytest.raises(ValueError, match="unknown checks"):
+        conformance_cases("kit_cases", checks=("speed",))
