@@ -45,6 +45,7 @@ ENV = {
     # compiled artifacts live in the build tree so repeated runs hit warm caches
     "TORCHINDUCTOR_CACHE_DIR": str(ROOT / ".cache" / "inductor"),
     "TRITON_CACHE_DIR": str(ROOT / ".cache" / "triton"),
+    "VLLM_IR_CACHE_DIR": str(ROOT / ".cache" / "vllm_ir"),
     "PIP_CONSTRAINT": CONSTRAINTS,
 }
 
@@ -157,6 +158,6 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: a small model through IR ops, eager and compiled."""
+    """The main job: ``vllm-ir demo``, a small IR model eager and compiled."""
     _install(session, *PACKAGES, extras="")
-    session.run("python", str(ROOT / "examples" / "demo.py"), *session.posargs, env=ENV)
+    session.run("vllm-ir", "demo", *session.posargs, env=ENV)

@@ -1,0 +1,7 @@
+"""``python -m vllm_ir`` runs the ``vllm-ir`` command."""
+
+import sys
+
+from vllm_ir.cli import main
+
+sys.exit(main())
