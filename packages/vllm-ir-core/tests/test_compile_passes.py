@@ -267,3 +267,25 @@ def test_ir_passes_see_ir_nodes_before_lowering() -> None:
         torch.compile(two_layers, backend=backend)(*inputs())
     assert seen == [["vllm_ir.fused_add_rms_norm.default"] * 2]
     assert backend.pass_contexts[0].timings_ms["fusion_probe"] >= 0
+
+
+def test_maybe_inplace_reaching_lowering_is_an_error() -> None:
+    gm = trace(two_layers, *inputs())
+    lowering = LoweringPass({})
+    with pass_context(), pytest.raises(RuntimeError, match="InplaceFunctionalizationPass must"):
+        lowering.pre(gm.graph)
+
+
+def test_graphs_are_dumped_after_each_pass(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("VLLM_IR_DUMP_GRAPHS", str(tmp_path))
+    gm = trace(donated_chain, *inputs())
+    run_pipeline(gm, {"fused_add_rms_norm": [kernels.INPLACE]})
+    names = sorted(p.name.split("_", 2)[2] for p in tmp_path.iterdir())
+    assert names == [
+        "clone_elimination.txt",
+        "inplace_functionalization.txt",
+        "lowering_functional.txt",
+        "lowering_inplace.txt",
+    ]
+    final = next(p for p in tmp_path.iterdir() if "clone_elimination" in p.name).read_text()
+    assert "vllm_ir_test.fused_add_rms_norm_" in final
