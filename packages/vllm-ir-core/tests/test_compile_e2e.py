@@ -242,3 +242,32 @@ def test_string_backend_is_registered() -> None:
     torch._dynamo.reset()
     fn = torch.compile(lambda x: ir.ops.rms_norm(x, None, 1e-6), backend="vllm_ir")
     torch.testing.assert_close(fn(torch.ones(2, 8)), torch.ones(2, 8))
+
+
+def test_cache_never_serves_a_donating_graph_to_a_non_donating_program(
+    tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    # after functionalization both programs have the same graph; only the
+    # donation record (node meta) differs, and it must reach the cache key
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    fused = ir.ops.fused_add_rms_norm
+    priority = {"fused_add_rms_norm": [kernels.INPLACE]}
+
+    def donating(x, r, w):  # type: ignore[no-untyped-def]
+        return fused.maybe_inplace(x, r, w, 1e-6)
+
+    def keeping(x, r, w):  # type: ignore[no-untyped-def]
+        return fused(x, r, w, 1e-6)
+
+    x, r, w = torch.randn(4, HIDDEN), torch.randn(4, HIDDEN), torch.rand(HIDDEN)
+    with inductor_config.patch(fx_graph_cache=True, fx_graph_remote_cache=False):
+        counters.clear()
+        torch._dynamo.reset()
+        torch.compile(donating, backend=ir.VllmIRBackend(priority=priority))(
+            x.clone(), r.clone(), w
+        )
+        torch._dynamo.reset()
+        x2, r2 = x.clone(), r.clone()
+        torch.compile(keeping, backend=ir.VllmIRBackend(priority=priority))(x2, r2, w)
+    assert counters["inductor"]["fxgraph_cache_hit"] == 0
+    torch.testing.assert_close((x2, r2), (x, r), atol=0, rtol=0)

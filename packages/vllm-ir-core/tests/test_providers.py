@@ -178,3 +178,11 @@ def test_import_time_registrations_are_rolled_back(fresh_discovery, monkeypatch)
     )
     assert "provides API" in ir.load_errors()[name].cause
     assert name not in ir.ops.rms_norm.impls
+
+
+def test_allow_list_none_loads_nothing(fresh_discovery, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    fresh_discovery[unique("skipped")] = _spec("never")
+    monkeypatch.setenv("VLLM_IR_PROVIDERS", "none")
+    with caplog.at_level("WARNING", logger="vllm_ir"):
+        assert ir.loaded_providers() == {}
+    assert "no such provider" not in caplog.text

@@ -14,6 +14,7 @@ from vllm_ir import ops
 from vllm_ir._version import API_VERSION, __version__
 from vllm_ir.config import (
     IrOpPriorityConfig,
+    IrPassConfig,
     KernelConfig,
     clear_process_priority,
     parse_ir_op_priority_args,
@@ -46,6 +47,7 @@ __all__ = [
     "IrOpImpl",
     "IrOpInplaceOverload",
     "IrOpPriorityConfig",
+    "IrPassConfig",
     "KernelConfig",
     "PlatformDefaults",
     "PriorityEntry",

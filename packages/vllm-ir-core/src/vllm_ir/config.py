@@ -22,6 +22,9 @@ from vllm_ir.priority import scoped_priority, set_process_priority
 
 __all__ = [
     "CLI_FLAG",
+    "IR_PASSES",
+    "IrPassConfig",
+    "parse_ir_pass_args",
     "clear_process_priority",
     "IrOpPriorityConfig",
     "KernelConfig",
@@ -96,6 +99,87 @@ class IrOpPriorityConfig:
         return f"IrOpPriorityConfig({inner})"
 
 
+IR_PASSES: dict[str, bool] = {"fuse_norm_quant": True}
+"""The built-in IR passes of the compile backend, and whether each is on by default."""
+
+PASS_FLAG = "--ir-pass"
+_ON = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+
+
+class IrPassConfig:
+    """Which built-in IR passes run: ``IrPassConfig(fuse_norm_quant=False)``.
+
+    >>> IrPassConfig().enabled()
+    ['fuse_norm_quant']
+    >>> IrPassConfig.from_cli_args(["--ir-pass.fuse_norm_quant=off"]).enabled()
+    []
+    """
+
+    def __init__(self, **flags: bool) -> None:
+        unknown = [name for name in flags if name not in IR_PASSES]
+        if unknown:
+            raise ValueError(
+                f"unknown IR pass(es) {', '.join(map(repr, unknown))}; known passes: "
+                f"{', '.join(sorted(IR_PASSES))}"
+            )
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise TypeError(f"IR pass {name!r} must be switched with a bool, got {value!r}")
+        self._flags = {**IR_PASSES, **flags}
+
+    @classmethod
+    def from_cli_args(cls, argv: Sequence[str]) -> IrPassConfig:
+        config, rest = parse_ir_pass_args(argv)
+        if rest:
+            raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
+        return config
+
+    def enabled(self) -> list[str]:
+        return [name for name, on in self._flags.items() if on]
+
+    def to_dict(self) -> dict[str, bool]:
+        return dict(self._flags)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, IrPassConfig) and self._flags == other._flags
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._flags.items())))
+
+    def __repr__(self) -> str:
+        return f"IrPassConfig({', '.join(f'{k}={v}' for k, v in self._flags.items())})"
+
+
+def parse_ir_pass_args(argv: Sequence[str]) -> tuple[IrPassConfig, list[str]]:
+    """Split ``--ir-pass.NAME=on|off`` flags out of ``argv``.
+
+    >>> config, rest = parse_ir_pass_args(["--ir-pass.fuse_norm_quant", "off", "-v"])
+    >>> config.enabled(), rest
+    ([], ['-v'])
+    """
+    flags: dict[str, bool] = {}
+    rest: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith(PASS_FLAG + "."):
+            rest.append(arg)
+            continue
+        flag, eq, value = arg.partition("=")
+        if not eq:
+            if i >= len(args):
+                raise ValueError(f"{flag} expects on or off")
+            value = args[i]
+            i += 1
+        name = flag[len(PASS_FLAG) + 1 :].replace("-", "_")
+        if value.strip().lower() not in _ON:
+            raise ValueError(f"{flag}={value!r}: expected on or off")
+        flags[name] = _ON[value.strip().lower()]
+    return IrPassConfig(**flags), rest
+
+
 @dataclass
 class KernelConfig:
     """Kernel selection settings of a deployment.
@@ -108,10 +192,13 @@ class KernelConfig:
     ir_op_priority: IrOpPriorityConfig | Mapping[str, Sequence[str]] = field(
         default_factory=IrOpPriorityConfig
     )
+    ir_passes: IrPassConfig | Mapping[str, bool] = field(default_factory=IrPassConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.ir_op_priority, IrOpPriorityConfig):
             self.ir_op_priority = IrOpPriorityConfig.from_dict(self.ir_op_priority)
+        if not isinstance(self.ir_passes, IrPassConfig):
+            self.ir_passes = IrPassConfig(**self.ir_passes)
 
     @property
     def priority(self) -> IrOpPriorityConfig:

@@ -24,7 +24,8 @@ VLLM_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 """``1`` restricts selection to impls registered with ``batch_invariant=True``."""
 
 VLLM_IR_PROVIDERS = "VLLM_IR_PROVIDERS"
-"""Comma-separated allow-list of provider entry points to load; unset loads all."""
+"""Comma-separated allow-list of provider entry points to load; unset loads all,
+``none`` loads none."""
 
 VLLM_LOGGING_LEVEL = "VLLM_LOGGING_LEVEL"
 """Level of the ``vllm_ir`` logger; ``DEBUG`` logs every selection and rejection."""
@@ -43,6 +44,8 @@ def provider_allow_list() -> frozenset[str] | None:
     raw = os.environ.get(VLLM_IR_PROVIDERS)
     if raw is None or not raw.strip():
         return None
+    if raw.strip().lower() == "none":
+        return frozenset()
     return frozenset(name.strip() for name in raw.split(",") if name.strip())
 
 

@@ -109,10 +109,24 @@ def _selected(case: ConformanceCase) -> Iterator[None]:
         yield
 
 
+def _comparable(value: Any) -> Any:
+    """FP8 tensors upcast: assert_close does not compare float8 dtypes."""
+    if isinstance(value, torch.Tensor) and value.dtype in _FLOAT8:
+        return value.to(torch.float32)
+    if isinstance(value, tuple):
+        return tuple(_comparable(v) for v in value)
+    return value
+
+
+_FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2}
+
+
 def _close(got: Any, want: Any, case: ConformanceCase, what: str) -> str | None:
     tol = case.op.tolerance(case.dtype)
     try:
-        torch.testing.assert_close(got, want, atol=tol.atol, rtol=tol.rtol)
+        torch.testing.assert_close(
+            _comparable(got), _comparable(want), atol=tol.atol, rtol=tol.rtol
+        )
     except AssertionError as e:
         return f"{what}: {str(e).splitlines()[0]}"
     return None

@@ -106,5 +106,6 @@ def call_args_for(
 def add_priority_help(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
         "Kernel selection: --ir-op-priority.OP=a,b (repeatable) or "
-        '--ir-op-priority \'{"OP": ["a", "b"]}\'.'
+        '--ir-op-priority \'{"OP": ["a", "b"]}\'. '
+        "Compile passes: --ir-pass.NAME=on|off (e.g. --ir-pass.fuse_norm_quant=off)."
     )

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             reference = model(x.clone())
         eager_tps = _tokens_per_s(model, x, args.runs)
 
-    backend = VllmIRBackend()
+    backend = VllmIRBackend(passes=args.passes)
     compiled = torch.compile(model, backend=backend)
     print("\ncompiled (torch.compile, backend vllm_ir):")
     # caches off, so the passes run and report what they did every time
@@ -107,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         f"  maybe_inplace calls functionalized: {ctx.functionalized}; "
         f"clones inserted {ctx.clones_inserted}, removed {ctx.clones_removed}"
     )
+    fusions = ", ".join(f"{k} applied {ctx.fusions.get(k, 0)}x" for k in args.passes.enabled())
+    print(f"  IR passes: {fusions or 'none enabled'}")
     print(f"  compile time: {compile_s:.1f} s")
     print("\nresults:")
     print(f"  max |eager - all-native|    = {(eager - reference).abs().max().item():.3e}")

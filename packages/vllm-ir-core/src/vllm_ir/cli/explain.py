@@ -20,10 +20,11 @@ def run(args: argparse.Namespace) -> int:
     modes: list[Mode] = ["compiled"] if args.compiled else ["eager"] if args.eager else list(MODES)
     print(f"{op.name}{describe(call)} on {current_platform()}")
     for mode in modes:
-        print(
-            f"\n{mode} mode"
-            + (" (Inductor lowering, on FakeTensors)" if mode == "compiled" else "")
-        )
+        if mode == "compiled":
+            print("\ncompiled mode (Inductor lowering, on FakeTensors)")
+            print(f"  IR passes before lowering: {', '.join(args.passes.enabled()) or 'none'}")
+        else:
+            print("\neager mode")
         print("  priority list:")
         for i, entry in enumerate(op.get_priority_entries(mode), 1):
             print(f"    {i}. {entry.provider}  <- {entry.source}")

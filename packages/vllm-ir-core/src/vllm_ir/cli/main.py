@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from vllm_ir._version import __version__
 from vllm_ir.cli import bench, demo, explain, ops_cmd
 from vllm_ir.cli.args import UsageError, add_priority_help
-from vllm_ir.config import parse_ir_op_priority_args
+from vllm_ir.config import parse_ir_op_priority_args, parse_ir_pass_args
 
 __all__ = ["build_parser", "main"]
 
@@ -33,7 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         config, rest = parse_ir_op_priority_args(argv)
+        passes, rest = parse_ir_pass_args(rest)
         args = build_parser().parse_args(rest)
+        args.passes = passes
         with config.scope():
             return int(args.func(args))
     except (UsageError, ValueError) as e:

@@ -4,6 +4,7 @@ from vllm_ir.compilation.backend import ComposedPass, VllmIRBackend, compile, vl
 from vllm_ir.compilation.clone_elimination import CloneEliminationPass, eliminate_clones
 from vllm_ir.compilation.context import PassContext, get_pass_context, pass_context
 from vllm_ir.compilation.functionalize import InplaceFunctionalizationPass
+from vllm_ir.compilation.fusion import NormQuantFusionPass
 from vllm_ir.compilation.lowering import LoweringPass
 from vllm_ir.compilation.pass_base import DUMP_ENV, VllmIRPass
 
@@ -13,6 +14,7 @@ __all__ = [
     "ComposedPass",
     "InplaceFunctionalizationPass",
     "LoweringPass",
+    "NormQuantFusionPass",
     "PassContext",
     "VllmIRBackend",
     "VllmIRPass",

@@ -27,15 +27,19 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from vllm_ir.compilation.clone_elimination import CloneEliminationPass
 from vllm_ir.compilation.context import PassContext, pass_context
 from vllm_ir.compilation.functionalize import InplaceFunctionalizationPass
+from vllm_ir.compilation.fusion import NormQuantFusionPass
 from vllm_ir.compilation.lowering import LoweringPass
-from vllm_ir.config import IrOpPriorityConfig
+from vllm_ir.config import IrOpPriorityConfig, IrPassConfig
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
 from vllm_ir.priority import user_priority
+from vllm_ir.providers import ensure_loaded
 
 __all__ = ["ComposedPass", "VllmIRBackend", "compile", "vllm_ir_backend"]
 
 logger = get_logger(__name__)
+
+_BUILTIN_PASSES: dict[str, Callable[[], Any]] = {"fuse_norm_quant": NormQuantFusionPass}
 
 _HOOKS = ("pre_grad_custom_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass")
 
@@ -61,12 +65,9 @@ class ComposedPass(CustomGraphPass):
 
 
 def _user_priorities() -> dict[str, tuple[str, ...]]:
-    snapshot = {}
-    for name in IrOp.registry:
-        providers, _origin = user_priority(name)
-        if providers:
-            snapshot[name] = providers
-    return snapshot
+    """Every op's user list now (empty ones too: later changes must not leak in)."""
+    ensure_loaded()  # providers may declare ops
+    return {name: user_priority(name)[0] for name in IrOp.registry}
 
 
 class VllmIRBackend:
@@ -89,8 +90,8 @@ class VllmIRBackend:
         backend.pass_contexts[0].clones_removed
 
     >>> import vllm_ir as ir
-    >>> ir.VllmIRBackend(priority={"rms_norm": ["native"]}).lowering_pass.priorities
-    {'rms_norm': ('native',)}
+    >>> ir.VllmIRBackend(priority={"rms_norm": ["native"]}).lowering_pass.priorities["rms_norm"]
+    ('native',)
     """
 
     def __init__(
@@ -99,17 +100,23 @@ class VllmIRBackend:
         priority: IrOpPriorityConfig | Mapping[str, Sequence[str]] | None = None,
         options: Mapping[str, Any] | None = None,
         ir_passes: Sequence[Callable[[fx.Graph], Any]] = (),
+        passes: IrPassConfig | Mapping[str, bool] | None = None,
     ) -> None:
-        priorities: Mapping[str, Sequence[str]]
+        given: Mapping[str, Sequence[str]]
         if priority is None:
-            priorities = _user_priorities()
+            given = {}
         elif isinstance(priority, IrOpPriorityConfig):
-            priorities = priority.to_dict()
+            given = priority.to_dict()
         else:
-            priorities = IrOpPriorityConfig.from_dict(priority).to_dict()
-        self.lowering_pass = LoweringPass(priorities)
-        self.ir_passes = tuple(ir_passes)
-        """Fusion / transformation passes over IR nodes, run post-grad before lowering."""
+            given = IrOpPriorityConfig.from_dict(priority).to_dict()
+        # every op pinned, so later priority changes never reach this backend
+        self.lowering_pass = LoweringPass({**_user_priorities(), **given})
+        if not isinstance(passes, IrPassConfig):
+            passes = IrPassConfig(**(passes or {}))
+        self.passes = passes
+        self.ir_passes = (*(_BUILTIN_PASSES[name]() for name in passes.enabled()), *ir_passes)
+        """Fusion / transformation passes over IR nodes, run post-grad before lowering:
+        the enabled built-in ones (``passes``), then the user's (``ir_passes``)."""
         self.functionalization_pass = InplaceFunctionalizationPass()
         self.clone_elimination_pass = CloneEliminationPass()
         self.options = dict(options or {})
@@ -147,7 +154,8 @@ class VllmIRBackend:
         self.pass_contexts.append(ctx)
         with pass_context(ctx), inductor_config.patch({**self.options, **self._hooks()}):
             compiled = compile_fx(gm, list(example_inputs))
-        ctx.from_cache = not ctx.timings_ms
+        # the post-grad pre pass always runs when Inductor compiles the graph
+        ctx.from_cache = "lowering_functional" not in ctx.timings_ms
         if ctx.from_cache:
             logger.debug("graph served from Inductor's cache: vllm-ir passes did not run")
             return compiled
@@ -173,6 +181,7 @@ def compile(
     priority: IrOpPriorityConfig | Mapping[str, Sequence[str]] | None = None,
     options: Mapping[str, Any] | None = None,
     ir_passes: Sequence[Callable[[fx.Graph], Any]] = (),
+    passes: IrPassConfig | Mapping[str, bool] | None = None,
     **torch_compile_kwargs: Any,
 ) -> Any:
     """``torch.compile(model, backend=VllmIRBackend(...), **torch_compile_kwargs)``.
@@ -180,7 +189,7 @@ def compile(
     The backend is reachable as ``compiled.vllm_ir_backend`` where the result
     accepts attributes (modules and functions do).
     """
-    backend = VllmIRBackend(priority=priority, options=options, ir_passes=ir_passes)
+    backend = VllmIRBackend(priority=priority, options=options, ir_passes=ir_passes, passes=passes)
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     with contextlib.suppress(AttributeError):
         compiled.vllm_ir_backend = backend  # type: ignore[attr-defined]

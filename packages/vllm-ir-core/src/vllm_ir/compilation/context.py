@@ -38,6 +38,7 @@ class PassContext:
     clones_removed: int = 0
     clones_kept: dict[str, str] = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
+    fusions: dict[str, int] = field(default_factory=dict)
     from_cache: bool = False
     """Inductor served the graph from its caches, so no pass ran and the
     fields above are empty; disable ``fx_graph_cache`` (and
@@ -51,6 +52,10 @@ class PassContext:
 _current: contextvars.ContextVar[PassContext | None] = contextvars.ContextVar(
     "vllm_ir_pass_context", default=None
 )
+
+
+def _current_context() -> PassContext | None:
+    return _current.get()
 
 
 def get_pass_context() -> PassContext:

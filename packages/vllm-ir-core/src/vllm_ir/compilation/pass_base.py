@@ -14,7 +14,7 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from vllm_ir._version import __version__
-from vllm_ir.compilation.context import get_pass_context
+from vllm_ir.compilation.context import _current_context, get_pass_context
 from vllm_ir.logger import get_logger
 
 __all__ = ["DUMP_ENV", "VllmIRPass", "source_hash"]
@@ -63,13 +63,28 @@ class VllmIRPass(CustomGraphPass):
         """Extra state the compiled result depends on (hashable via repr)."""
         return None
 
-    def uuid(self) -> str:
-        module = inspect.getmodule(type(self))
+    def uuid(self) -> str | None:
+        """The cache identity; ``None`` (never cache) when the pass has no source."""
+        try:
+            source = inspect.getsource(inspect.getmodule(type(self)) or type(self))
+        except (OSError, TypeError):
+            return None  # defined in a REPL or exec'd code: a key could go stale
         h = hashlib.sha256()
         h.update(__version__.encode())
-        h.update(source_hash(module or type(self)).encode())
+        h.update(source.encode())
         h.update(repr(self.cache_state()).encode())
+        # Donations are recorded in node meta, which Inductor's cache key does
+        # not see: a graph compiled for donated inputs (clones removed) must
+        # never be served to the same graph whose inputs were not donated.
+        h.update(repr(_donation_key()).encode())
         return h.hexdigest()
+
+
+def _donation_key() -> tuple[tuple[str, str, str, bool], ...]:
+    ctx = _current_context()
+    if ctx is None:
+        return ()
+    return tuple((d.op, d.node, d.argument, d.graph_input) for d in ctx.donations)
 
 
 _dump_counter = 0

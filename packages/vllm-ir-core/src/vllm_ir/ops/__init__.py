@@ -7,9 +7,24 @@ packages with :func:`vllm_ir.register_op` appear here too.
 from __future__ import annotations
 
 from vllm_ir.op import IrOp, get_op
+from vllm_ir.ops.activation import silu_and_mul
 from vllm_ir.ops.layernorm import fused_add_rms_norm, rms_norm
+from vllm_ir.ops.quant import (
+    dynamic_per_token_fp8_quant,
+    fused_add_rms_norm_static_fp8_quant,
+    rms_norm_static_fp8_quant,
+    static_scaled_fp8_quant,
+)
 
-__all__ = ["fused_add_rms_norm", "rms_norm"]
+__all__ = [
+    "dynamic_per_token_fp8_quant",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_static_fp8_quant",
+    "rms_norm",
+    "rms_norm_static_fp8_quant",
+    "silu_and_mul",
+    "static_scaled_fp8_quant",
+]
 
 
 def __getattr__(name: str) -> IrOp:
