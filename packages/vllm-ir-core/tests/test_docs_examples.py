@@ -29,8 +29,9 @@ Use it sparingly: a skipped example is not tested at all. Blocks in other
 languages (``text``, ``toml``, ``console`` ...) are never run.
 
 ``VLLM_*`` environment variables are removed and ``VLLM_IR_PROVIDERS=none``
-is set: the pages assume a default environment with only core installed. Without the repository's ``docs/`` (the
-package tested from an sdist), the page tests skip.
+is set: the pages assume a default environment with only core installed.
+Without the repository's ``docs/`` (the package tested from an sdist), the
+page tests skip.
 """
 
 from __future__ import annotations
