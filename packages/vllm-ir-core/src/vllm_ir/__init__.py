@@ -33,10 +33,12 @@ _LAZY = {"VllmIRBackend": "vllm_ir.compilation", "compile": "vllm_ir.compilation
 
 
 def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in ("compilation", "testing"):
+        return importlib.import_module(f"vllm_ir.{name}")
     raise AttributeError(f"module 'vllm_ir' has no attribute {name!r}")
 
 

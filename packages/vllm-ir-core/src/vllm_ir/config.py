@@ -99,7 +99,7 @@ class IrOpPriorityConfig:
         return f"IrOpPriorityConfig({inner})"
 
 
-IR_PASSES: dict[str, bool] = {"fuse_norm_quant": True}
+IR_PASSES: dict[str, bool] = {"fuse_norm_quant": True, "sequence_parallel": False}
 """The built-in IR passes of the compile backend, and whether each is on by default."""
 
 PASS_FLAG = "--ir-pass"
@@ -109,8 +109,8 @@ _ON = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": F
 class IrPassConfig:
     """Which built-in IR passes run: ``IrPassConfig(fuse_norm_quant=False)``.
 
-    >>> IrPassConfig().enabled()
-    ['fuse_norm_quant']
+    >>> IrPassConfig(sequence_parallel=True).enabled()
+    ['fuse_norm_quant', 'sequence_parallel']
     >>> IrPassConfig.from_cli_args(["--ir-pass.fuse_norm_quant=off"]).enabled()
     []
     """

@@ -7,6 +7,7 @@ from vllm_ir.compilation.functionalize import InplaceFunctionalizationPass
 from vllm_ir.compilation.fusion import NormQuantFusionPass
 from vllm_ir.compilation.lowering import LoweringPass
 from vllm_ir.compilation.pass_base import DUMP_ENV, VllmIRPass
+from vllm_ir.compilation.sequence_parallel import SequenceParallelismPass
 
 __all__ = [
     "DUMP_ENV",
@@ -16,6 +17,7 @@ __all__ = [
     "LoweringPass",
     "NormQuantFusionPass",
     "PassContext",
+    "SequenceParallelismPass",
     "VllmIRBackend",
     "VllmIRPass",
     "compile",

@@ -29,6 +29,7 @@ from vllm_ir.compilation.context import PassContext, pass_context
 from vllm_ir.compilation.functionalize import InplaceFunctionalizationPass
 from vllm_ir.compilation.fusion import NormQuantFusionPass
 from vllm_ir.compilation.lowering import LoweringPass
+from vllm_ir.compilation.sequence_parallel import SequenceParallelismPass
 from vllm_ir.config import IrOpPriorityConfig, IrPassConfig
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
@@ -39,7 +40,10 @@ __all__ = ["ComposedPass", "VllmIRBackend", "compile", "vllm_ir_backend"]
 
 logger = get_logger(__name__)
 
-_BUILTIN_PASSES: dict[str, Callable[[], Any]] = {"fuse_norm_quant": NormQuantFusionPass}
+_BUILTIN_PASSES: dict[str, Callable[[], Any]] = {
+    "fuse_norm_quant": NormQuantFusionPass,
+    "sequence_parallel": SequenceParallelismPass,
+}
 
 _HOOKS = ("pre_grad_custom_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass")
 
