@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 
 import torch
+import vllm_ir as ir
 from torch._inductor import config as inductor_config
 from torch._inductor import metrics
 from torch._inductor.utils import run_and_get_code
-
-import vllm_ir as ir
 
 HIDDEN, TOKENS = 256, 32
 
