@@ -289,3 +289,26 @@ def test_graphs_are_dumped_after_each_pass(tmp_path, monkeypatch) -> None:  # ty
     ]
     final = next(p for p in tmp_path.iterdir() if "clone_elimination" in p.name).read_text()
     assert "vllm_ir_test.fused_add_rms_norm_" in final
+
+
+def test_impls_that_allocate_trace_in_the_fake_mode() -> None:
+    op = ir.ops.rms_norm
+
+    @op.register_impl("allocating")
+    def allocating(
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        epsilon: float,
+        variance_size: int | None = None,
+    ) -> torch.Tensor:
+        out = torch.empty_like(x)  # a kernel's output buffer
+        return out.copy_(op.native(x, weight, epsilon, variance_size))
+
+    try:
+        gm = trace(lambda x, w: op(x, w, 1e-6), *inputs()[::2])
+        _, lowering = run_pipeline(gm, {"rms_norm": ["allocating"]})
+        assert lowering.selected_impls == {"rms_norm": {"rms_norm": "allocating"}}
+        x, _, w = inputs()
+        torch.testing.assert_close(gm(x, w), op.native(x, w, 1e-6))
+    finally:
+        op._unregister_impl("allocating")

@@ -9,6 +9,27 @@ import torch
 from vllm_ir import extension
 
 
+@pytest.fixture(autouse=True)
+def _empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(extension.CACHE_ENV, str(tmp_path / "cache"))
+
+
+def test_a_cached_build_loads_without_a_toolchain(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from torch.utils import cpp_extension
+
+    source = tmp_path / "k.cpp"
+    source.write_text("// kernel\n")
+    key = f"k-0-torch{torch.__version__}-{extension.machine()}-{extension._digest([source], [])}"
+    library = tmp_path / "cache" / "extensions" / key / "k.so"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+    monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
+    loaded = []
+    monkeypatch.setattr(torch.ops, "load_library", loaded.append)
+    assert extension.build_extension("k", "0", [source]) == library
+    assert loaded == [str(library)]
+
+
 @pytest.fixture
 def source(tmp_path: Path) -> Path:
     path = tmp_path / "k.cpp"

@@ -6,7 +6,8 @@ eager mode and under ``torch.compile``.
 >>> import torch, vllm_ir as ir
 >>> x, w = torch.randn(4, 64), torch.ones(64)
 >>> y = ir.ops.rms_norm(x, w, 1e-6)
->>> ir.ops.rms_norm.dispatch(x, w, 1e-6).provider
+>>> with ir.ops.rms_norm.set_priority(["native"]):
+...     ir.ops.rms_norm.dispatch(x, w, 1e-6).provider
 'native'
 """
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from platform import machine
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -93,20 +94,48 @@ def build_extension(
     Returns the library's path. Raises :class:`ExtensionBuildError` when a
     tool is missing, before trying to compile.
     """
+    sources = [Path(s) for s in sources]
+    flags = [*extra_cflags, *extra_cuda_cflags, *extra_ldflags]
+    # the machine is in the key; instruction-set flags (e.g. -mavx512f) are in the digest
+    key = f"{name}-{version}-torch{torch.__version__}-{machine()}-{_digest(sources, flags)}"
+    build_dir = cache_root() / "extensions" / key
+    library = build_dir / f"{name}.so"
+    if not library.exists():  # a cached build loads without compiler or ninja
+        _build(
+            name,
+            sources,
+            build_dir,
+            library,
+            extra_cflags,
+            extra_cuda_cflags,
+            extra_ldflags,
+            with_cuda,
+            verbose,
+        )
+    torch.ops.load_library(str(library))
+    return library
+
+
+def _build(
+    name: str,
+    sources: Sequence[Path],
+    build_dir: Path,
+    library: Path,
+    extra_cflags: Sequence[str],
+    extra_cuda_cflags: Sequence[str],
+    extra_ldflags: Sequence[str],
+    with_cuda: bool,
+    verbose: bool,
+) -> None:
     from filelock import FileLock, Timeout
     from torch.utils import cpp_extension
 
     _check_toolchain(name, with_cuda)
-    sources = [Path(s) for s in sources]
-    flags = [*extra_cflags, *extra_cuda_cflags, *extra_ldflags]
-    key = f"{name}-{version}-torch{torch.__version__}-{_digest(sources, flags)}"
-    build_dir = cache_root() / "extensions" / key
     build_dir.mkdir(parents=True, exist_ok=True)
-    library = build_dir / f"{name}.so"
     lock = FileLock(str(build_dir / "build.lock"), timeout=_LOCK_TIMEOUT_S)
     try:
         with lock:
-            if not library.exists():
+            if not library.exists():  # another process may have built it meanwhile
                 logger.info("building %s in %s (first use; cached afterwards)", name, build_dir)
                 cpp_extension.load(
                     name=name,
@@ -124,5 +153,3 @@ def build_extension(
             f"waited {_LOCK_TIMEOUT_S} s for another process building {name} in {build_dir}; "
             f"if no build is running, delete {lock.lock_file}"
         ) from None
-    torch.ops.load_library(str(library))
-    return library

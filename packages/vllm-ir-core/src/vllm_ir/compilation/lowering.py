@@ -137,8 +137,11 @@ class LoweringPass:
                 full[i] = t.clone() if i in activations else t
             return impl.impl_fn(*full)
 
-        # the clones must survive tracing: no no-op removal for inplace impls
-        gm = fwd_only(call, [fake_args[i] for i in tensor_pos], run_functional_passes=False)
+        # The clones must survive tracing: no no-op removal for inplace impls.
+        # In the arguments' fake mode, tensors an impl allocates are fake too.
+        fake_mode = detect_fake_mode([fake_args[i] for i in tensor_pos])
+        with fake_mode if fake_mode is not None else contextlib.nullcontext():
+            gm = fwd_only(call, [fake_args[i] for i in tensor_pos], run_functional_passes=False)
         if not impl.inplace:
             gm.graph.eliminate_dead_code()
         self._traced[key] = (gm, _fresh_static_nodes(gm))
