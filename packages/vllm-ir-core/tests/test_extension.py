@@ -68,3 +68,11 @@ def test_cache_key_covers_sources_and_flags(source: Path, tmp_path: Path) -> Non
 def test_cache_root_follows_env(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv(extension.CACHE_ENV, str(tmp_path))
     assert extension.cache_root() == tmp_path
+
+
+def test_cache_key_covers_headers_beside_the_sources(source: Path) -> None:
+    header = source.parent / "k.cuh"
+    header.write_text("// v1\n")
+    before = extension._digest([source], [])
+    header.write_text("// v2\n")
+    assert extension._digest([source], []) != before

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 from platform import machine
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,9 +44,19 @@ def cache_root() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "vllm_ir"
 
 
+_HEADER_SUFFIXES = {".h", ".hpp", ".cuh", ".inl"}
+
+
 def _digest(sources: Sequence[Path], flags: Sequence[str]) -> str:
+    """Sources, the headers beside them (an edited header must rebuild) and flags."""
+    headers = {
+        p
+        for s in sources
+        for p in Path(s).parent.iterdir()
+        if p.suffix in _HEADER_SUFFIXES and p.is_file()
+    }
     h = hashlib.sha256()
-    for path in sorted(sources):
+    for path in sorted({*map(Path, sources), *headers}):
         h.update(path.name.encode())
         h.update(path.read_bytes())
     h.update("\0".join(flags).encode())
@@ -55,6 +66,15 @@ def _digest(sources: Sequence[Path], flags: Sequence[str]) -> str:
 def _check_toolchain(name: str, with_cuda: bool) -> None:
     from torch.utils import cpp_extension
 
+    if with_cuda and torch.version.cuda is None:
+        raise ExtensionBuildError(
+            f"{name} holds CUDA kernels, but this torch ({torch.__version__}) is not a "
+            "CUDA build; install a CUDA build of torch"
+        )
+    # ninja installed beside this interpreter counts even if its bin/ is not on PATH
+    bindir = os.path.dirname(sys.executable)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
     if not cpp_extension.is_ninja_available():
         raise ExtensionBuildError(
             f"building {name} needs ninja, which is not on PATH; `pip install ninja`"
@@ -66,11 +86,6 @@ def _check_toolchain(name: str, with_cuda: bool) -> None:
             "(e.g. g++) or set CXX"
         )
     if with_cuda:
-        if torch.version.cuda is None:
-            raise ExtensionBuildError(
-                f"{name} holds CUDA kernels, but this torch ({torch.__version__}) is not a "
-                "CUDA build; install a CUDA build of torch"
-            )
         if cpp_extension.CUDA_HOME is None:
             raise ExtensionBuildError(
                 f"building {name} needs the CUDA toolkit (nvcc), which was not found; "

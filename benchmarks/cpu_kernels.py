@@ -1,0 +1,296 @@
+"""The cpu_c kernels against native PyTorch, eager and compiled, side by side in one run.
+
+Three tables, all timed round-robin (order shuffled every round, so drift and
+other load on the machine hit every variant alike), median over rounds:
+
+* ``ops``: each op on ``tokens x hidden`` inputs, for the variants
+    - ``cpu_c``           the package's impl (the C++ kernel behind a Python call),
+    - ``native``          the op's native function, eager,
+    - ``native_compiled`` ``torch.compile`` of the native function (Inductor; the
+                          token dimension dynamic, as in a served model);
+  with ``native / cpu_c`` and ``native_compiled / cpu_c`` ratios (> 1: cpu_c faster).
+  ``fused_add_rms_norm``'s ``cpu_c`` runs in place, as ``maybe_inplace`` lets it.
+* ``model``: what decides the compiled-mode defaults. A small graph (rms_norm,
+  then per layer an elementwise op standing for the layer's work and
+  ``fused_add_rms_norm.maybe_inplace``) compiled by the ``vllm_ir`` backend with
+  ``native`` or ``cpu_c`` selected for both ops: Inductor fuses the native
+  functions with their neighbours, while a kernel is an opaque call.
+* ``build``: cold JIT build of the kernels into an empty cache, and a warm load
+  from the cache, each in a fresh interpreter.
+
+    python benchmarks/cpu_kernels.py [--quick] [--out benchmarks/results/cpu_kernels.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import vllm_ir as ir
+import vllm_ir_cpu
+from vllm_ir_cpu import build, impls
+
+TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
+HIDDEN = (1024, 4096, 8192)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+EPS = 1e-6
+BUDGET_S = 300.0
+"""The whole run should fit in about five minutes on the 2-core reference machine."""
+
+
+def _clock() -> Callable[[], float]:
+    """CPU time of this thread when it does all the work (one intra-op thread):
+    time the machine's other load takes from the process is not counted.
+    Wall time otherwise."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
+def _time_round_robin(
+    variants: dict[str, Callable[[], object]], rounds: int, min_sample_s: float
+) -> dict[str, float]:
+    """Median seconds per call of each variant, timed interleaved."""
+    clock = _clock()
+    number = {}
+    for name, fn in variants.items():  # warm-up, and a call count per sample
+        for _ in range(3):
+            fn()
+        start = clock()
+        fn()
+        once = max(clock() - start, 1e-7)
+        number[name] = max(1, int(min_sample_s / once))
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    order = list(variants)
+    rng = random.Random(0)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for name in order:
+            fn, n = variants[name], number[name]
+            start = clock()
+            for _ in range(n):
+                fn()
+            samples[name].append((clock() - start) / n)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _inputs(op: str, tokens: int, hidden: int, dtype: torch.dtype) -> tuple[Any, ...]:
+    g = torch.Generator().manual_seed(tokens * hidden)
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype)
+    if op == "rms_norm":
+        return (x, w, EPS)
+    return (x, torch.randn(tokens, hidden, generator=g).to(dtype), w, EPS)
+
+
+def bench_ops(
+    tokens: tuple[int, ...], hidden: tuple[int, ...], rounds: int, deadline: float
+) -> tuple[list[dict[str, Any]], list[str]]:
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    for op_name in ("rms_norm", "fused_add_rms_norm"):
+        op = ir.get_op(op_name)
+        kernel = impls.rms_norm if op_name == "rms_norm" else impls.fused_add_rms_norm
+        for dtype_name, dtype in DTYPES.items():
+            for h in hidden:
+                # fresh compiled function per group: static for tokens=1, then one
+                # graph with a dynamic token dimension (Dynamo's automatic dynamic)
+                torch._dynamo.reset()
+                compiled = torch.compile(op.native)
+                for t in tokens:
+                    label = f"{op_name} {dtype_name} {t}x{h}"
+                    if time.perf_counter() > deadline:
+                        skipped.append(label)
+                        continue
+                    args = _inputs(op_name, t, h, dtype)
+                    variants = {
+                        "cpu_c": lambda a=args, k=kernel: k(*a),
+                        "native": lambda a=args, f=op.native: f(*a),
+                        "native_compiled": lambda a=args, c=compiled: c(*a),
+                    }
+                    med = _time_round_robin(variants, rounds, min_sample_s=0.01)
+                    row = {
+                        "op": op_name,
+                        "dtype": dtype_name,
+                        "tokens": t,
+                        "hidden": h,
+                        "median_us": {k: round(v * 1e6, 2) for k, v in med.items()},
+                        "native_over_cpu_c": round(med["native"] / med["cpu_c"], 2),
+                        "compiled_over_cpu_c": round(med["native_compiled"] / med["cpu_c"], 2),
+                    }
+                    rows.append(row)
+                    print(
+                        f"{label:>32}  cpu_c {row['median_us']['cpu_c']:>9.1f} us  "
+                        f"x{row['native_over_cpu_c']:>5.2f} vs native  "
+                        f"x{row['compiled_over_cpu_c']:>5.2f} vs compiled",
+                        flush=True,
+                    )
+    return rows, skipped
+
+
+class _Model(torch.nn.Module):
+    """rms_norm, then per layer ``h * a + b`` (fusable work) and fused add + RMSNorm."""
+
+    def __init__(self, hidden: int, dtype: torch.dtype, layers: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.weight = (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype)
+        self.scales = [1 + 0.1 * torch.randn(hidden, generator=g).to(dtype) for _ in range(layers)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        residual = x
+        h = ir.ops.rms_norm(x, self.weight, EPS)
+        for scale in self.scales:
+            h = h * scale + 0.5
+            h, residual = ir.ops.fused_add_rms_norm.maybe_inplace(h, residual, self.weight, EPS)
+        return h
+
+
+def bench_model(
+    tokens: tuple[int, ...], hidden: int, layers: int, rounds: int
+) -> list[dict[str, Any]]:
+    rows = []
+    for dtype_name, dtype in DTYPES.items():
+        model = _Model(hidden, dtype, layers).eval()
+        compiled = {}
+        for provider in ("native", "cpu_c"):
+            torch._dynamo.reset()
+            priority = {"rms_norm": [provider], "fused_add_rms_norm": [provider]}
+            fn = torch.compile(model, backend=ir.VllmIRBackend(priority=priority))
+            compiled[provider] = fn
+        for t in tokens:
+            x = torch.randn(t, hidden).to(dtype)
+            # each call gets a fresh copy: the compiled graph donates its input
+            variants = {p: lambda f=fn, x=x: f(x.clone()) for p, fn in compiled.items()}
+            variants["copy_only"] = lambda x=x: x.clone()
+            med = _time_round_robin(variants, rounds, min_sample_s=0.01)
+            copy = med.pop("copy_only")
+            net = {k: max(v - copy, 1e-9) for k, v in med.items()}
+            row = {
+                "dtype": dtype_name,
+                "tokens": t,
+                "hidden": hidden,
+                "layers": layers,
+                "median_us": {k: round(v * 1e6, 2) for k, v in net.items()},
+                "native_over_cpu_c": round(net["native"] / net["cpu_c"], 2),
+            }
+            rows.append(row)
+            print(
+                f"model {dtype_name} {t}x{hidden}x{layers}L  native "
+                f"{row['median_us']['native']:>9.1f} us  cpu_c {row['median_us']['cpu_c']:>9.1f} us"
+                f"  x{row['native_over_cpu_c']:.2f}",
+                flush=True,
+            )
+    return rows
+
+
+def bench_build() -> dict[str, Any]:
+    """Cold build into an empty cache, then a warm load, each in a fresh interpreter."""
+    code = (
+        "import time; t0 = time.perf_counter()\n"
+        "from vllm_ir_cpu import build; t1 = time.perf_counter()\n"
+        "build.build(); t2 = time.perf_counter()\n"
+        "print(t1 - t0, t2 - t1)\n"
+    )
+    result: dict[str, Any] = {"flags": build.compile_flags()}
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "VLLM_IR_CACHE_DIR": cache}
+        for label in ("cold", "warm"):
+            out = subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            )
+            _import_s, build_s = map(float, out.stdout.split())
+            result[f"{label}_s"] = round(build_s, 3)
+            print(f"build {label}: {build_s:.2f} s", flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu_kernels.json"))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="a small grid, for a smoke test")
+    parser.add_argument("--no-build", action="store_true", help="skip the cold build timing")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="intra-op threads (default 1: on a shared 2-core machine, an OpenMP team "
+        "whose second thread is descheduled stalls for milliseconds, swamping the kernels)",
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    start = time.perf_counter()
+    load_at_start = [round(v, 2) for v in os.getloadavg()]
+    build.build()  # not timed here: see the build section
+    tokens, hidden = (TOKENS[:3], HIDDEN[:1]) if args.quick else (TOKENS, HIDDEN)
+    with torch.inference_mode():
+        build_times = None if args.no_build else bench_build()
+        model_tokens = (1, 16, 64, 256, 1024) if not args.quick else (1, 16)
+        model_rows = bench_model(model_tokens, 4096, 4, args.rounds)
+        deadline = start + BUDGET_S
+        op_rows, skipped = bench_ops(tokens, hidden, args.rounds, deadline)
+    elapsed = time.perf_counter() - start
+
+    small = [r for r in op_rows if r["tokens"] <= 64]
+    report = {
+        "benchmark": "cpu_kernels",
+        "torch": torch.__version__,
+        "vllm_ir": ir.__version__,
+        "vllm_ir_cpu": vllm_ir_cpu.__version__,
+        "machine": platform.machine(),
+        "cpu_capability": build.cpu_capability(),
+        "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "clock": _clock().__name__,
+        "python": platform.python_version(),
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
+        "rounds": args.rounds,
+        "seconds": round(elapsed, 1),
+        "grid": {
+            "tokens": list(tokens),
+            "hidden": list(hidden),
+            "dtypes": list(DTYPES),
+            "trimmed": [f"{s} (over the {BUDGET_S:.0f} s budget)" for s in skipped],
+        },
+        "summary": {
+            "tokens_le_64": {
+                "min_native_over_cpu_c": min(r["native_over_cpu_c"] for r in small),
+                "min_compiled_over_cpu_c": min(r["compiled_over_cpu_c"] for r in small),
+                "target": "cpu_c >= 2x native eager, and not slower than compiled native",
+            },
+            "all": {
+                "min_native_over_cpu_c": min(r["native_over_cpu_c"] for r in op_rows),
+                "median_native_over_cpu_c": statistics.median(
+                    r["native_over_cpu_c"] for r in op_rows
+                ),
+                "min_compiled_over_cpu_c": min(r["compiled_over_cpu_c"] for r in op_rows),
+                "median_compiled_over_cpu_c": statistics.median(
+                    r["compiled_over_cpu_c"] for r in op_rows
+                ),
+            },
+        },
+        "build": build_times,
+        "model": model_rows,
+        "ops": op_rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["summary"], indent=2))
+    print(f"{elapsed:.0f} s; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+"""The version of vllm-ir-cpu (also part of its kernel build cache key)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,412 @@
+// RMSNorm and fused residual-add + RMSNorm for CPU tensors: the "cpu_c" kernels.
+//
+// Semantics are exactly those of the native functions in vllm_ir/ops/layernorm.py:
+//   * the sum of squares is accumulated in fp32 and the variance is its mean;
+//   * x * rsqrt(variance + epsilon) is computed in fp32 and rounded to the
+//     input dtype BEFORE the weight is applied;
+//   * the weight product is computed in fp32 and rounded to the input dtype
+//     (for bf16/fp16 the product of two 16-bit floats is exact in fp32, so
+//     this equals ATen's `x.to(orig_dtype) * weight` bit for bit);
+//   * fused_add_rms_norm rounds x + x_residual to the input dtype, stores it
+//     into x_residual, and normalizes that rounded sum into x.
+//
+// Layout: any leading shape (rows are flattened); rows may be strided as long
+// as the last dimension is contiguous and the leading dimensions collapse into
+// one row stride. Other layouts are handled through contiguous copies.
+//
+// Schemas are defined in Python (vllm_ir_cpu/library.py), so tracing works
+// before this library is built; this file only registers CPU kernels.
+
+#include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/TensorUtils.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <torch/library.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace vllm_ir_cpu {
+namespace {
+
+using at::vec::Vectorized;
+using fVec = Vectorized<float>;
+
+// Below this many elements in total, one thread does the whole call: waking
+// the OpenMP team costs more than it saves. ATen's grain size; on a 2-core
+// AVX-512 machine two threads start to pay off from about 8 x 4096 elements.
+constexpr int64_t kParallelMinElements = 32768;
+
+// ---------------------------------------------------------------------------
+// Per-row building blocks, vectorized with at::vec (plus AVX-512 bf16 rounding).
+
+// Sum of squares of one row, accumulated in fp32.
+template <typename scalar_t>
+inline float sum_of_squares(const scalar_t* x, int64_t n) {
+  fVec acc0(0.0f), acc1(0.0f), acc2(0.0f), acc3(0.0f);
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    constexpr int64_t V = fVec::size();
+    int64_t i = 0;
+    for (; i + 4 * V <= n; i += 4 * V) {
+      fVec a0 = fVec::loadu(x + i), a1 = fVec::loadu(x + i + V);
+      fVec a2 = fVec::loadu(x + i + 2 * V), a3 = fVec::loadu(x + i + 3 * V);
+      acc0 = at::vec::fmadd(a0, a0, acc0);
+      acc1 = at::vec::fmadd(a1, a1, acc1);
+      acc2 = at::vec::fmadd(a2, a2, acc2);
+      acc3 = at::vec::fmadd(a3, a3, acc3);
+    }
+    for (; i + V <= n; i += V) {
+      fVec a = fVec::loadu(x + i);
+      acc0 = at::vec::fmadd(a, a, acc0);
+    }
+    if (i < n) {
+      fVec a = fVec::loadu(x + i, n - i);  // zero-filled past the end
+      acc1 = at::vec::fmadd(a, a, acc1);
+    }
+  } else {
+    using bVec = Vectorized<scalar_t>;
+    constexpr int64_t V = bVec::size();
+    int64_t i = 0;
+    for (; i + 2 * V <= n; i += 2 * V) {
+      auto [a0, a1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(x + i));
+      auto [a2, a3] = at::vec::convert_to_float<scalar_t>(bVec::loadu(x + i + V));
+      acc0 = at::vec::fmadd(a0, a0, acc0);
+      acc1 = at::vec::fmadd(a1, a1, acc1);
+      acc2 = at::vec::fmadd(a2, a2, acc2);
+      acc3 = at::vec::fmadd(a3, a3, acc3);
+    }
+    for (; i < n; i += V) {
+      const int64_t count = std::min<int64_t>(V, n - i);
+      auto [a0, a1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(x + i, count));
+      acc0 = at::vec::fmadd(a0, a0, acc0);
+      acc1 = at::vec::fmadd(a1, a1, acc1);
+    }
+  }
+  return ((acc0 + acc1) + (acc2 + acc3)).reduce_add();
+}
+
+// Rounding fp32 lanes to the precision of scalar_t (nearest, ties to even),
+// keeping them as fp32: what `.to(scalar_t)` followed by a product in fp32 sees.
+#if defined(CPU_CAPABILITY_AVX512)
+// bf16 rounding done in the fp32 domain, as c10::BFloat16 rounds (7 instructions
+// per 16 lanes, against ~12 for at::vec's convert_from_float + convert_to_float).
+inline fVec round_to_bf16(const fVec& v) {
+  const __m512 f = v;
+  const __m512i bits = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  rounded = _mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  // a NaN stays a NaN (any one: the final conversion makes every NaN torch's)
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(f, f, _CMP_ORD_Q), f, _mm512_castsi512_ps(rounded));
+}
+
+// Lanes already holding bf16 values, packed to bf16 without rounding again.
+inline Vectorized<at::BFloat16> pack_exact_bf16(const fVec& a, const fVec& b) {
+  const __m256i lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(a), 16));
+  const __m256i hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(b), 16));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+#endif
+
+template <typename scalar_t>
+inline std::tuple<fVec, fVec> round_to(const fVec& a, const fVec& b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    return {round_to_bf16(a), round_to_bf16(b)};
+  }
+#endif
+  return at::vec::convert_to_float<scalar_t>(at::vec::convert_from_float<scalar_t>(a, b));
+}
+
+// Lanes already holding scalar_t values, as a vector of scalar_t.
+template <typename scalar_t>
+inline Vectorized<scalar_t> pack_exact(const fVec& a, const fVec& b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    return pack_exact_bf16(a, b);
+  }
+#endif
+  return at::vec::convert_from_float<scalar_t>(a, b);  // rounding is exact here
+}
+
+// x_residual <- round(x + x_residual); returns the sum of squares of the
+// rounded sums (what the native function normalizes).
+template <typename scalar_t>
+inline float add_residual(const scalar_t* x, scalar_t* residual, int64_t n) {
+  fVec acc0(0.0f), acc1(0.0f);
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    constexpr int64_t V = fVec::size();
+    for (int64_t i = 0; i < n; i += V) {
+      const int64_t count = std::min<int64_t>(V, n - i);
+      fVec s = fVec::loadu(x + i, count) + fVec::loadu(residual + i, count);
+      s.store(residual + i, count);
+      acc0 = at::vec::fmadd(s, s, acc0);
+    }
+  } else {
+    using bVec = Vectorized<scalar_t>;
+    constexpr int64_t V = bVec::size();
+    for (int64_t i = 0; i < n; i += V) {
+      const int64_t count = std::min<int64_t>(V, n - i);
+      auto [x0, x1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(x + i, count));
+      auto [r0, r1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(residual + i, count));
+      auto [s0, s1] = round_to<scalar_t>(x0 + r0, x1 + r1);
+      pack_exact<scalar_t>(s0, s1).store(residual + i, count);
+      acc0 = at::vec::fmadd(s0, s0, acc0);
+      acc1 = at::vec::fmadd(s1, s1, acc1);
+    }
+  }
+  return (acc0 + acc1).reduce_add();
+}
+
+// out <- round(round(x * inv_rms) * weight), or round(x * inv_rms) without
+// weight; `weight` is the weight converted to fp32 (exactly) once per call.
+template <typename scalar_t>
+inline void normalize(
+    scalar_t* out, const scalar_t* x, const float* weight, float inv_rms, int64_t n) {
+  const fVec scale(inv_rms);
+  constexpr int64_t fV = fVec::size();
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    int64_t i = 0;
+    for (; i + fV <= n; i += fV) {
+      fVec y = fVec::loadu(x + i) * scale;
+      if (weight != nullptr) y = y * fVec::loadu(weight + i);
+      y.store(out + i);
+    }
+    if (i < n) {
+      const int64_t count = n - i;
+      fVec y = fVec::loadu(x + i, count) * scale;
+      if (weight != nullptr) y = y * fVec::loadu(weight + i, count);
+      y.store(out + i, count);
+    }
+  } else {
+    using bVec = Vectorized<scalar_t>;
+    constexpr int64_t V = bVec::size();
+    static_assert(V == 2 * fV, "a vector of scalar_t converts to two fp32 vectors");
+    for (int64_t i = 0; i < n; i += V) {
+      const int64_t count = std::min<int64_t>(V, n - i);
+      auto [a0, a1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(x + i, count));
+      a0 = a0 * scale;
+      a1 = a1 * scale;
+      if (weight != nullptr) {
+        // the weight applies to the value already rounded to the input dtype
+        auto [y0, y1] = round_to<scalar_t>(a0, a1);
+        const int64_t count_hi = std::max<int64_t>(count - fV, 0);
+        a0 = y0 * fVec::loadu(weight + i, std::min<int64_t>(count, fV));
+        a1 = y1 * fVec::loadu(weight + i + fV, count_hi);
+      }
+      at::vec::convert_from_float<scalar_t>(a0, a1).store(out + i, count);
+    }
+  }
+}
+
+// The weight as fp32: the tensor's own data for fp32, else a converted copy.
+template <typename scalar_t>
+const float* weight_as_float(const at::Tensor& w, std::vector<float>& buffer) {
+  if (!w.defined()) return nullptr;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    return w.const_data_ptr<float>();
+  } else {
+    const int64_t n = w.numel();
+    buffer.resize(n);
+    at::vec::convert(w.const_data_ptr<scalar_t>(), buffer.data(), n);
+    return buffer.data();
+  }
+}
+
+inline float inv_rms_of(float sum_sq, int64_t n, float epsilon) {
+  const float variance = sum_sq / static_cast<float>(n);
+  return 1.0f / std::sqrt(variance + epsilon);
+}
+
+// ---------------------------------------------------------------------------
+// Whole-tensor loops, parallel over rows.
+
+template <typename scalar_t>
+void rms_norm_rows(
+    scalar_t* out, int64_t out_stride, const scalar_t* x, int64_t x_stride,
+    const float* weight, int64_t rows, int64_t hidden, float epsilon) {
+  const bool parallel = rows > 1 && rows * hidden >= kParallelMinElements;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t r = 0; r < rows; ++r) {
+    const scalar_t* xr = x + r * x_stride;
+    const float inv_rms = inv_rms_of(sum_of_squares(xr, hidden), hidden, epsilon);
+    normalize(out + r * out_stride, xr, weight, inv_rms, hidden);
+  }
+}
+
+template <typename scalar_t>
+void fused_add_rms_norm_rows(
+    scalar_t* x, int64_t x_stride, scalar_t* residual, int64_t residual_stride,
+    const float* weight, int64_t rows, int64_t hidden, float epsilon) {
+  const bool parallel = rows > 1 && rows * hidden >= kParallelMinElements;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t r = 0; r < rows; ++r) {
+    scalar_t* xr = x + r * x_stride;
+    scalar_t* rr = residual + r * residual_stride;
+    const float inv_rms = inv_rms_of(add_residual(xr, rr, hidden), hidden, epsilon);
+    normalize(xr, rr, weight, inv_rms, hidden);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Argument checks and layouts.
+
+// The distance between consecutive rows when `t` is viewed as
+// (numel / hidden, hidden) with a contiguous last dimension, if it can be.
+std::optional<int64_t> row_stride(const at::Tensor& t) {
+  const int64_t hidden = t.size(-1);
+  const int64_t rows = t.numel() / hidden;
+  const std::array<int64_t, 2> shape{rows, hidden};
+  auto strides = at::detail::computeStride(t.sizes(), t.strides(), at::IntArrayRef(shape));
+  if (!strides.has_value() || (hidden > 1 && (*strides)[1] != 1)) return std::nullopt;
+  return rows > 1 ? (*strides)[0] : hidden;
+}
+
+template <typename F>
+void dispatch_dtype(const char* op, at::ScalarType dtype, F&& f) {
+  switch (dtype) {
+    case at::kFloat:
+      f(float{});
+      break;
+    case at::kBFloat16:
+      f(at::BFloat16{});
+      break;
+    case at::kHalf:
+      f(at::Half{});
+      break;
+    default:
+      TORCH_CHECK(
+          false, "vllm_ir_cpu::", op, " supports float32, bfloat16 and float16, got ", dtype);
+  }
+}
+
+void check_tensor(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x) {
+  TORCH_CHECK(
+      t.device().is_cpu(), "vllm_ir_cpu::", op, ": ", name, " must be a CPU tensor, got ",
+      t.device());
+  TORCH_CHECK(
+      t.layout() == at::kStrided, "vllm_ir_cpu::", op, ": ", name, " must be strided, got ",
+      t.layout());
+  TORCH_CHECK(
+      t.scalar_type() == x.scalar_type(), "vllm_ir_cpu::", op, ": ", name, " has dtype ",
+      t.scalar_type(), " but x has ", x.scalar_type());
+}
+
+void check_same_shape(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x) {
+  TORCH_CHECK(
+      t.sizes() == x.sizes(), "vllm_ir_cpu::", op, ": ", name, " has shape ", t.sizes(),
+      " but x has ", x.sizes());
+}
+
+// The weight as a contiguous vector of `hidden` elements (nullptr data if absent).
+at::Tensor checked_weight(
+    const char* op, const std::optional<at::Tensor>& weight, const at::Tensor& x) {
+  if (!weight.has_value() || !weight->defined()) return at::Tensor();
+  check_tensor(op, "weight", *weight, x);
+  TORCH_CHECK(
+      weight->dim() == 1 && weight->size(0) == x.size(-1), "vllm_ir_cpu::", op,
+      ": weight must have shape (", x.size(-1), ",), got ", weight->sizes());
+  return weight->contiguous();
+}
+
+// ---------------------------------------------------------------------------
+// The ops.
+
+void rms_norm(
+    at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+    double epsilon) {
+  constexpr const char* op = "rms_norm";
+  TORCH_CHECK(x.dim() >= 1, "vllm_ir_cpu::rms_norm: x must have at least one dimension");
+  check_tensor(op, "x", x, x);
+  check_tensor(op, "out", out, x);
+  check_same_shape(op, "out", out, x);
+  at::assert_no_partial_overlap(out, x);  // out may be x itself
+  const at::Tensor w = checked_weight(op, weight, x);
+  if (x.numel() == 0) return;
+
+  const int64_t hidden = x.size(-1);
+  const int64_t rows = x.numel() / hidden;
+  at::Tensor src = x;
+  std::optional<int64_t> x_stride = row_stride(x);
+  if (!x_stride) {
+    src = x.contiguous();
+    x_stride = hidden;
+  }
+  at::Tensor dst = out;
+  std::optional<int64_t> out_stride = row_stride(out);
+  const bool copy_back = !out_stride.has_value();
+  if (copy_back) {
+    dst = at::empty(x.sizes(), x.options());
+    out_stride = hidden;
+  }
+  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    std::vector<float> buffer;
+    rms_norm_rows<scalar_t>(
+        dst.data_ptr<scalar_t>(), *out_stride, src.const_data_ptr<scalar_t>(), *x_stride,
+        weight_as_float<scalar_t>(w, buffer), rows, hidden, static_cast<float>(epsilon));
+  });
+  if (copy_back) out.copy_(dst);
+}
+
+// rms_norm into a new contiguous tensor: the functional form the IR impl
+// calls, so that a compiled graph stays functional where it is lowered.
+at::Tensor rms_norm_functional(
+    const at::Tensor& x, const std::optional<at::Tensor>& weight, double epsilon) {
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  rms_norm(out, x, weight, epsilon);
+  return out;
+}
+
+void fused_add_rms_norm(
+    at::Tensor& x, at::Tensor& x_residual, const std::optional<at::Tensor>& weight,
+    double epsilon) {
+  constexpr const char* op = "fused_add_rms_norm";
+  TORCH_CHECK(
+      x.dim() >= 1, "vllm_ir_cpu::fused_add_rms_norm: x must have at least one dimension");
+  check_tensor(op, "x", x, x);
+  check_tensor(op, "x_residual", x_residual, x);
+  check_same_shape(op, "x_residual", x_residual, x);
+  at::assert_no_overlap(x, x_residual);
+  const at::Tensor w = checked_weight(op, weight, x);
+  if (x.numel() == 0) return;
+
+  const int64_t hidden = x.size(-1);
+  const int64_t rows = x.numel() / hidden;
+  std::optional<int64_t> x_stride = row_stride(x);
+  std::optional<int64_t> residual_stride = row_stride(x_residual);
+  at::Tensor xs = x, rs = x_residual;
+  if (!x_stride) {
+    xs = x.contiguous();
+    x_stride = hidden;
+  }
+  if (!residual_stride) {
+    rs = x_residual.contiguous();
+    residual_stride = hidden;
+  }
+  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    std::vector<float> buffer;
+    fused_add_rms_norm_rows<scalar_t>(
+        xs.data_ptr<scalar_t>(), *x_stride, rs.data_ptr<scalar_t>(), *residual_stride,
+        weight_as_float<scalar_t>(w, buffer), rows, hidden, static_cast<float>(epsilon));
+  });
+  if (!xs.is_same(x)) x.copy_(xs);
+  if (!rs.is_same(x_residual)) x_residual.copy_(rs);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(vllm_ir_cpu, CPU, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("rms_norm_functional", &rms_norm_functional);
+  m.impl("fused_add_rms_norm", &fused_add_rms_norm);
+}
+
+}  // namespace vllm_ir_cpu

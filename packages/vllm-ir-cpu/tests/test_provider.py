@@ -1,0 +1,84 @@
+"""The package as vllm-ir sees it: entry point, registrations, default priorities."""
+
+from __future__ import annotations
+
+import json
+from importlib import metadata
+from pathlib import Path
+
+import torch
+import vllm_ir as ir
+import vllm_ir_cpu
+from cpu_c_testing import on_cpu_platform, run_python
+from vllm_ir.providers import ENTRY_POINT_GROUP
+from vllm_ir_cpu import PROVIDER
+
+PACKAGE = f"vllm-ir-cpu {vllm_ir_cpu.__version__}"
+
+
+def test_discovered_through_its_entry_point() -> None:
+    (ep,) = [e for e in metadata.entry_points(group=ENTRY_POINT_GROUP) if e.name == PROVIDER]
+    assert ep.value == "vllm_ir_cpu:provider"
+    loaded = ir.loaded_providers()[PROVIDER]
+    assert loaded.package == PACKAGE
+    assert loaded.spec is vllm_ir_cpu.provider
+    assert PROVIDER not in ir.load_errors()
+
+
+def test_impls_registered_and_attributed() -> None:
+    for op in (ir.ops.rms_norm, ir.ops.fused_add_rms_norm):
+        impl = op.impls[PROVIDER]
+        assert impl.package == PACKAGE
+        assert impl.batch_invariant
+        assert impl.inplace is (op is ir.ops.fused_add_rms_norm)
+        assert impl.supported is (ir.current_platform() == "cpu")
+
+
+@on_cpu_platform
+def test_cpu_platform_defaults() -> None:
+    assert ir.ops.rms_norm.get_priority("eager") == [PROVIDER, "native"]
+    assert ir.ops.fused_add_rms_norm.get_priority("eager") == [PROVIDER, "native"]
+    assert ir.ops.rms_norm.get_priority("compiled")[0] == "native"
+    assert ir.ops.fused_add_rms_norm.get_priority("compiled")[0] == "native"
+
+
+@on_cpu_platform
+def test_batch_invariant_mode_keeps_cpu_c(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    ir.invalidate_caches()
+    x = torch.randn(2, 8)
+    assert ir.ops.rms_norm.dispatch(x, None, 1e-6).provider == PROVIDER
+
+
+def test_discovery_and_selection_do_not_build(tmp_path: Path) -> None:
+    """Discovery and dispatch stay cheap: nothing is compiled until a kernel runs."""
+    code = (
+        "import json, time, torch, vllm_ir as ir\n"
+        "start = time.perf_counter()\n"
+        "providers = ir.loaded_providers()\n"
+        "elapsed = time.perf_counter() - start\n"
+        "from vllm_ir_cpu import build\n"
+        "x = torch.randn(2, 8)\n"
+        "provider = ir.ops.rms_norm.dispatch(x, None, 1e-6).provider\n"
+        "print(json.dumps({'providers': sorted(providers), 'loaded': build.is_loaded(),\n"
+        "                  'provider': provider, 'seconds': elapsed}))\n"
+    )
+    proc = run_python(code, VLLM_IR_CACHE_DIR=str(tmp_path), VLLM_IR_PLATFORM="cpu")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert PROVIDER in result["providers"]
+    assert result["provider"] == PROVIDER
+    assert result["loaded"] is False
+    assert not any(tmp_path.iterdir()), "something was built"
+    assert result["seconds"] < 5, result
+
+
+def test_importing_registers_nothing() -> None:
+    code = (
+        "import vllm_ir_cpu, sys\n"
+        "assert 'vllm_ir_cpu.impls' not in sys.modules\n"
+        "assert 'vllm_ir_cpu.library' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,3 @@
+"""The version of this package (also part of the kernels' build cache key)."""
+
+__version__ = "0.1.0"

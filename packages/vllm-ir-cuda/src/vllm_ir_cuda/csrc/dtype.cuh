@@ -1,0 +1,72 @@
+// Element types, their fp32 conversions and 128-bit vectors of them.
+//
+// Conversions are explicit intrinsics: torch builds CUDA sources with
+// __CUDA_NO_HALF_CONVERSIONS__ and friends, which remove the implicit ones.
+
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace vllm_ir_cuda {
+
+template <typename T>
+struct Convert;
+
+template <>
+struct Convert<float> {
+  static __device__ __forceinline__ float to_float(float v) { return v; }
+  static __device__ __forceinline__ float from_float(float v) { return v; }
+};
+
+template <>
+struct Convert<__half> {
+  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+};
+
+template <>
+struct Convert<__nv_bfloat16> {
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+  }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) {
+    return __float2bfloat16_rn(v);
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v) {
+  return Convert<T>::to_float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v) {
+  return Convert<T>::from_float(v);
+}
+
+// N elements loaded or stored with one instruction: 16 bytes (ld.global.v4)
+// when N * sizeof(T) == 16, one element when N == 1.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T data[N];
+};
+
+// Elements per 128-bit access.
+template <typename T>
+constexpr int kVecWidth = 16 / static_cast<int>(sizeof(T));
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
+  *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+
+}  // namespace vllm_ir_cuda

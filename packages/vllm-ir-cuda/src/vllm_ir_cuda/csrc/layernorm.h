@@ -1,0 +1,47 @@
+// Launchers of the RMSNorm kernels: plain C++ over raw pointers, no torch.
+//
+// Every tensor is seen as `rows` rows of `hidden` contiguous elements; row r
+// of a tensor starts `r * row_stride` elements after its base pointer. All
+// tensors share one dtype. The launchers pick a vectorized (128-bit) or a
+// scalar kernel from the pointers' alignment and the strides, and return the
+// launch's status; they never synchronize.
+//
+// This header is parsed by the host compiler (the torch binding) as well as
+// by nvcc, so it holds declarations only.
+
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace vllm_ir_cuda {
+
+enum class DType : int {
+  kFloat32 = 0,
+  kFloat16 = 1,
+  kBFloat16 = 2,
+};
+
+// The largest row count one launch accepts (one thread block per row).
+constexpr int64_t kMaxRows = 2147483647;
+// The longest row: the kernels index a row with 32-bit integers, with room
+// for a thread's index plus the block size.
+constexpr int64_t kMaxHidden = int64_t{1} << 30;
+
+// out[r, :] = rms_norm(x[r, :]) for r < rows:
+//   y = float(x) * rsqrt(mean(float(x)^2) + epsilon), rounded to the dtype,
+//   then multiplied by weight (if not null) and rounded again.
+// `out` may equal `x` (same rows, same strides); it must not partially overlap.
+cudaError_t rms_norm(void* out, int64_t out_row_stride, const void* x, int64_t x_row_stride,
+                     const void* weight, int64_t rows, int64_t hidden, float epsilon,
+                     DType dtype, cudaStream_t stream);
+
+// In place, for r < rows:
+//   residual[r, :] = x[r, :] + residual[r, :]   (rounded to the dtype)
+//   x[r, :]        = rms_norm(residual[r, :])   (as above)
+cudaError_t fused_add_rms_norm(void* x, int64_t x_row_stride, void* residual,
+                               int64_t residual_row_stride, const void* weight, int64_t rows,
+                               int64_t hidden, float epsilon, DType dtype, cudaStream_t stream);
+
+}  // namespace vllm_ir_cuda

@@ -1,0 +1,356 @@
+// RMSNorm and fused residual-add + RMSNorm: one thread block per row.
+//
+// Semantics are those of vllm_ir.ops.layernorm (the native functions):
+// squares are summed in fp32, the normalized value is rounded to the input
+// dtype *before* it is multiplied by the weight, and the fused kernel rounds
+// the residual sum to the dtype, stores it, and normalizes that rounded sum.
+//
+// Each thread handles the elements (or 128-bit vectors of them) i, i + B,
+// i + 2B, ... of its row, B = blockDim.x. When a row fits in at most
+// kMaxCachedVecs vectors per thread they stay in registers between the sum
+// and the scaling pass; longer rows are read a second time (from L1/L2).
+// The block size depends only on the row length and the dtype, never on the
+// number of rows, so a row's result does not depend on the batch it is in.
+
+#include <cstdint>
+
+#include "dtype.cuh"
+#include "layernorm.h"
+#include "reduce.cuh"
+
+namespace vllm_ir_cuda {
+namespace {
+
+constexpr int kMaxThreads = 1024;
+// Vectors a thread keeps in registers between the two passes (4 x 16 bytes).
+constexpr int kMaxCachedVecs = 4;
+// Block size the planner aims for before caching more vectors per thread.
+constexpr int kTargetThreads = 512;
+
+template <typename T, int N>
+__device__ __forceinline__ float sum_of_squares(const Vec<T, N>& v) {
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const float f = to_float(v.data[j]);
+    s += f * f;
+  }
+  return s;
+}
+
+// x * inv_rms rounded to T, then times the weight (rounded again), like
+// `(x.float() * rsqrt(var + eps)).to(T) * weight`.
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> normalize(const Vec<T, N>& v, float inv_rms,
+                                               const T* __restrict__ weight, int offset) {
+  Vec<T, N> out;
+  if (weight != nullptr) {
+    const Vec<T, N> w = load_vec<T, N>(weight + offset);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const T y = from_float<T>(to_float(v.data[j]) * inv_rms);
+      out.data[j] = from_float<T>(to_float(y) * to_float(w.data[j]));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      out.data[j] = from_float<T>(to_float(v.data[j]) * inv_rms);
+    }
+  }
+  return out;
+}
+
+__device__ __forceinline__ float inverse_rms(float sum_sq, int hidden, float epsilon) {
+  const float variance = block_sum(sum_sq) / static_cast<float>(hidden);
+  return rsqrtf(variance + epsilon);
+}
+
+// `out` may alias `x` exactly: every element is read and then written by the
+// same thread, so neither pointer is __restrict__.
+template <typename T, int VEC, int CACHE>
+__global__ void __launch_bounds__(kMaxThreads)
+    rms_norm_kernel(T* out, int64_t out_stride, const T* x, int64_t x_stride,
+                    const T* __restrict__ weight, int hidden, float epsilon) {
+  const int64_t row = blockIdx.x;
+  const T* x_row = x + row * x_stride;
+  T* out_row = out + row * out_stride;
+  const int num_vecs = hidden / VEC;
+
+  float sum_sq = 0.0f;
+  if constexpr (CACHE > 0) {
+    Vec<T, VEC> cached[CACHE];
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < num_vecs) {
+        cached[k] = load_vec<T, VEC>(x_row + i * VEC);
+        sum_sq += sum_of_squares(cached[k]);
+      }
+    }
+    const float inv_rms = inverse_rms(sum_sq, hidden, epsilon);
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < num_vecs) {
+        store_vec(out_row + i * VEC, normalize(cached[k], inv_rms, weight, i * VEC));
+      }
+    }
+  } else {
+    for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
+      sum_sq += sum_of_squares(load_vec<T, VEC>(x_row + i * VEC));
+    }
+    const float inv_rms = inverse_rms(sum_sq, hidden, epsilon);
+    for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
+      const Vec<T, VEC> v = load_vec<T, VEC>(x_row + i * VEC);
+      store_vec(out_row + i * VEC, normalize(v, inv_rms, weight, i * VEC));
+    }
+  }
+}
+
+// residual[i] = round(x[i] + residual[i]); returns the stored sum.
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> add_residual(const T* x, T* residual) {
+  const Vec<T, VEC> a = load_vec<T, VEC>(x);
+  const Vec<T, VEC> r = load_vec<T, VEC>(residual);
+  Vec<T, VEC> s;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    s.data[j] = from_float<T>(to_float(a.data[j]) + to_float(r.data[j]));
+  }
+  store_vec(residual, s);
+  return s;
+}
+
+// In place: the sum goes to `residual`, its normalization to `x`. The second
+// pass re-reads the stored (rounded) sum, written by the same thread.
+template <typename T, int VEC, int CACHE>
+__global__ void __launch_bounds__(kMaxThreads)
+    fused_add_rms_norm_kernel(T* x, int64_t x_stride, T* residual, int64_t residual_stride,
+                              const T* __restrict__ weight, int hidden, float epsilon) {
+  const int64_t row = blockIdx.x;
+  T* x_row = x + row * x_stride;
+  T* residual_row = residual + row * residual_stride;
+  const int num_vecs = hidden / VEC;
+
+  float sum_sq = 0.0f;
+  if constexpr (CACHE > 0) {
+    Vec<T, VEC> cached[CACHE];
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < num_vecs) {
+        cached[k] = add_residual<T, VEC>(x_row + i * VEC, residual_row + i * VEC);
+        sum_sq += sum_of_squares(cached[k]);
+      }
+    }
+    const float inv_rms = inverse_rms(sum_sq, hidden, epsilon);
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < num_vecs) {
+        store_vec(x_row + i * VEC, normalize(cached[k], inv_rms, weight, i * VEC));
+      }
+    }
+  } else {
+    for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
+      sum_sq += sum_of_squares(add_residual<T, VEC>(x_row + i * VEC, residual_row + i * VEC));
+    }
+    const float inv_rms = inverse_rms(sum_sq, hidden, epsilon);
+    for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
+      const Vec<T, VEC> s = load_vec<T, VEC>(residual_row + i * VEC);
+      store_vec(x_row + i * VEC, normalize(s, inv_rms, weight, i * VEC));
+    }
+  }
+}
+
+// -- launch planning (host) ----------------------------------------------
+
+struct LaunchPlan {
+  int cache;    // vectors per thread kept in registers; 0: read the row twice
+  int threads;  // a multiple of 32, at most kMaxThreads
+};
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int round_up_to_warp(int64_t n) {
+  const int64_t warps = ceil_div(n < 1 ? 1 : n, kWarpSize);
+  return static_cast<int>(warps * kWarpSize);
+}
+
+// Depends on the row length only (never on the row count): batch invariance.
+LaunchPlan plan(int64_t num_vecs, bool vectorized) {
+  if (vectorized) {
+    int cache = 1;
+    while (cache < kMaxCachedVecs && ceil_div(num_vecs, cache) > kTargetThreads) {
+      cache *= 2;
+    }
+    const int64_t threads = ceil_div(num_vecs, cache);
+    if (threads <= kMaxThreads) {
+      return {cache, round_up_to_warp(threads)};
+    }
+    return {0, kMaxThreads};
+  }
+  return {0, num_vecs >= kMaxThreads ? kMaxThreads : round_up_to_warp(num_vecs)};
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// 128-bit accesses need every row of every tensor on a 16-byte boundary.
+// Strides are checked even for a single row, so that whether a row takes the
+// vector path does not depend on how many rows are launched with it.
+template <typename T>
+bool can_vectorize(int64_t hidden, const void* a, int64_t a_stride, const void* b,
+                   int64_t b_stride, const void* weight) {
+  constexpr int kVec = kVecWidth<T>;
+  return hidden % kVec == 0 && a_stride % kVec == 0 && b_stride % kVec == 0 && aligned16(a) &&
+         aligned16(b) && (weight == nullptr || aligned16(weight));
+}
+
+template <typename T, int VEC>
+void launch_rms_norm(const LaunchPlan& p, T* out, int64_t out_stride, const T* x,
+                     int64_t x_stride, const T* weight, int64_t rows, int hidden, float epsilon,
+                     cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(rows));
+  const dim3 block(p.threads);
+  if constexpr (VEC > 1) {
+    switch (p.cache) {
+      case 1:
+        rms_norm_kernel<T, VEC, 1>
+            <<<grid, block, 0, stream>>>(out, out_stride, x, x_stride, weight, hidden, epsilon);
+        return;
+      case 2:
+        rms_norm_kernel<T, VEC, 2>
+            <<<grid, block, 0, stream>>>(out, out_stride, x, x_stride, weight, hidden, epsilon);
+        return;
+      case 4:
+        rms_norm_kernel<T, VEC, 4>
+            <<<grid, block, 0, stream>>>(out, out_stride, x, x_stride, weight, hidden, epsilon);
+        return;
+      default:
+        break;
+    }
+  }
+  rms_norm_kernel<T, VEC, 0>
+      <<<grid, block, 0, stream>>>(out, out_stride, x, x_stride, weight, hidden, epsilon);
+}
+
+template <typename T, int VEC>
+void launch_fused(const LaunchPlan& p, T* x, int64_t x_stride, T* residual,
+                  int64_t residual_stride, const T* weight, int64_t rows, int hidden,
+                  float epsilon, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(rows));
+  const dim3 block(p.threads);
+  if constexpr (VEC > 1) {
+    switch (p.cache) {
+      case 1:
+        fused_add_rms_norm_kernel<T, VEC, 1><<<grid, block, 0, stream>>>(
+            x, x_stride, residual, residual_stride, weight, hidden, epsilon);
+        return;
+      case 2:
+        fused_add_rms_norm_kernel<T, VEC, 2><<<grid, block, 0, stream>>>(
+            x, x_stride, residual, residual_stride, weight, hidden, epsilon);
+        return;
+      case 4:
+        fused_add_rms_norm_kernel<T, VEC, 4><<<grid, block, 0, stream>>>(
+            x, x_stride, residual, residual_stride, weight, hidden, epsilon);
+        return;
+      default:
+        break;
+    }
+  }
+  fused_add_rms_norm_kernel<T, VEC, 0><<<grid, block, 0, stream>>>(
+      x, x_stride, residual, residual_stride, weight, hidden, epsilon);
+}
+
+template <typename T>
+cudaError_t rms_norm_typed(void* out, int64_t out_stride, const void* x, int64_t x_stride,
+                           const void* weight, int64_t rows, int64_t hidden, float epsilon,
+                           cudaStream_t stream) {
+  constexpr int kVec = kVecWidth<T>;
+  const bool vectorized = can_vectorize<T>(hidden, out, out_stride, x, x_stride, weight);
+  const LaunchPlan p = plan(vectorized ? hidden / kVec : hidden, vectorized);
+  auto* o = static_cast<T*>(out);
+  const auto* in = static_cast<const T*>(x);
+  const auto* w = static_cast<const T*>(weight);
+  const int h = static_cast<int>(hidden);
+  if (vectorized) {
+    launch_rms_norm<T, kVec>(p, o, out_stride, in, x_stride, w, rows, h, epsilon, stream);
+  } else {
+    launch_rms_norm<T, 1>(p, o, out_stride, in, x_stride, w, rows, h, epsilon, stream);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t fused_typed(void* x, int64_t x_stride, void* residual, int64_t residual_stride,
+                        const void* weight, int64_t rows, int64_t hidden, float epsilon,
+                        cudaStream_t stream) {
+  constexpr int kVec = kVecWidth<T>;
+  const bool vectorized =
+      can_vectorize<T>(hidden, x, x_stride, residual, residual_stride, weight);
+  const LaunchPlan p = plan(vectorized ? hidden / kVec : hidden, vectorized);
+  auto* xs = static_cast<T*>(x);
+  auto* rs = static_cast<T*>(residual);
+  const auto* w = static_cast<const T*>(weight);
+  const int h = static_cast<int>(hidden);
+  if (vectorized) {
+    launch_fused<T, kVec>(p, xs, x_stride, rs, residual_stride, w, rows, h, epsilon, stream);
+  } else {
+    launch_fused<T, 1>(p, xs, x_stride, rs, residual_stride, w, rows, h, epsilon, stream);
+  }
+  return cudaGetLastError();
+}
+
+bool valid_extent(int64_t rows, int64_t hidden) {
+  return rows >= 0 && hidden >= 0 && rows <= kMaxRows && hidden <= kMaxHidden;
+}
+
+}  // namespace
+
+cudaError_t rms_norm(void* out, int64_t out_row_stride, const void* x, int64_t x_row_stride,
+                     const void* weight, int64_t rows, int64_t hidden, float epsilon,
+                     DType dtype, cudaStream_t stream) {
+  if (!valid_extent(rows, hidden)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0 || hidden == 0) {
+    return cudaSuccess;
+  }
+  switch (dtype) {
+    case DType::kFloat32:
+      return rms_norm_typed<float>(out, out_row_stride, x, x_row_stride, weight, rows, hidden,
+                                   epsilon, stream);
+    case DType::kFloat16:
+      return rms_norm_typed<__half>(out, out_row_stride, x, x_row_stride, weight, rows, hidden,
+                                    epsilon, stream);
+    case DType::kBFloat16:
+      return rms_norm_typed<__nv_bfloat16>(out, out_row_stride, x, x_row_stride, weight, rows,
+                                           hidden, epsilon, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t fused_add_rms_norm(void* x, int64_t x_row_stride, void* residual,
+                               int64_t residual_row_stride, const void* weight, int64_t rows,
+                               int64_t hidden, float epsilon, DType dtype, cudaStream_t stream) {
+  if (!valid_extent(rows, hidden)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0 || hidden == 0) {
+    return cudaSuccess;
+  }
+  switch (dtype) {
+    case DType::kFloat32:
+      return fused_typed<float>(x, x_row_stride, residual, residual_row_stride, weight, rows,
+                                hidden, epsilon, stream);
+    case DType::kFloat16:
+      return fused_typed<__half>(x, x_row_stride, residual, residual_row_stride, weight, rows,
+                                 hidden, epsilon, stream);
+    case DType::kBFloat16:
+      return fused_typed<__nv_bfloat16>(x, x_row_stride, residual, residual_row_stride, weight,
+                                        rows, hidden, epsilon, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace vllm_ir_cuda

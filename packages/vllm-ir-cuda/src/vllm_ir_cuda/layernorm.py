@@ -1,0 +1,143 @@
+"""The ``vllm_c`` impls of ``rms_norm`` and ``fused_add_rms_norm``.
+
+Each impl has the op's native signature and maps it onto a kernel op of
+:mod:`vllm_ir_cuda.ops`. The kernels read rows that are contiguous in their
+last dimension; an input that is not (rare: e.g. a transposed view) is copied
+first, so the impls accept every layout the native functions accept.
+``supports_args`` declines what the kernels cannot compute at all, looking
+only at dtype, device, rank, layout and non-tensor arguments (what the
+dispatch cache keys on): never at sizes, strides or values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import vllm_ir as ir
+from torch import Tensor
+
+from vllm_ir_cuda import ops
+
+__all__ = [
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_supports",
+    "platform_supported",
+    "register_kernels",
+    "rms_norm",
+    "rms_norm_supports",
+    "supports_args_for",
+]
+
+_rms_norm_kernel = ops.rms_norm
+_fused_add_rms_norm_kernel = ops.fused_add_rms_norm
+
+
+def rms_norm(
+    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> Tensor:
+    """RMSNorm of ``x`` into a new tensor laid out like ``x`` (``variance_size`` is declined)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if weight is not None and not weight.is_contiguous():
+        weight = weight.contiguous()
+    out = torch.empty_like(x)
+    _rms_norm_kernel(out, x, weight, epsilon)
+    return out
+
+
+def fused_add_rms_norm(
+    x: Tensor,
+    x_residual: Tensor,
+    weight: Tensor | None,
+    epsilon: float,
+    variance_size: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """In place: ``x_residual += x`` (rounded to the dtype), then ``x = rms_norm(x_residual)``.
+
+    Returns ``(x, x_residual)``, the activations it wrote.
+    """
+    if weight is not None and not weight.is_contiguous():
+        weight = weight.contiguous()
+    if x.stride(-1) == 1 and x_residual.stride(-1) == 1:
+        _fused_add_rms_norm_kernel(x, x_residual, weight, epsilon)
+    else:
+        x_rows, residual_rows = x.contiguous(), x_residual.contiguous()
+        _fused_add_rms_norm_kernel(x_rows, residual_rows, weight, epsilon)
+        x.copy_(x_rows)
+        x_residual.copy_(residual_rows)
+    return x, x_residual
+
+
+def supports_args_for(
+    device_type: str,
+) -> tuple[Callable[..., bool], Callable[..., bool]]:
+    """``(rms_norm_supports, fused_add_rms_norm_supports)`` for tensors on ``device_type``.
+
+    The impls' predicates use ``"cuda"``; tests that run the impls' wiring on
+    CPU stand-in kernels use ``"cpu"``.
+    """
+
+    def tensors_ok(x: Tensor, weight: Tensor | None) -> bool:
+        return (
+            x.device.type == device_type
+            and x.dtype in ops.DTYPES
+            and x.layout == torch.strided
+            and x.ndim >= 1
+            and (weight is None or (weight.dtype == x.dtype and weight.ndim == 1))
+        )
+
+    def rms_norm_supports(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> bool:
+        return variance_size is None and tensors_ok(x, weight)
+
+    def fused_add_rms_norm_supports(
+        x: Tensor,
+        x_residual: Tensor,
+        weight: Tensor | None,
+        epsilon: float,
+        variance_size: int | None = None,
+    ) -> bool:
+        return (
+            variance_size is None
+            and x_residual.dtype == x.dtype
+            and x_residual.ndim == x.ndim
+            and tensors_ok(x, weight)
+        )
+
+    return rms_norm_supports, fused_add_rms_norm_supports
+
+
+rms_norm_supports, fused_add_rms_norm_supports = supports_args_for("cuda")
+
+
+def platform_supported() -> bool:
+    """An NVIDIA GPU is visible to a CUDA build of torch (ROCm builds are not CUDA).
+
+    This is the hardware, not ``VLLM_IR_PLATFORM``, which only steers which
+    platform's default priorities apply.
+    """
+    return (
+        torch.version.cuda is not None and torch.version.hip is None and torch.cuda.is_available()
+    )
+
+
+def register_kernels(provider: str = "vllm_c") -> None:
+    """Register both impls; vllm-ir calls this through the package's ProviderSpec."""
+    supported = platform_supported()
+    # One block per row, its block size fixed by the row length and dtype
+    # alone: a row's result never depends on the rest of the batch.
+    ir.ops.rms_norm.register_impl(
+        provider,
+        supported=supported,
+        supports_args=rms_norm_supports,
+        batch_invariant=True,
+    )(rms_norm)
+    ir.ops.fused_add_rms_norm.register_impl(
+        provider,
+        supported=supported,
+        supports_args=fused_add_rms_norm_supports,
+        inplace=True,
+        batch_invariant=True,
+    )(fused_add_rms_norm)

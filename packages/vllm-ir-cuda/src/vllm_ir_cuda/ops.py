@@ -1,0 +1,111 @@
+"""The kernels as torch ops: ``torch.ops.vllm_ir_cuda.rms_norm`` and ``.fused_add_rms_norm``.
+
+Importing this module defines, with :mod:`torch.library`, the ops' schemas
+(arguments they write are ``Tensor(a!)``) and their fake impls: all that
+tracing, ``torch.compile`` and FakeTensors need, on any machine. The CUDA
+implementations live in the compiled library (``csrc/binding.cpp``, through
+``TORCH_LIBRARY_IMPL(vllm_ir_cuda, CUDA, m)``).
+
+The library is built and loaded on the first call with CUDA tensors: until
+then, a ``CompositeExplicitAutograd`` kernel serves the call, builds and loads
+the library, and calls the op again, which now reaches the CUDA kernel (a
+kernel registered for the CUDA key takes precedence over the composite one).
+So eager calls, compiled graphs and direct ``torch.ops`` calls all build on
+first use, and never earlier. Calls with tensors on another device fail with
+a message saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.library import Library
+
+from vllm_ir_cuda import _build
+
+__all__ = ["DTYPES", "NAMESPACE", "SCHEMAS", "fused_add_rms_norm", "rms_norm"]
+
+NAMESPACE = "vllm_ir_cuda"
+
+SCHEMAS = {
+    "rms_norm": "rms_norm(Tensor(a!) out, Tensor x, Tensor? weight, float epsilon) -> ()",
+    "fused_add_rms_norm": (
+        "fused_add_rms_norm(Tensor(a!) x, Tensor(b!) x_residual, Tensor? weight, "
+        "float epsilon) -> ()"
+    ),
+}
+"""Schema of each op, as defined in the ``vllm_ir_cuda`` namespace."""
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+"""The dtypes the kernels take (every tensor argument of a call shares one)."""
+
+_lib = Library(NAMESPACE, "DEF")
+for _schema in SCHEMAS.values():
+    _lib.define(_schema)
+
+
+def _check(op: str, x: Tensor, others: dict[str, Tensor | None]) -> None:
+    """The binding's dtype and device checks, for FakeTensors at trace time."""
+    if x.dtype not in DTYPES:
+        raise RuntimeError(
+            f"vllm_ir_cuda::{op}: x has dtype {x.dtype}; the kernels take "
+            f"{', '.join(str(d) for d in DTYPES)}"
+        )
+    for name, t in others.items():
+        if t is None:
+            continue
+        if t.dtype != x.dtype:
+            raise RuntimeError(
+                f"vllm_ir_cuda::{op}: {name} has dtype {t.dtype} but x has dtype {x.dtype}"
+            )
+        if t.device != x.device:
+            raise RuntimeError(
+                f"vllm_ir_cuda::{op}: {name} is on {t.device} but x is on {x.device}"
+            )
+
+
+@torch.library.register_fake(f"{NAMESPACE}::rms_norm", lib=_lib)
+def _rms_norm_fake(out: Tensor, x: Tensor, weight: Tensor | None, epsilon: float) -> None:
+    _check("rms_norm", x, {"out": out, "weight": weight})
+
+
+@torch.library.register_fake(f"{NAMESPACE}::fused_add_rms_norm", lib=_lib)
+def _fused_add_rms_norm_fake(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float
+) -> None:
+    _check("fused_add_rms_norm", x, {"x_residual": x_residual, "weight": weight})
+
+
+def _build_on_first_call(name: str) -> Callable[..., None]:
+    qualname = f"{NAMESPACE}::{name}"
+
+    def first_call(*args: object) -> None:
+        device = args[0].device  # type: ignore[attr-defined]
+        if device.type != "cuda":
+            raise RuntimeError(
+                f"torch.ops.{NAMESPACE}.{name} runs on CUDA tensors only, got tensors on "
+                f"{device}; on this device use vllm_ir.ops.{name}, which selects another impl"
+            )
+        library = _build.load()
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CUDA"):
+            raise RuntimeError(
+                f"{library} was loaded but registered no CUDA kernel for {qualname}; "
+                "delete it (or the VLLM_IR_CACHE_DIR entry holding it) to rebuild"
+            )
+        getattr(torch.ops.vllm_ir_cuda, name).default(*args)
+
+    first_call.__name__ = f"{name}_first_call"
+    return first_call
+
+
+for _name in SCHEMAS:
+    _lib.impl(_name, _build_on_first_call(_name), "CompositeExplicitAutograd")
+
+rms_norm: torch._ops.OpOverload = torch.ops.vllm_ir_cuda.rms_norm.default
+"""``rms_norm(out, x, weight, epsilon)``: writes ``rms_norm(x)`` into ``out``."""
+
+fused_add_rms_norm: torch._ops.OpOverload = torch.ops.vllm_ir_cuda.fused_add_rms_norm.default
+"""``fused_add_rms_norm(x, x_residual, weight, epsilon)``: in place, the sum into
+``x_residual``, its normalization into ``x``."""

@@ -1,0 +1,62 @@
+"""CPU stand-ins for the CUDA kernels (not a test module; named to be unique
+when several packages' tests run in one pytest session).
+
+Python kernels for ``torch.ops.vllm_ir_cuda.*`` registered for the CPU
+dispatch key compute the native semantics, so the impls' wiring (argument
+mapping, the in-place contract, tracing and compiling) runs without a GPU.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+import vllm_ir as ir
+from torch import Tensor
+from torch.library import Library
+from vllm_ir_cuda import ops
+
+STANDIN = "vllm_c_cpu_standin"
+"""The impls of :mod:`vllm_ir_cuda.layernorm`, registered to run on the CPU stand-ins."""
+
+requires_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.version.cuda is None,
+    reason="needs an NVIDIA GPU and a CUDA build of torch (torch.cuda.is_available() is False)",
+)
+
+
+def _check_rows(op: str, *tensors: Tensor) -> None:
+    # the binding's contract: rows contiguous in the last dimension
+    for t in tensors:
+        if t.size(-1) > 1 and t.stride(-1) != 1:
+            raise RuntimeError(f"stand-in {op}: last dimension not contiguous: {t.stride()}")
+
+
+class StandInKernels:
+    """CPU kernels for ``torch.ops.vllm_ir_cuda.*`` with the native semantics.
+
+    ``calls`` counts the calls per op, to prove a path reached the kernel op.
+    """
+
+    def __init__(self) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.lib = Library(ops.NAMESPACE, "IMPL")
+        self.lib.impl("rms_norm", self._rms_norm, "CPU")
+        self.lib.impl("fused_add_rms_norm", self._fused_add_rms_norm, "CPU")
+
+    def _rms_norm(self, out: Tensor, x: Tensor, weight: Tensor | None, epsilon: float) -> None:
+        self.calls["rms_norm"] += 1
+        _check_rows("rms_norm", out, x)
+        out.copy_(ir.ops.rms_norm.native(x, weight, epsilon))
+
+    def _fused_add_rms_norm(
+        self, x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float
+    ) -> None:
+        self.calls["fused_add_rms_norm"] += 1
+        _check_rows("fused_add_rms_norm", x, x_residual)
+        x_residual.add_(x)  # rounded to the dtype, like the native x + x_residual
+        x.copy_(ir.ops.rms_norm.native(x_residual, weight, epsilon))
+
+    def close(self) -> None:
+        self.lib._destroy()

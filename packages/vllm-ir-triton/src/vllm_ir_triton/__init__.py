@@ -1,0 +1,77 @@
+"""vllm-ir-triton: Triton kernels for vllm-ir, providers ``triton`` and ``triton_batch_invariant``.
+
+Impls of ``rms_norm`` and (in place) ``fused_add_rms_norm``. Importing this
+package only builds :data:`provider`; vllm-ir imports the kernels through
+``provider.register`` when it discovers installed providers, and Triton
+compiles them on their first call.
+
+The kernels run on GPUs Triton drives (platforms ``cuda``, ``rocm``, ``xpu``)
+and, on CPU, only in Triton's interpreter: set ``TRITON_INTERPRET=1`` before
+vllm-ir loads its providers (tests do; it is ~100x slower than eager torch).
+
+Default priorities: ``triton`` (then ``triton_batch_invariant``, reached only
+when ``VLLM_BATCH_INVARIANT=1`` rejects ``triton``) after the vendor
+providers in eager mode, with a rank below theirs; ``native`` under Inductor.
+
+>>> import vllm_ir_triton
+>>> vllm_ir_triton.provider.name
+'triton'
+"""
+
+from __future__ import annotations
+
+from vllm_ir import PlatformDefaults, ProviderSpec
+
+from vllm_ir_triton._version import __version__
+
+__all__ = [
+    "API_VERSION",
+    "BATCH_INVARIANT_PROVIDER",
+    "DEFAULTS_RANK",
+    "PROVIDER",
+    "__version__",
+    "provider",
+]
+
+PROVIDER = "triton"
+"""The provider of the fast impls (no batch-invariance promise)."""
+
+BATCH_INVARIANT_PROVIDER = "triton_batch_invariant"
+"""The provider of the batch-invariant impls (``batch_invariant=True``)."""
+
+DEFAULTS_RANK = -10
+"""Rank of this package's platform defaults: below the default ``0`` and the
+vendor packages' ``100`` (vllm-ir-cuda), so every vendor or third-party list
+comes first and Triton is the portable fallback before ``native``."""
+
+API_VERSION = 1
+"""The vllm-ir provider API this package was written against."""
+
+_OPS = ("rms_norm", "fused_add_rms_norm")
+
+
+def _register() -> None:
+    # imported here, not at package import: Triton and the kernels load only
+    # when vllm-ir discovers the provider (attributed, rolled back on failure)
+    from vllm_ir_triton.impls import register_impls
+
+    register_impls()
+
+
+provider = ProviderSpec(
+    name=PROVIDER,
+    api_version=API_VERSION,
+    register=_register,
+    defaults=tuple(
+        PlatformDefaults(
+            platform,
+            eager={op: [PROVIDER, BATCH_INVARIANT_PROVIDER] for op in _OPS},
+            # Inductor fuses the native functions with their neighbours; an
+            # opaque kernel is a fusion barrier (see the README)
+            compiled={op: ["native"] for op in _OPS},
+            rank=DEFAULTS_RANK,
+        )
+        for platform in ("cuda", "rocm", "xpu")
+    ),
+)
+"""The entry point ``triton`` of the ``vllm_ir.providers`` group."""
