@@ -17,9 +17,9 @@ import hashlib
 import os
 import shutil
 import sys
-from platform import machine
 from collections.abc import Sequence
 from pathlib import Path
+from platform import machine
 
 import torch
 
@@ -85,12 +85,11 @@ def _check_toolchain(name: str, with_cuda: bool) -> None:
             f"building {name} needs a C++ compiler ({compiler!r} not found); install one "
             "(e.g. g++) or set CXX"
         )
-    if with_cuda:
-        if cpp_extension.CUDA_HOME is None:
-            raise ExtensionBuildError(
-                f"building {name} needs the CUDA toolkit (nvcc), which was not found; "
-                "install it or set CUDA_HOME"
-            )
+    if with_cuda and cpp_extension.CUDA_HOME is None:
+        raise ExtensionBuildError(
+            f"building {name} needs the CUDA toolkit (nvcc), which was not found; "
+            "install it or set CUDA_HOME"
+        )
 
 
 def build_extension(
