@@ -192,3 +192,12 @@ def test_wrong_arity_names_the_op(scale_op: ir.IrOp) -> None:
         scale_op.dispatch(torch.ones(1))
     with pytest.raises(TypeError, match="missing a required argument: 'factor'"):
         scale_op.select(torch.ones(1))
+
+
+def test_unsupported_reason_is_reported(scale_op: ir.IrOp) -> None:
+    _register(scale_op, "gpu_only", 1.0, supported=False, unsupported_reason="needs a ROCm GPU")
+    with scale_op.set_priority(["gpu_only"]):
+        decision = scale_op.select(torch.ones(1), 1.0).decisions[0]
+    assert decision.reason == "not supported on this platform: needs a ROCm GPU"
+    with pytest.raises(TypeError, match="unsupported_reason must be a str"):
+        scale_op.register_impl("bad", unsupported_reason=3)  # type: ignore[arg-type]

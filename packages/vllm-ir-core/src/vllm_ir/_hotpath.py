@@ -47,12 +47,17 @@ def _is_scalar(annotation: object) -> bool:
     return False
 
 
-def _meta(name: str, first: bool) -> str:
+def _meta(name: str, first: bool, required: bool) -> str:
     # An op's tensors share one device and layout (its native function fails
     # otherwise), so only the first tensor pays for them: each read is ~50 ns.
+    # Required tensors (the activations, typically) add whether they are
+    # contiguous: kernels that need dense rows decline the others.
+    items = [f"{name}.dtype", f"{name}.ndim"]
     if first:
-        return f"{name}.dtype, {name}.ndim, {name}.device, {name}.layout"
-    return f"{name}.dtype, {name}.ndim"
+        items += [f"{name}.device", f"{name}.layout"]
+    if required:
+        items.append(f"{name}.is_contiguous()")
+    return ", ".join(items)
 
 
 def _generic_meta(value: Any) -> Any:
@@ -85,10 +90,10 @@ def _key_expr(sig: inspect.Signature) -> str:
     for p in sig.parameters.values():
         kind = tensor_kind(p.annotation)
         if kind == "tensor":
-            items.append(_meta(p.name, first))
+            items.append(_meta(p.name, first, required=True))
             first = False
         elif kind == "optional":
-            items.append(f"None if {p.name} is None else ({_meta(p.name, first)})")
+            items.append(f"None if {p.name} is None else ({_meta(p.name, first, required=False)})")
         elif _is_scalar(p.annotation):
             items.append(p.name)
         else:
@@ -117,7 +122,8 @@ def make_key_fn(sig: inspect.Signature, scoped_get: Callable[[], Any]) -> Callab
     """``key(*args)`` -> hashable tuple of the metadata selection may read.
 
     The scoped priority state; per tensor, dtype and ndim; device and layout
-    of the first tensor parameter; non-tensor arguments by value.
+    of the first tensor parameter; whether each required (non-optional)
+    tensor is contiguous; non-tensor arguments by value.
     """
     namespace = _base_namespace(scoped_get)
     source = f"def key({_params_source(sig, namespace)}):\n    return {_key_expr(sig)}\n"

@@ -95,7 +95,8 @@ def _rejection(
     if impl is None:
         return "not registered (is its provider package installed and loaded?)"
     if not impl.supported:
-        return "not supported on this platform"
+        reason = "not supported on this platform"
+        return f"{reason}: {impl.unsupported_reason}" if impl.unsupported_reason else reason
     if batch_invariant and not impl.batch_invariant:
         return f"not batch invariant ({envs.VLLM_BATCH_INVARIANT}=1)"
     if impl.supports_args is not None:

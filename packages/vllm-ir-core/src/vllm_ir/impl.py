@@ -41,6 +41,8 @@ class IrOpImpl:
             and its answer is cached on argument metadata).
         inplace: the impl writes its outputs into the op's activations.
         batch_invariant: a row's result does not depend on the batch it is in.
+        unsupported_reason: why ``supported`` is False (shown by selection logs,
+            ``vllm-ir explain`` and ``vllm-ir ops``).
         package: ``"name version"`` of the distribution the impl came from, or the
             module that registered it when it did not come from an installed package
             (resolved lazily: the lookup scans installed metadata).
@@ -54,6 +56,7 @@ class IrOpImpl:
     inplace: bool = False
     batch_invariant: bool = False
     source_module: str = ""
+    unsupported_reason: str = ""
     distribution: str | None = field(default=None, repr=False)
 
     @property

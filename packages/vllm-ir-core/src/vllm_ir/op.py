@@ -320,6 +320,7 @@ class IrOp:
         supports_args: Callable[..., bool] | None = None,
         inplace: bool = False,
         batch_invariant: bool = False,
+        unsupported_reason: str | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register the decorated function as ``provider``'s impl of this op.
 
@@ -355,6 +356,11 @@ class IrOp:
                     f"bool, got {type(value).__name__} {value!r}"
                     + (" (call it: pass its result)" if callable(value) else "")
                 )
+        if unsupported_reason is not None and not isinstance(unsupported_reason, str):
+            raise TypeError(
+                f"register_impl({provider!r}) of op {self.name!r}: unsupported_reason must "
+                f"be a str, got {unsupported_reason!r}"
+            )
         if supports_args is not None:
             check_supports_args_signature(self.name, provider, self.signature, supports_args)
         if inplace and not self.allow_inplace:
@@ -379,6 +385,7 @@ class IrOp:
                 batch_invariant=batch_invariant,
                 source_module=getattr(impl_fn, "__module__", "") or "",
                 distribution=load.package if load else None,
+                unsupported_reason="" if supported else (unsupported_reason or ""),
             )
             if load is not None:
                 load.impls.append((self, provider))

@@ -24,7 +24,8 @@ def _rows() -> list[dict[str, object]]:
                     "supported": impl.supported,
                     "reason": ""
                     if impl.supported
-                    else f"registered unsupported on {current_platform()}",
+                    else impl.unsupported_reason
+                    or f"registered unsupported on {current_platform()}",
                     "inplace": impl.inplace,
                     "batch_invariant": impl.batch_invariant,
                     "package": impl.package,

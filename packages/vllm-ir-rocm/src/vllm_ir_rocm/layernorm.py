@@ -1,0 +1,194 @@
+"""The ``aiter`` impls of ``rms_norm`` and (in place) ``fused_add_rms_norm``.
+
+Each impl has the op's native signature and calls one opaque op of
+:mod:`vllm_ir_rocm.ops`. ``supports_args`` accepts what AITER computes
+without any copy:
+
+* fp16 and bf16 activations, with a weight of the same dtype (or none: the
+  impls pass ones), on the device type of the platform (``cuda`` on ROCm);
+* no ``variance_size`` (AITER normalizes over the whole last dimension);
+* ``rms_norm``: ``x`` flattens to ``(-1, hidden)`` as a view with unit-stride
+  rows; a flatten that would copy the tensor costs more than the kernel saves;
+* ``fused_add_rms_norm``: ``x`` and ``x_residual`` contiguous (AITER's
+  in-place kernel takes no strides), with the same rank.
+
+Layout is judged from strides without guarding on them:
+``statically_known_true`` answers ``False`` when a symbolic size leaves it
+open, so a compiled graph never specializes on it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+import vllm_ir as ir
+from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+from vllm_ir.logger import get_logger
+
+from vllm_ir_rocm import availability, ops
+
+__all__ = [
+    "contiguous",
+    "fused_add_rms_norm",
+    "register_kernels",
+    "rms_norm",
+    "rows_flatten_free",
+    "supports_args_for",
+]
+
+
+def _known(condition: object) -> bool:
+    return bool(statically_known_true(condition))  # type: ignore[arg-type]
+
+
+def rows_flatten_free(t: Tensor) -> bool:
+    """``t.reshape(-1, t.shape[-1])`` is a view whose rows have unit stride.
+
+    The row stride may exceed the row length (a slice of wider rows).
+    """
+    if t.dim() == 0:
+        return False
+    if not (_known(t.stride(-1) == 1) or _known(t.shape[-1] == 1)):
+        return False
+    for i in range(t.dim() - 2):
+        if _known(t.shape[i] == 1):
+            continue  # a size-1 dimension's stride is never used
+        if not _known(t.stride(i) == t.stride(i + 1) * t.shape[i + 1]):
+            return False
+    return True
+
+
+def contiguous(t: Tensor) -> bool:
+    """``t`` is contiguous, judged without guards (``False`` when symbolic sizes leave it open)."""
+    if not rows_flatten_free(t):
+        return False
+    return t.dim() < 2 or _known(t.shape[-2] == 1) or _known(t.stride(-2) == t.shape[-1])
+
+
+def _weight(weight: Tensor | None, x: Tensor) -> Tensor:
+    # AITER always multiplies by a weight
+    if weight is None:
+        return torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+    return weight
+
+
+def _no_variance_size(op: str, variance_size: int | None) -> None:
+    if variance_size is not None:
+        raise ValueError(
+            f"the aiter impl of {op} got variance_size={variance_size}, which AITER does not "
+            "support; its supports_args declines such calls"
+        )
+
+
+def rms_norm(
+    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> Tensor:
+    """``aiter.rmsnorm2d_fwd`` on ``x``'s rows; a new tensor laid out as the native one."""
+    _no_variance_size("rms_norm", variance_size)
+    out = ops.rms_norm(x, _weight(weight, x), epsilon)
+    if rows_flatten_free(x):
+        return out
+    # Declined by supports_args, but a selection cached for another layout of
+    # the same dtype and rank can still send it here: the op copied x to
+    # contiguous rows; lay the result out like the native function would.
+    return torch.empty_like(x).copy_(out)
+
+
+def fused_add_rms_norm(
+    x: Tensor,
+    x_residual: Tensor,
+    weight: Tensor | None,
+    epsilon: float,
+    variance_size: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """In place (``aiter.fused_add_rms_norm_cu``): returns ``(x, x_residual)``, which it wrote.
+
+    ``x_residual`` becomes ``x + x_residual`` (rounded to the dtype), ``x``
+    its RMSNorm times ``weight``.
+    """
+    _no_variance_size("fused_add_rms_norm", variance_size)
+    ops.fused_add_rms_norm(x, x_residual, _weight(weight, x), epsilon)
+    return x, x_residual
+
+
+def supports_args_for(
+    device_type: str,
+) -> tuple[Callable[..., bool], Callable[..., bool]]:
+    """``(rms_norm_supports, fused_add_rms_norm_supports)`` for tensors on ``device_type``.
+
+    The registered predicates use the platform's device type (``cuda`` on
+    ROCm); the CPU tests use ``cpu`` with a stand-in ``aiter`` module.
+    """
+
+    def tensors_ok(x: Tensor, weight: Tensor | None) -> bool:
+        return (
+            x.dtype in ops.DTYPES
+            and x.device.type == device_type
+            and x.layout == torch.strided
+            and x.dim() >= 1
+            and (weight is None or (weight.dtype == x.dtype and weight.dim() == 1))
+        )
+
+    def rms_norm_supports(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> bool:
+        return variance_size is None and tensors_ok(x, weight) and rows_flatten_free(x)
+
+    def fused_add_rms_norm_supports(
+        x: Tensor,
+        x_residual: Tensor,
+        weight: Tensor | None,
+        epsilon: float,
+        variance_size: int | None = None,
+    ) -> bool:
+        return (
+            variance_size is None
+            and tensors_ok(x, weight)
+            and x_residual.dtype == x.dtype
+            and x_residual.dim() == x.dim()
+            and x_residual.layout == torch.strided
+            and contiguous(x)
+            and contiguous(x_residual)
+        )
+
+    return rms_norm_supports, fused_add_rms_norm_supports
+
+
+def _log_availability(provider: str, found: availability.Availability) -> None:
+    logger = get_logger(f"vllm_ir.providers.{provider}")
+    if found.supported:
+        logger.debug(
+            "provider %r: AITER %s found; impls registered for %s tensors",
+            provider,
+            found.vendor_version or "(version unknown)",
+            found.device_type,
+        )
+        return
+    # with a ROCm GPU, a missing or broken AITER is worth a warning; elsewhere an
+    # unsupported vendor provider is the normal case
+    level = logging.WARNING if found.hardware else logging.INFO
+    logger.log(level, "provider %r registered as unsupported: %s", provider, found.reason)
+
+
+def register_kernels(provider: str = "aiter") -> availability.Availability:
+    """Register both impls, ``supported`` as :func:`availability.current` says; returns it."""
+    found = availability.current()
+    _log_availability(provider, found)
+    rms_supports, fused_supports = supports_args_for(found.device_type)
+    ir.ops.rms_norm.register_impl(
+        provider,
+        supported=found.supported,
+        supports_args=rms_supports,
+        unsupported_reason=found.reason,
+    )(rms_norm)
+    ir.ops.fused_add_rms_norm.register_impl(
+        provider,
+        supported=found.supported,
+        supports_args=fused_supports,
+        inplace=True,
+        unsupported_reason=found.reason,
+    )(fused_add_rms_norm)
+    return found

@@ -1,0 +1,39 @@
+"""``python -m vllm_ir_xpu``: whether the ``xpu_kernels`` impls can run here, and why not.
+
+Exits 0 when they can; 1 when they cannot (with the reason), so that an XPU
+machine's setup script can check that vllm-xpu-kernels is usable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm_ir_xpu",
+        description="Report whether the xpu_kernels provider of vllm-ir can run here.",
+    )
+    parser.parse_args(argv)
+
+    import torch
+
+    from vllm_ir_xpu import API_VERSION, PROVIDER, __version__, availability
+
+    found = availability.current()
+    print(f"vllm-ir-xpu {__version__}: provider {PROVIDER!r}, vllm-ir provider API {API_VERSION}")
+    print(f"torch {torch.__version__}, XPU available: {found.hardware}")
+    if found.supported:
+        print(
+            f"supported: yes (vllm-xpu-kernels {found.vendor_version or 'version unknown'}, "
+            f"{found.device_type} tensors)"
+        )
+        return 0
+    print(f"supported: no: {found.reason}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""CPU stand-ins for vllm-xpu-kernels (not a test module of its own).
+
+``vllm_xpu_kernels`` and ``vllm_xpu_kernels._C`` modules for ``sys.modules``,
+and the two ``torch.ops._C`` ops the provider calls, with vllm-xpu-kernels'
+schemas (``csrc/torch_bindings.cpp``), argument checks and in-place
+behaviour (``csrc/layernorm.cpp``), registered for the CPU (and, so that
+the availability probe finds them, XPU) dispatch keys:
+
+* ``_C::rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon)``:
+  ``result`` contiguous, ``input`` rows with unit stride (row stride taken);
+  ``result = ((input * rsqrt(mean(input^2) + eps)) rounded to the dtype) * weight``;
+* ``_C::fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor weight, float epsilon)``:
+  ``residual = input + residual`` (rounded), ``input = rms_norm(residual) * weight``;
+  ``residual`` is indexed densely, ``input`` by its row stride.
+
+Every call is recorded. Stricter than the kernels in one way: they insist on
+2-D rows, which is what vllm-ir-xpu promises to pass. The ``_C`` ops are
+defined once per process (and kept); :class:`StandInXpuKernels` objects take
+turns receiving the calls.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.library import Library
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SCHEMAS = {
+    "rms_norm": "rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()",
+    "fused_add_rms_norm": (
+        "fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor weight, float epsilon) -> ()"
+    ),
+}
+
+
+@dataclass
+class Call:
+    """One call of a stand-in kernel: its name and its arguments by the schema's names."""
+
+    name: str
+    args: dict[str, Any]
+
+
+def _normalize(x: Tensor, weight: Tensor, epsilon: float) -> Tensor:
+    x32 = x.float()
+    inv_rms = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + epsilon)
+    return (x32 * inv_rms).to(x.dtype) * weight
+
+
+def _check(name: str, input: Tensor, weight: Tensor) -> None:
+    assert input.dim() == 2, f"stand-in {name}: vllm-ir-xpu passes 2-D rows, got {input.dim()}-D"
+    assert input.dtype in _DTYPES, f"stand-in {name}: unsupported dtype {input.dtype}"
+    assert weight.dtype == input.dtype, f"stand-in {name}: weight dtype must match input"
+    assert weight.is_contiguous(), f"stand-in {name}: weight must be contiguous"
+    assert weight.shape == (input.shape[-1],), f"stand-in {name}: weight length != hidden"
+    assert input.stride(-1) == 1, f"stand-in {name}: last dim must be contiguous"
+
+
+_receiver: StandInXpuKernels | None = None
+_library: Library | None = None
+
+
+def _rms_norm(result: Tensor, input: Tensor, weight: Tensor, epsilon: float) -> None:
+    assert _receiver is not None, "stand-in _C::rms_norm called outside a test that installs it"
+    _receiver.calls.append(
+        Call("rms_norm", {"result": result, "input": input, "weight": weight, "epsilon": epsilon})
+    )
+    _check("rms_norm", input, weight)
+    assert result.is_contiguous(), "stand-in rms_norm: result must be contiguous"
+    assert result.shape == input.shape, "stand-in rms_norm: result shape != input shape"
+    result.copy_(_normalize(input, weight, epsilon))
+
+
+def _fused_add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor, epsilon: float) -> None:
+    assert _receiver is not None, "stand-in _C::fused_add_rms_norm called outside a test"
+    _receiver.calls.append(
+        Call(
+            "fused_add_rms_norm",
+            {"input": input, "residual": residual, "weight": weight, "epsilon": epsilon},
+        )
+    )
+    _check("fused_add_rms_norm", input, weight)
+    assert residual.is_contiguous(), "stand-in fused_add_rms_norm: residual is indexed densely"
+    assert residual.shape == input.shape, "stand-in fused_add_rms_norm: residual shape != input"
+    residual.add_(input)
+    input.copy_(_normalize(residual, weight, epsilon))
+
+
+def _define_ops() -> None:
+    global _library
+    if _library is not None:
+        return
+    lib = Library("_C", "FRAGMENT")
+    for name, schema in _SCHEMAS.items():
+        if not hasattr(torch.ops._C, name):
+            lib.define(schema)
+    for key in ("CPU", "XPU"):
+        lib.impl("rms_norm", _rms_norm, key)
+        lib.impl("fused_add_rms_norm", _fused_add_rms_norm, key)
+    _library = lib
+
+
+def _module(name: str) -> types.ModuleType:
+    module = types.ModuleType(name, "CPU stand-in for vllm-xpu-kernels (vllm-ir-xpu tests)")
+    module.__file__ = __file__
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, origin=__file__)
+    return module
+
+
+@dataclass
+class StandInXpuKernels:
+    """The modules to put in ``sys.modules``, and the calls the ``_C`` ops received."""
+
+    calls: list[Call] = field(default_factory=list)
+    modules: dict[str, types.ModuleType] = field(init=False)
+
+    def __post_init__(self) -> None:
+        package = _module("vllm_xpu_kernels")
+        package.__path__ = []  # type: ignore[attr-defined]
+        package.__version__ = "0.0.0+cpu-stand-in"  # type: ignore[attr-defined]
+        extension = _module("vllm_xpu_kernels._C")
+        package._C = extension  # type: ignore[attr-defined]
+        self.modules = {"vllm_xpu_kernels": package, "vllm_xpu_kernels._C": extension}
+
+    def __enter__(self) -> StandInXpuKernels:
+        global _receiver
+        _define_ops()
+        _receiver = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _receiver
+        _receiver = None
+
+    def named(self, name: str) -> list[Call]:
+        return [c for c in self.calls if c.name == name]
