@@ -18,7 +18,7 @@ ROOT = Path(__file__).parent
 CONSTRAINTS = str(ROOT / "constraints.txt")
 CORE = "vllm-ir-core"
 
-nox.options.sessions = ["lint", "tests", "integration"]
+nox.options.sessions = ["lint", "tests", "build", "integration"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
