@@ -87,7 +87,7 @@ def test_a_batch_guarding_supports_args_is_caught(registered) -> None:  # type: 
         assert_conforms("kit_guard", checks=("supports_args",), dtypes=(torch.float32,))
 
 
-def test_an_inplace_impl_must_return_its_activations(registered) -> None:  # type: ignore[no-untyped-def]
+def test_an_inplace_impl_must_return_what_it_writes(registered) -> None:  # type: ignore[no-untyped-def]
     def writes_but_returns_new(
         x: Tensor,
         x_residual: Tensor,
@@ -101,8 +101,24 @@ def test_an_inplace_impl_must_return_its_activations(registered) -> None:  # typ
 
     FUSED.register_impl("kit_half_inplace", inplace=True)(writes_but_returns_new)
     registered.append((FUSED, "kit_half_inplace"))
-    with pytest.raises(ConformanceError, match="must return its outputs in the activations"):
+    with pytest.raises(ConformanceError, match=r"writes \['x_residual'\] but does not return"):
         assert_conforms("kit_half_inplace", checks=("mutation",), dtypes=(torch.float32,))
+
+
+def test_an_inplace_impl_may_reuse_only_some_activations(registered) -> None:  # type: ignore[no-untyped-def]
+    def reuses_the_residual(
+        x: Tensor,
+        x_residual: Tensor,
+        weight: Tensor | None,
+        epsilon: float,
+        variance_size: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        out, res = FUSED.native(x, x_residual, weight, epsilon, variance_size)
+        return out, x_residual.copy_(res)
+
+    FUSED.register_impl("kit_residual_only", inplace=True)(reuses_the_residual)
+    registered.append((FUSED, "kit_residual_only"))
+    assert_conforms("kit_residual_only", checks=("mutation",), dtypes=(torch.float32,))
 
 
 def test_compiled_check_runs_the_backend(registered) -> None:  # type: ignore[no-untyped-def]

@@ -2,7 +2,8 @@
 
 The model donates its activations with ``maybe_inplace``; the lowering places
 the in-place kernel with clones of its activations and clone elimination must
-remove every one of them.
+remove every one of them. A second model quantizes each norm's output to FP8:
+the ``fuse_norm_quant`` pass fuses the pairs and the fused ops lower to cpu_c.
 """
 
 from __future__ import annotations
@@ -100,3 +101,68 @@ def test_zero_clones_left(compiled) -> None:  # type: ignore[no-untyped-def]
     assert ctx.clones_inserted == 2 * LAYERS
     assert ctx.clones_removed == ctx.clones_inserted, ctx.clones_kept
     assert not ctx.clones_kept
+
+
+# -- norm + FP8 quant: the fusion pass, then the fused ops lowered to cpu_c ----
+
+FUSED_CPU_C = {
+    "rms_norm_static_fp8_quant": [PROVIDER],
+    "fused_add_rms_norm_static_fp8_quant": [PROVIDER],
+}
+UNFUSED = ("rms_norm", "fused_add_rms_norm", "static_scaled_fp8_quant")
+
+
+class QuantDecoder(torch.nn.Module):
+    """rms_norm + static FP8 quant, then per layer a dequantizing linear,
+    fused_add_rms_norm.maybe_inplace and a static quant: every norm is followed
+    by a quant, so the fuse_norm_quant pass rewrites all LAYERS + 1 pairs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.linears = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(LAYERS))
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(HIDDEN))
+        self.register_buffer("scale", torch.tensor([0.02]))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        residual = x
+        q = ir.ops.static_scaled_fp8_quant(ir.ops.rms_norm(x, self.weight, 1e-6), self.scale)
+        for linear in self.linears:
+            h = linear(q.to(torch.float32) * self.scale)
+            h, residual = ir.ops.fused_add_rms_norm.maybe_inplace(h, residual, self.weight, 1e-6)
+            q = ir.ops.static_scaled_fp8_quant(h, self.scale)
+        return q, residual
+
+
+def test_norm_quant_fusion_lowers_to_cpu_c(kernels: Path) -> None:
+    torch._dynamo.reset()
+    model = QuantDecoder().eval()
+    backend = ir.VllmIRBackend(priority=FUSED_CPU_C)
+    fn = torch.compile(model, backend=backend, dynamic=True)
+    x = torch.randn(7, HIDDEN)
+    with no_cache(), torch.no_grad():
+        got = fn(x.clone())
+        with ir.IrOpPriorityConfig(**{op: [PROVIDER] for op in UNFUSED}).scope():
+            eager = model(x.clone())
+        with ir.IrOpPriorityConfig(**{op: ["native"] for op in UNFUSED}).scope():
+            native = model(x.clone())
+        got_other_batch = fn(torch.randn(3, HIDDEN))
+    ctx = backend.pass_contexts[0]
+    assert ctx.fusions["fuse_norm_quant"] == LAYERS + 1
+    selected = backend.lowering_pass.selected_impls
+    assert set(selected) == set(FUSED_CPU_C)
+    assert len(selected["fused_add_rms_norm_static_fp8_quant"]) == LAYERS
+    assert {p for nodes in selected.values() for p in nodes.values()} == {PROVIDER}
+    # the fused kernels compute exactly the eager composition, and native's
+    assert torch.equal(got[0].view(torch.uint8), eager[0].view(torch.uint8))
+    assert torch.equal(got[1], eager[1])
+    tol = ir.ops.fused_add_rms_norm_static_fp8_quant.tolerance(torch.float32)
+    torch.testing.assert_close(got[0].float(), native[0].float(), atol=tol.atol, rtol=tol.rtol)
+    torch.testing.assert_close(got[1], native[1])
+    assert got_other_batch[0].shape == (3, HIDDEN)
+    assert len(backend.pass_contexts) == 1  # dynamic batch: no recompile
+    # The residual's clones go; each layer's clone of x stays: the lowering clones
+    # every activation of an inplace impl, and this kernel only reads x.
+    assert ctx.clones_inserted == 2 * LAYERS
+    assert ctx.clones_removed == LAYERS
+    assert sorted(ctx.clones_kept.values()) == ["clone is never written"] * LAYERS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,13 +26,56 @@ def _fused_samples(
     return [s.args for s in ir.ops.fused_add_rms_norm.sample_inputs(dtype) if len(s.args) == 4]
 
 
+def _written(name: str) -> list[str]:
+    return [a.name for a in OPS[name]._schema.arguments if a.alias_info and a.alias_info.is_write]
+
+
 def test_schemas_declare_what_is_written() -> None:
-    assert OPS["rms_norm"]._schema.arguments[0].alias_info.is_write
-    assert not OPS["rms_norm"]._schema.arguments[1].alias_info
-    x, res = OPS["fused_add_rms_norm"]._schema.arguments[:2]
-    assert x.alias_info.is_write
-    assert res.alias_info.is_write
+    assert _written("rms_norm") == ["out"]
+    assert _written("fused_add_rms_norm") == ["x", "x_residual"]
+    # the quantized fused-add op writes the residual only; x is read
+    assert _written("fused_add_rms_norm_static_fp8_quant") == ["x_residual"]
+    for name in (
+        "rms_norm_functional",
+        "silu_and_mul",
+        "static_scaled_fp8_quant",
+        "dynamic_per_token_fp8_quant",
+        "rms_norm_static_fp8_quant",
+    ):
+        assert _written(name) == [], name
     assert set(SCHEMAS) == set(OPS)
+
+
+def _quant_samples(dtype: torch.dtype) -> list[tuple[torch._ops.OpOverload, tuple[Any, ...]]]:
+    calls: list[tuple[torch._ops.OpOverload, tuple[Any, ...]]] = []
+    for op in (
+        ir.ops.silu_and_mul,
+        ir.ops.static_scaled_fp8_quant,
+        ir.ops.rms_norm_static_fp8_quant,
+        ir.ops.fused_add_rms_norm_static_fp8_quant,
+    ):
+        calls += [(OPS[op.name], s.args) for s in op.sample_inputs(dtype)]
+    for s in ir.ops.dynamic_per_token_fp8_quant.sample_inputs(dtype):
+        args = s.args if len(s.args) == 2 else (*s.args, None)
+        calls.append((OPS["dynamic_per_token_fp8_quant"], args))
+    return calls
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_opcheck_silu_and_quant(kernels: Path, dtype: torch.dtype) -> None:
+    for kernel, args in _quant_samples(dtype):
+        torch.library.opcheck(kernel, args)
+
+
+def test_quant_kernels_trace_on_meta_without_the_library() -> None:
+    x, s = torch.empty(3, 64, device="meta"), torch.empty(1, device="meta")
+    assert OPS["silu_and_mul"](x).shape == (3, 32)
+    assert OPS["static_scaled_fp8_quant"](x, s).dtype == torch.float8_e4m3fn
+    q, scales = OPS["dynamic_per_token_fp8_quant"](x, None)
+    assert (q.dtype, scales.shape, scales.dtype) == (torch.float8_e4m3fn, (3, 1), torch.float32)
+    assert OPS["rms_norm_static_fp8_quant"](x, None, EPS, s).shape == (3, 64)
+    q = OPS["fused_add_rms_norm_static_fp8_quant"](x, torch.empty_like(x), None, EPS, s)
+    assert (q.shape, q.dtype, q.device.type) == ((3, 64), torch.float8_e4m3fn, "meta")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -25,21 +25,28 @@ def test_discovered_through_its_entry_point() -> None:
     assert PROVIDER not in ir.load_errors()
 
 
+INPLACE = {"fused_add_rms_norm", "fused_add_rms_norm_static_fp8_quant"}
+COMPILED_FIRST = {"static_scaled_fp8_quant": PROVIDER, "dynamic_per_token_fp8_quant": PROVIDER}
+"""Ops whose compiled-mode default is not ``native`` (README "Default priorities")."""
+
+
 def test_impls_registered_and_attributed() -> None:
-    for op in (ir.ops.rms_norm, ir.ops.fused_add_rms_norm):
-        impl = op.impls[PROVIDER]
+    implemented = {name for name, op in ir.IrOp.registry.items() if PROVIDER in op.impls}
+    assert implemented == set(vllm_ir_cpu.OPS)
+    for name in vllm_ir_cpu.OPS:
+        impl = ir.get_op(name).impls[PROVIDER]
         assert impl.package == PACKAGE
         assert impl.batch_invariant
-        assert impl.inplace is (op is ir.ops.fused_add_rms_norm)
+        assert impl.inplace is (name in INPLACE)
         assert impl.supported is (ir.current_platform() == "cpu")
 
 
 @on_cpu_platform
 def test_cpu_platform_defaults() -> None:
-    assert ir.ops.rms_norm.get_priority("eager") == [PROVIDER, "native"]
-    assert ir.ops.fused_add_rms_norm.get_priority("eager") == [PROVIDER, "native"]
-    assert ir.ops.rms_norm.get_priority("compiled")[0] == "native"
-    assert ir.ops.fused_add_rms_norm.get_priority("compiled")[0] == "native"
+    for name in vllm_ir_cpu.OPS:
+        op = ir.get_op(name)
+        assert op.get_priority("eager") == [PROVIDER, "native"], name
+        assert op.get_priority("compiled")[0] == COMPILED_FIRST.get(name, "native"), name
 
 
 @on_cpu_platform

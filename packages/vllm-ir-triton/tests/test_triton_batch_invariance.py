@@ -3,6 +3,10 @@
 Each row is computed alone and inside a large batch, at several positions,
 and compared bit for bit. Hidden sizes cover one block (96) and the loop over
 fixed 1024-column blocks (1500).
+
+``triton``'s ``silu_and_mul``, ``static_scaled_fp8_quant`` and
+``dynamic_per_token_fp8_quant`` are registered batch invariant too
+(elementwise, or reducing with an exact maximum): checked the same way.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from triton_helpers import DEVICE, DTYPES
-from vllm_ir_triton import BATCH_INVARIANT_PROVIDER
+from vllm_ir_triton import BATCH_INVARIANT_PROVIDER, PROVIDER
 
 BATCH = 32
 ROWS = (0, 17, BATCH - 1)
@@ -50,3 +54,29 @@ def test_fused_add_rms_norm_row_alone_equals_row_in_batch(dtype: torch.dtype, hi
             )
             assert torch.equal(alone_out[0], out[i]), f"row {i}"
             assert torch.equal(alone_residual[0], residual[i]), f"row {i}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_elementwise_and_quant_ops_row_alone_equals_row_in_batch(dtype: torch.dtype) -> None:
+    x = _batch(dtype, 96, 3)
+    scale = torch.tensor([0.02], device=DEVICE)
+    others: dict[ir.IrOp, tuple[torch.Tensor, ...]] = {
+        ir.ops.silu_and_mul: (),
+        ir.ops.static_scaled_fp8_quant: (scale,),
+        ir.ops.dynamic_per_token_fp8_quant: (),
+    }
+    for op, rest in others.items():
+        assert op.impls[PROVIDER].batch_invariant
+        with op.set_priority([PROVIDER]):
+            assert op.dispatch(x, *rest).provider == PROVIDER
+            batched = _outputs(op(x, *rest))
+            for i in ROWS:
+                alone = _outputs(op(x[i : i + 1].clone(), *rest))
+                for got, want in zip(alone, batched, strict=True):
+                    assert torch.equal(got[0], want[i]), f"{op.name} row {i}"
+
+
+def _outputs(out: torch.Tensor | tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """Every output, FP8 ones as their bits."""
+    outs = out if isinstance(out, tuple) else (out,)
+    return [o.view(torch.uint8) if o.dtype == torch.float8_e4m3fn else o for o in outs]

@@ -25,6 +25,14 @@ from vllm_ir_triton import BATCH_INVARIANT_PROVIDER, DEFAULTS_RANK, PROVIDER, su
 PACKAGE = f"vllm-ir-triton {vllm_ir_triton.__version__}"
 OPS = (ir.ops.rms_norm, ir.ops.fused_add_rms_norm)
 OURS = [PROVIDER, BATCH_INVARIANT_PROVIDER]
+TRITON_ONLY = {
+    # op: (inplace, batch_invariant)
+    ir.ops.silu_and_mul: (False, True),
+    ir.ops.static_scaled_fp8_quant: (False, True),
+    ir.ops.dynamic_per_token_fp8_quant: (False, True),
+    ir.ops.rms_norm_static_fp8_quant: (False, False),
+    ir.ops.fused_add_rms_norm_static_fp8_quant: (True, False),
+}
 
 
 def test_discovered_through_its_entry_point() -> None:
@@ -44,6 +52,36 @@ def test_impls_registered_and_attributed(op: ir.IrOp) -> None:
         assert impl.supported is support.platform_supported()
         assert impl.inplace is (op is ir.ops.fused_add_rms_norm)
         assert impl.batch_invariant is (provider == BATCH_INVARIANT_PROVIDER)
+
+
+@pytest.mark.parametrize("op", TRITON_ONLY, ids=lambda op: op.name)
+def test_triton_only_impls_registered_and_attributed(op: ir.IrOp) -> None:
+    impl = op.impls[PROVIDER]
+    assert impl.package == PACKAGE
+    assert impl.supported is support.platform_supported()
+    assert (impl.inplace, impl.batch_invariant) == TRITON_ONLY[op]
+    assert BATCH_INVARIANT_PROVIDER not in op.impls
+
+
+def test_triton_only_defaults() -> None:
+    for op in TRITON_ONLY:
+        for platform in ("cuda", "rocm", "xpu"):
+            for mode, expected in (("eager", [PROVIDER]), ("compiled", ["native"])):
+                ours = [
+                    (providers, rank)
+                    for source, providers, rank in platform_default_contributions(
+                        op.name, mode, platform
+                    )
+                    if source == "vllm-ir-triton"
+                ]
+                assert ours == [(tuple(expected), DEFAULTS_RANK)], (op.name, platform, mode)
+            assert _effective(op, "eager", platform)[-2:] == [PROVIDER, "native"]
+        assert not [
+            source
+            for mode in ("eager", "compiled")
+            for source, _, _ in platform_default_contributions(op.name, mode, "cpu")  # type: ignore[arg-type]
+            if source == "vllm-ir-triton"
+        ]
 
 
 def test_supported_here() -> None:

@@ -199,15 +199,20 @@ def _check_mutation(case: ConformanceCase) -> Iterator[str]:
         if bad:
             yield f"sample {sample.name}: writes non-activation arguments {bad}"
         if impl.inplace:
-            acts = [args[list(op.signature.parameters).index(a)] for a in op.activations]
-            shared = [
-                any(o.data_ptr() == a.data_ptr() for o in outs if isinstance(o, torch.Tensor))
-                for a in acts
+            names = list(op.signature.parameters)
+            lost = [
+                m
+                for m in mutated
+                if not any(
+                    o.data_ptr() == args[names.index(m)].data_ptr()
+                    for o in outs
+                    if isinstance(o, torch.Tensor)
+                )
             ]
-            if not all(shared):
+            if lost:
                 yield (
-                    f"sample {sample.name}: inplace impl must return its outputs in the "
-                    f"activations {list(op.activations)}"
+                    f"sample {sample.name}: inplace impl writes {lost} but does not return "
+                    "them: an output written into an activation must be returned"
                 )
 
 

@@ -40,7 +40,13 @@ LIBRARY_NAME = "vllm_ir_cpu_kernels"
 """The shared library's name (and the build cache key's prefix)."""
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES: tuple[Path, ...] = (CSRC / "layernorm.cpp",)
+SOURCES: tuple[Path, ...] = (
+    CSRC / "layernorm.cpp",
+    CSRC / "quant.cpp",
+    CSRC / "activation.cpp",
+)
+"""The kernels' translation units; the headers beside them (``common.h``) are in the
+build key too."""
 
 # The instruction sets of at::vec that torch itself dispatches to on x86, with
 # the flags and macros Inductor's C++ backend uses for them.

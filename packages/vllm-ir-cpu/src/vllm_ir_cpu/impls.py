@@ -1,5 +1,10 @@
 """The ``cpu_c`` impls of the IR ops, and when they apply.
 
+Ops: ``rms_norm``, ``fused_add_rms_norm`` (in place), ``silu_and_mul``,
+``static_scaled_fp8_quant``, ``dynamic_per_token_fp8_quant``,
+``rms_norm_static_fp8_quant`` and ``fused_add_rms_norm_static_fp8_quant``
+(in place: the new residual goes into ``x_residual``; the FP8 output is new).
+
 Each impl has exactly its op's native signature (``register_impl`` checks).
 They call the kernel ops of :mod:`vllm_ir_cpu.library`, building the C++
 library on the first call: a real call, or the lowering tracing the impl on
@@ -13,12 +18,18 @@ copies inside the kernel. What they decline, falling back to the next
 provider (``native`` at the latest):
 
 * ``variance_size`` (the partial-variance variant);
-* dtypes other than float32, bfloat16, float16; non-CPU or non-strided tensors;
-* a weight whose dtype differs from ``x``'s (native promotes the product;
-  the kernels write the input dtype), or that is not 1-D;
-* for ``fused_add_rms_norm``: an ``x_residual`` whose dtype or rank differs
-  from ``x``'s (native broadcasts or promotes; in place, the sum must fit
-  ``x_residual``);
+* dtypes of ``x`` other than float32, bfloat16, float16; non-CPU or
+  non-strided tensors; a 0-d ``x``;
+* for the norms, a weight whose dtype differs from ``x``'s (native promotes
+  the product; the kernels write the input dtype), or that is not 1-D;
+* for ``fused_add_rms_norm`` and its quantized variant: an ``x_residual``
+  whose dtype or rank differs from ``x``'s (native broadcasts or promotes; in
+  place, the sum must fit ``x_residual``);
+* for the FP8 ops: a ``scale`` (or ``scale_ub``) that is not a float32 CPU
+  tensor of at most one dimension (native would promote or broadcast); its
+  one element is checked by the kernel, which cannot be declined on sizes;
+* for ``silu_and_mul``: nothing more; an odd last dimension is an error in
+  the kernel, as it is in native (but for sizes 1 and 3, which broadcast);
 * any call, when this machine has no C++ compiler or ninja and the library
   is not loaded yet (logged once).
 """
@@ -34,7 +45,17 @@ from vllm_ir.platform import current_platform
 from vllm_ir_cpu import PROVIDER, build
 from vllm_ir_cpu.library import kernel_ops
 
-__all__ = ["DTYPES", "fused_add_rms_norm", "register_impls", "rms_norm"]
+__all__ = [
+    "DTYPES",
+    "dynamic_per_token_fp8_quant",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_static_fp8_quant",
+    "register_impls",
+    "rms_norm",
+    "rms_norm_static_fp8_quant",
+    "silu_and_mul",
+    "static_scaled_fp8_quant",
+]
 
 DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 """The dtypes the kernels compute in."""
@@ -44,6 +65,11 @@ logger = get_logger("vllm_ir.cpu_c")
 _OPS = kernel_ops()
 _rms_norm_kernel = _OPS["rms_norm_functional"]
 _fused_add_rms_norm_kernel = _OPS["fused_add_rms_norm"]
+_silu_and_mul_kernel = _OPS["silu_and_mul"]
+_static_quant_kernel = _OPS["static_scaled_fp8_quant"]
+_dynamic_quant_kernel = _OPS["dynamic_per_token_fp8_quant"]
+_rms_norm_quant_kernel = _OPS["rms_norm_static_fp8_quant"]
+_fused_add_rms_norm_quant_kernel = _OPS["fused_add_rms_norm_static_fp8_quant"]
 
 _built = False
 
@@ -76,6 +102,44 @@ def fused_add_rms_norm(
     return x, x_residual
 
 
+def silu_and_mul(x: Tensor) -> Tensor:
+    if not _built:
+        _ensure_built()
+    return _silu_and_mul_kernel(x)
+
+
+def static_scaled_fp8_quant(x: Tensor, scale: Tensor) -> Tensor:
+    if not _built:
+        _ensure_built()
+    return _static_quant_kernel(x, scale)
+
+
+def dynamic_per_token_fp8_quant(x: Tensor, scale_ub: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    if not _built:
+        _ensure_built()
+    q, scales = _dynamic_quant_kernel(x, scale_ub)
+    return q, scales
+
+
+def rms_norm_static_fp8_quant(
+    x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor
+) -> Tensor:
+    if not _built:
+        _ensure_built()
+    return _rms_norm_quant_kernel(x, weight, epsilon, scale)
+
+
+def fused_add_rms_norm_static_fp8_quant(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor
+) -> tuple[Tensor, Tensor]:
+    # In place: the rounded sum goes into x_residual; the FP8 output is a new
+    # tensor (it cannot reuse x, of another dtype), and x is left as it was.
+    if not _built:
+        _ensure_built()
+    q = _fused_add_rms_norm_quant_kernel(x, x_residual, weight, epsilon, scale)
+    return q, x_residual
+
+
 _warned_toolchain = False
 
 
@@ -92,14 +156,27 @@ def _buildable() -> bool:
     return False
 
 
+def _input_ok(x: Tensor) -> bool:
+    return (
+        x.device.type == "cpu" and x.layout == torch.strided and x.dtype in DTYPES and x.ndim >= 1
+    )
+
+
 def _kernel_can_run(x: Tensor, weight: Tensor | None) -> bool:
     return (
-        x.device.type == "cpu"
-        and x.layout == torch.strided
-        and x.dtype in DTYPES
-        and x.ndim >= 1
+        _input_ok(x)
         and (weight is None or (weight.dtype == x.dtype and weight.ndim == 1))
         and _buildable()
+    )
+
+
+def _scale_ok(scale: Tensor) -> bool:
+    # one fp32 element; its size (numel 1) is the kernel's to check
+    return (
+        scale.device.type == "cpu"
+        and scale.layout == torch.strided
+        and scale.dtype == torch.float32
+        and scale.ndim <= 1
     )
 
 
@@ -124,6 +201,35 @@ def _fused_add_rms_norm_supported(
     )
 
 
+def _silu_and_mul_supported(x: Tensor) -> bool:
+    return _input_ok(x) and _buildable()
+
+
+def _static_quant_supported(x: Tensor, scale: Tensor) -> bool:
+    return _input_ok(x) and _scale_ok(scale) and _buildable()
+
+
+def _dynamic_quant_supported(x: Tensor, scale_ub: Tensor | None = None) -> bool:
+    return _input_ok(x) and (scale_ub is None or _scale_ok(scale_ub)) and _buildable()
+
+
+def _rms_norm_quant_supported(
+    x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor
+) -> bool:
+    return _scale_ok(scale) and _kernel_can_run(x, weight)
+
+
+def _fused_add_rms_norm_quant_supported(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor
+) -> bool:
+    return (
+        x_residual.dtype == x.dtype
+        and x_residual.ndim == x.ndim
+        and _scale_ok(scale)
+        and _kernel_can_run(x, weight)
+    )
+
+
 def register_impls() -> None:
     """Register every ``cpu_c`` impl; called by vllm-ir through the ProviderSpec."""
     # C++ CPU kernels: offered where CPU is the platform whose defaults apply
@@ -142,3 +248,24 @@ def register_impls() -> None:
         supports_args=_fused_add_rms_norm_supported,
         batch_invariant=True,
     )(fused_add_rms_norm)
+    # out of place: new outputs, inputs only read
+    for op, fn, supports in (
+        (ir.ops.silu_and_mul, silu_and_mul, _silu_and_mul_supported),
+        (ir.ops.static_scaled_fp8_quant, static_scaled_fp8_quant, _static_quant_supported),
+        (
+            ir.ops.dynamic_per_token_fp8_quant,
+            dynamic_per_token_fp8_quant,
+            _dynamic_quant_supported,
+        ),
+        (ir.ops.rms_norm_static_fp8_quant, rms_norm_static_fp8_quant, _rms_norm_quant_supported),
+    ):
+        op.register_impl(
+            PROVIDER, supported=supported, supports_args=supports, batch_invariant=True
+        )(fn)
+    ir.ops.fused_add_rms_norm_static_fp8_quant.register_impl(
+        PROVIDER,
+        inplace=True,
+        supported=supported,
+        supports_args=_fused_add_rms_norm_quant_supported,
+        batch_invariant=True,
+    )(fused_add_rms_norm_static_fp8_quant)

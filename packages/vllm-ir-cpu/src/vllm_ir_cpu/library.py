@@ -21,10 +21,23 @@ Ops (``Tensor(a!)``: written in place):
 * ``fused_add_rms_norm(Tensor(a!) x, Tensor(b!) x_residual, Tensor? weight,
   float epsilon) -> ()``: ``x_residual += x`` (rounded to the dtype), then
   ``x = rms_norm(x_residual)``.
+* ``silu_and_mul(Tensor x) -> Tensor``: ``silu(x[..., :d]) * x[..., d:]``.
+* ``static_scaled_fp8_quant(Tensor x, Tensor scale) -> Tensor``: FP8
+  (``float8_e4m3fn``) of ``x / scale``.
+* ``dynamic_per_token_fp8_quant(Tensor x, Tensor? scale_ub) -> (Tensor, Tensor)``:
+  FP8 with a scale per row, and the scales (``(..., 1)``, fp32).
+* ``rms_norm_static_fp8_quant(Tensor x, Tensor? weight, float epsilon,
+  Tensor scale) -> Tensor``: FP8 of ``rms_norm(x)``.
+* ``fused_add_rms_norm_static_fp8_quant(Tensor x, Tensor(a!) x_residual,
+  Tensor? weight, float epsilon, Tensor scale) -> Tensor``: ``x_residual += x``
+  (rounded), then FP8 of ``rms_norm(x_residual)``; ``x`` is only read.
+
+Every output is a new contiguous tensor.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,7 +53,19 @@ SCHEMAS: dict[str, str] = {
     "fused_add_rms_norm": (
         "(Tensor(a!) x, Tensor(b!) x_residual, Tensor? weight, float epsilon) -> ()"
     ),
+    "silu_and_mul": "(Tensor x) -> Tensor",
+    "static_scaled_fp8_quant": "(Tensor x, Tensor scale) -> Tensor",
+    "dynamic_per_token_fp8_quant": "(Tensor x, Tensor? scale_ub) -> (Tensor, Tensor)",
+    "rms_norm_static_fp8_quant": (
+        "(Tensor x, Tensor? weight, float epsilon, Tensor scale) -> Tensor"
+    ),
+    "fused_add_rms_norm_static_fp8_quant": (
+        "(Tensor x, Tensor(a!) x_residual, Tensor? weight, float epsilon, Tensor scale) -> Tensor"
+    ),
 }
+
+FP8 = torch.float8_e4m3fn
+"""The dtype of the quantized outputs."""
 
 _lib = torch.library.Library(NAMESPACE, "DEF")
 for _name, _schema in SCHEMAS.items():
@@ -62,11 +87,43 @@ def _fake_fused_add_rms_norm(
     return None
 
 
-torch.library.register_fake(f"{NAMESPACE}::rms_norm", _fake_rms_norm, lib=_lib)
-torch.library.register_fake(
-    f"{NAMESPACE}::rms_norm_functional", _fake_rms_norm_functional, lib=_lib
-)
-torch.library.register_fake(f"{NAMESPACE}::fused_add_rms_norm", _fake_fused_add_rms_norm, lib=_lib)
+def _fake_silu_and_mul(x: Tensor) -> Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+def _fake_static_scaled_fp8_quant(x: Tensor, scale: Tensor) -> Tensor:
+    return x.new_empty(x.shape, dtype=FP8)
+
+
+def _fake_dynamic_per_token_fp8_quant(x: Tensor, scale_ub: Tensor | None) -> tuple[Tensor, Tensor]:
+    return x.new_empty(x.shape, dtype=FP8), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+
+
+def _fake_rms_norm_static_fp8_quant(
+    x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor
+) -> Tensor:
+    return x.new_empty(x.shape, dtype=FP8)
+
+
+def _fake_fused_add_rms_norm_static_fp8_quant(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor
+) -> Tensor:
+    return x.new_empty(x.shape, dtype=FP8)
+
+
+_FAKES: dict[str, Callable[..., Any]] = {
+    "rms_norm": _fake_rms_norm,
+    "rms_norm_functional": _fake_rms_norm_functional,
+    "fused_add_rms_norm": _fake_fused_add_rms_norm,
+    "silu_and_mul": _fake_silu_and_mul,
+    "static_scaled_fp8_quant": _fake_static_scaled_fp8_quant,
+    "dynamic_per_token_fp8_quant": _fake_dynamic_per_token_fp8_quant,
+    "rms_norm_static_fp8_quant": _fake_rms_norm_static_fp8_quant,
+    "fused_add_rms_norm_static_fp8_quant": _fake_fused_add_rms_norm_static_fp8_quant,
+}
+assert set(_FAKES) == set(SCHEMAS)
+for _name, _fake in _FAKES.items():
+    torch.library.register_fake(f"{NAMESPACE}::{_name}", _fake, lib=_lib)
 
 
 def _build_then_call(name: str) -> Any:

@@ -1,6 +1,9 @@
 """vllm-ir-triton: Triton kernels for vllm-ir, providers ``triton`` and ``triton_batch_invariant``.
 
-Impls of ``rms_norm`` and (in place) ``fused_add_rms_norm``. Importing this
+Impls of ``rms_norm`` and (in place) ``fused_add_rms_norm`` for both;
+``triton`` also implements ``silu_and_mul``, ``static_scaled_fp8_quant``,
+``dynamic_per_token_fp8_quant``, ``rms_norm_static_fp8_quant`` and (the new
+residual in place) ``fused_add_rms_norm_static_fp8_quant``. Importing this
 package only builds :data:`provider`; vllm-ir imports the kernels through
 ``provider.register`` when it discovers installed providers, and Triton
 compiles them on their first call.
@@ -9,9 +12,10 @@ The kernels run on GPUs Triton drives (platforms ``cuda``, ``rocm``, ``xpu``)
 and, on CPU, only in Triton's interpreter: set ``TRITON_INTERPRET=1`` before
 vllm-ir loads its providers (tests do; it is ~100x slower than eager torch).
 
-Default priorities: ``triton`` (then ``triton_batch_invariant``, reached only
-when ``VLLM_BATCH_INVARIANT=1`` rejects ``triton``) after the vendor
-providers in eager mode, with a rank below theirs; ``native`` under Inductor.
+Default priorities: ``triton`` (then, for the norms, ``triton_batch_invariant``,
+reached only when ``VLLM_BATCH_INVARIANT=1`` rejects ``triton``) after the
+vendor providers in eager mode, with a rank below theirs; ``native`` under
+Inductor.
 
 >>> import vllm_ir_triton
 >>> vllm_ir_triton.provider.name
@@ -48,6 +52,16 @@ API_VERSION = 1
 """The vllm-ir provider API this package was written against."""
 
 _OPS = ("rms_norm", "fused_add_rms_norm")
+"""Ops implemented by both providers."""
+
+_TRITON_ONLY_OPS = (
+    "silu_and_mul",
+    "static_scaled_fp8_quant",
+    "dynamic_per_token_fp8_quant",
+    "rms_norm_static_fp8_quant",
+    "fused_add_rms_norm_static_fp8_quant",
+)
+"""Ops implemented by ``triton`` alone."""
 
 
 def _register() -> None:
@@ -65,10 +79,13 @@ provider = ProviderSpec(
     defaults=tuple(
         PlatformDefaults(
             platform,
-            eager={op: [PROVIDER, BATCH_INVARIANT_PROVIDER] for op in _OPS},
+            eager={
+                **{op: [PROVIDER, BATCH_INVARIANT_PROVIDER] for op in _OPS},
+                **{op: [PROVIDER] for op in _TRITON_ONLY_OPS},
+            },
             # Inductor fuses the native functions with their neighbours; an
             # opaque kernel is a fusion barrier (see the README)
-            compiled={op: ["native"] for op in _OPS},
+            compiled={op: ["native"] for op in (*_OPS, *_TRITON_ONLY_OPS)},
             rank=DEFAULTS_RANK,
         )
         for platform in ("cuda", "rocm", "xpu")

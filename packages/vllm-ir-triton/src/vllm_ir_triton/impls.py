@@ -1,5 +1,10 @@
 """The ``triton`` and ``triton_batch_invariant`` impls of the IR ops, and when they apply.
 
+Both providers implement ``rms_norm`` and (in place) ``fused_add_rms_norm``;
+``triton`` also implements ``silu_and_mul``, ``static_scaled_fp8_quant``,
+``dynamic_per_token_fp8_quant``, ``rms_norm_static_fp8_quant`` and (writing
+the new residual in place) ``fused_add_rms_norm_static_fp8_quant``.
+
 Each impl has exactly its op's native signature (``register_impl`` checks).
 A plain eager call launches the kernel directly (:mod:`vllm_ir_triton.launch`);
 any other call — under ``make_fx`` (the vllm-ir lowering), Dynamo, a
@@ -17,15 +22,20 @@ that selection falls back to the next provider (``native`` at the latest):
 * tensors on a device the kernels do not run on (see :mod:`vllm_ir_triton.support`);
 * a weight whose dtype differs from ``x``'s (native promotes the product; the
   kernels write the input dtype), or that is not 1-D;
-* for ``fused_add_rms_norm``: an ``x_residual`` whose dtype or rank differs
-  from ``x``'s.
+* for ``fused_add_rms_norm`` (and its FP8 variant): an ``x_residual`` whose
+  dtype or rank differs from ``x``'s;
+* for the FP8 ops: a ``scale`` (or ``scale_ub``) that is not a float32 tensor
+  of at most one dimension on ``x``'s device.
 
 What it cannot see, the impls handle themselves, computing the native
 function instead of launching: a weight whose length is not the row length
-(broadcasting), and an ``x_residual`` whose shape differs from ``x``'s (a
-broadcast sum cannot be written in place). Strides never matter: the kernels
-take a row and a column stride, and inputs whose leading dimensions do not
-collapse into rows are copied (:mod:`vllm_ir_triton.launch`).
+(broadcasting), an ``x_residual`` whose shape differs from ``x``'s (a
+broadcast sum cannot be written in place), a ``scale`` of more than one
+element, an odd last dimension for ``silu_and_mul`` and rows of no elements
+for ``dynamic_per_token_fp8_quant`` (native's broadcasting or error).
+Strides never matter: the kernels take a row and a column stride, and inputs
+whose leading dimensions do not collapse into rows are copied
+(:mod:`vllm_ir_triton.launch`).
 """
 
 from __future__ import annotations
@@ -41,11 +51,17 @@ from vllm_ir_triton import BATCH_INVARIANT_PROVIDER, PROVIDER, launch, library, 
 
 __all__ = [
     "DTYPES",
+    "dynamic_per_token_fp8_quant",
     "fused_add_rms_norm",
     "fused_add_rms_norm_batch_invariant",
+    "fused_add_rms_norm_static_fp8_quant",
+    "quant_supports_args_for",
     "register_impls",
     "rms_norm",
     "rms_norm_batch_invariant",
+    "rms_norm_static_fp8_quant",
+    "silu_and_mul",
+    "static_scaled_fp8_quant",
     "supports_args_for",
 ]
 
@@ -58,6 +74,11 @@ _is_compiling = torch.compiler.is_compiling
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 _rms_norm_op = library.rms_norm
 _fused_add_rms_norm_op = library.fused_add_rms_norm_
+_silu_and_mul_op = library.silu_and_mul
+_static_quant_op = library.static_scaled_fp8_quant
+_dynamic_quant_op = library.dynamic_per_token_fp8_quant
+_rms_norm_quant_op = library.rms_norm_static_fp8_quant
+_fused_add_rms_norm_quant_op = library.fused_add_rms_norm_static_fp8_quant_
 
 
 def _plain_eager(x: Tensor) -> bool:
@@ -72,6 +93,23 @@ def _known_equal(a: int | torch.SymInt, b: int | torch.SymInt) -> bool:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     return statically_known_true(a == b)
+
+
+def _one_element(scale: Tensor | None) -> bool:
+    return scale is None or _known_equal(scale.numel(), 1)
+
+
+def _even_rows(x: Tensor) -> bool:
+    return _known_equal(x.shape[-1] % 2, 0)
+
+
+def _nonempty_rows(x: Tensor) -> bool:
+    hidden = x.shape[-1]
+    if type(hidden) is int:
+        return hidden > 0
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(hidden > 0)
 
 
 def _weight_fits(x: Tensor, weight: Tensor | None) -> bool:
@@ -151,6 +189,61 @@ def fused_add_rms_norm_batch_invariant(
     return _fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size, True)
 
 
+def silu_and_mul(x: Tensor) -> Tensor:
+    """``triton``: ``silu(x[..., :d]) * x[..., d:]``, one program per row."""
+    if not _even_rows(x):
+        return ir.ops.silu_and_mul.native(x)
+    if _plain_eager(x):
+        return launch.silu_and_mul(x)
+    return _silu_and_mul_op(x)
+
+
+def static_scaled_fp8_quant(x: Tensor, scale: Tensor) -> Tensor:
+    """``triton``: ``x / scale`` clamped and rounded to ``float8_e4m3fn`` as torch does."""
+    if not _one_element(scale):
+        return ir.ops.static_scaled_fp8_quant.native(x, scale)
+    if _plain_eager(x):
+        return launch.static_scaled_fp8_quant(x, scale)
+    return _static_quant_op(x, scale)
+
+
+def dynamic_per_token_fp8_quant(x: Tensor, scale_ub: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``triton``: one scale per row (its amax over 448, bounded), then quantization."""
+    if not _one_element(scale_ub) or not _nonempty_rows(x):
+        return ir.ops.dynamic_per_token_fp8_quant.native(x, scale_ub)
+    if _plain_eager(x):
+        return launch.dynamic_per_token_fp8_quant(x, scale_ub)
+    q, scales = _dynamic_quant_op(x, scale_ub)
+    return q, scales
+
+
+def rms_norm_static_fp8_quant(
+    x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor
+) -> Tensor:
+    """``triton``: the ``rms_norm`` kernel, its result quantized before it is stored."""
+    if not _weight_fits(x, weight) or not _one_element(scale):
+        return ir.ops.rms_norm_static_fp8_quant.native(x, weight, epsilon, scale)
+    if _plain_eager(x):
+        return launch.rms_norm(x, weight, epsilon, scale=scale)
+    return _rms_norm_quant_op(x, weight, epsilon, scale)
+
+
+def fused_add_rms_norm_static_fp8_quant(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``triton``, in place: the rounded sum into ``x_residual`` (returned), its
+    normalization quantized into a new ``float8_e4m3fn`` tensor; ``x`` is only read."""
+    if not _weight_fits(x, weight) or not _same_shape(x, x_residual) or not _one_element(scale):
+        return ir.ops.fused_add_rms_norm_static_fp8_quant.native(
+            x, x_residual, weight, epsilon, scale
+        )
+    if _plain_eager(x):
+        q = launch.fused_add_rms_norm_static_fp8_quant_(x, x_residual, weight, epsilon, scale)
+    else:
+        q = _fused_add_rms_norm_quant_op(x, x_residual, weight, epsilon, scale)
+    return q, x_residual
+
+
 def supports_args_for(
     device_types: frozenset[str],
 ) -> tuple[Callable[..., bool], Callable[..., bool]]:
@@ -187,8 +280,65 @@ def supports_args_for(
     return rms_norm_supports, fused_add_rms_norm_supports
 
 
+def quant_supports_args_for(device_types: frozenset[str]) -> dict[str, Callable[..., bool]]:
+    """``supports_args`` of ``silu_and_mul`` and the FP8 ops, by op name."""
+    rms_norm_supports, fused_add_rms_norm_supports = supports_args_for(device_types)
+
+    def x_ok(x: Tensor) -> bool:
+        return rms_norm_supports(x, None, 0.0)
+
+    def scale_ok(x: Tensor, scale: Tensor | None) -> bool:
+        return scale is None or (
+            scale.dtype == torch.float32
+            and scale.device == x.device
+            and scale.layout == torch.strided
+            and scale.ndim <= 1
+        )
+
+    def silu_and_mul_supports(x: Tensor) -> bool:
+        return x_ok(x)
+
+    def static_supports(x: Tensor, scale: Tensor) -> bool:
+        return x_ok(x) and scale_ok(x, scale)
+
+    def dynamic_supports(x: Tensor, scale_ub: Tensor | None = None) -> bool:
+        return x_ok(x) and scale_ok(x, scale_ub)
+
+    def rms_norm_quant_supports(
+        x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor
+    ) -> bool:
+        return rms_norm_supports(x, weight, epsilon) and scale_ok(x, scale)
+
+    def fused_quant_supports(
+        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor
+    ) -> bool:
+        return fused_add_rms_norm_supports(x, x_residual, weight, epsilon) and scale_ok(x, scale)
+
+    return {
+        "silu_and_mul": silu_and_mul_supports,
+        "static_scaled_fp8_quant": static_supports,
+        "dynamic_per_token_fp8_quant": dynamic_supports,
+        "rms_norm_static_fp8_quant": rms_norm_quant_supports,
+        "fused_add_rms_norm_static_fp8_quant": fused_quant_supports,
+    }
+
+
+_QUANT_IMPLS: dict[str, tuple[Callable[..., object], bool, bool]] = {
+    # op: (impl, inplace, batch_invariant). Elementwise, or reducing with an exact
+    # maximum, the first three give each row the same bits whatever the batch; the
+    # norms reduce in an order the launch configuration may change.
+    "silu_and_mul": (silu_and_mul, False, True),
+    "static_scaled_fp8_quant": (static_scaled_fp8_quant, False, True),
+    "dynamic_per_token_fp8_quant": (dynamic_per_token_fp8_quant, False, True),
+    "rms_norm_static_fp8_quant": (rms_norm_static_fp8_quant, False, False),
+    "fused_add_rms_norm_static_fp8_quant": (fused_add_rms_norm_static_fp8_quant, True, False),
+}
+"""The ``triton`` impls of the ops only that provider implements."""
+
+
 def register_impls() -> None:
-    """Register both providers' impls; vllm-ir calls this through the ProviderSpec."""
+    """Register both providers' impls (the ops beyond the norms for ``triton`` only);
+    vllm-ir calls this through the ProviderSpec."""
     reason = support.unsupported_reason()
     if reason is not None:
         logger.debug("%s impls registered as unsupported: %s", PROVIDER, reason)
@@ -214,3 +364,12 @@ def register_impls() -> None:
             inplace=True,
             batch_invariant=invariant,
         )(fused_fn)
+    quant_supports = quant_supports_args_for(support.device_types())
+    for name, (fn, inplace, invariant) in _QUANT_IMPLS.items():
+        ir.get_op(name).register_impl(
+            PROVIDER,
+            supported=supported,
+            supports_args=quant_supports[name],
+            inplace=inplace,
+            batch_invariant=invariant,
+        )(fn)

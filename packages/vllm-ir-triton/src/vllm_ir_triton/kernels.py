@@ -1,6 +1,8 @@
-"""The Triton kernels: RMSNorm and fused residual-add + RMSNorm, one program per row.
+"""The Triton kernels, one program per row: RMSNorm and fused residual-add + RMSNorm
+(each optionally followed by static FP8 quantization), ``silu_and_mul``, and static
+and dynamic per-token FP8 quantization.
 
-Both follow the native semantics of ``vllm_ir.ops.layernorm`` exactly:
+The norms follow the native semantics of ``vllm_ir.ops.layernorm`` exactly:
 
 * the sum of squares is accumulated in float32 and divided by the row length
   (``mean``), then ``rsqrt(variance + epsilon)``;
@@ -28,6 +30,20 @@ write.
 
 The reduction order is a function of ``BLOCK``, ``num_warps`` and the row
 length alone, never of the number of rows: each program owns one row.
+
+FP8 (``float8_e4m3fn``) quantization follows ``vllm_ir.ops.quant``: ``x / scale``
+in float32 (IEEE division, :func:`triton.language.math.div_rn`: Triton's ``/``
+is an approximate division on NVIDIA GPUs), clamped to +-448, rounded to
+nearest even. The rounding is done by :func:`_fp8_bits` with integer
+arithmetic, exactly as torch's ``c10::Float8_e4m3fn`` does, and the kernels
+store the bit pattern through a ``uint8`` view of the output: Triton's
+interpreter converts float32 to ``fp8e4nv`` wrongly (ties away from zero; a
+mantissa carry into an odd exponent halves the value: 31.5 becomes 16;
+magnitudes from 480 wrap instead of becoming NaN: 1e4 becomes 320; NaN
+becomes 384; subnormal results are truncated), and a ``uint8`` store needs
+no FP8 support from the GPU backend.
+The fused norm + quant kernels quantize exactly the value the plain norm
+kernels store (rounded to the input dtype, times the weight, rounded again).
 """
 
 from __future__ import annotations
@@ -35,7 +51,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETED", "fused_add_rms_norm_kernel", "rms_norm_kernel"]
+__all__ = [
+    "FP8_MAX",
+    "INTERPRETED",
+    "dynamic_per_token_fp8_quant_kernel",
+    "fused_add_rms_norm_kernel",
+    "rms_norm_kernel",
+    "silu_and_mul_kernel",
+    "static_scaled_fp8_quant_kernel",
+]
+
+FP8_MAX = tl.constexpr(448.0)
+"""The largest finite ``float8_e4m3fn``; quantized values are clamped to +-FP8_MAX."""
 
 
 @triton.jit
@@ -51,6 +78,30 @@ def _round_to(value, dtype: tl.constexpr):
         return value
     else:
         return value.to(dtype)
+
+
+@triton.jit
+def _fp8_bits(value, scale):
+    """float32 ``value / scale`` -> ``float8_e4m3fn`` bits (uint8), as torch quantizes.
+
+    IEEE division, clamp to +-448 (NaN stays NaN), then torch's
+    ``fp8e4m3fn_from_fp32_value``: round to nearest even with integer
+    arithmetic for normals, through a float32 addition of 2**14 (whose ulp is
+    the FP8 subnormal step 2**-9) for magnitudes below 2**-6, and 0x7F (NaN)
+    for NaN and magnitudes of 480 and more.
+    """
+    v = tl.math.div_rn(value, scale)
+    v = tl.where(v > FP8_MAX, FP8_MAX, tl.where(v < -FP8_MAX, -FP8_MAX, v))
+    bits = v.to(tl.uint32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    mag = bits & 0x7FFFFFFF
+    # rebias the exponent (127 -> 7, i.e. minus 120 << 23), round the 20 dropped bits
+    normal = (mag - 0x3C000000 + 0x7FFFF + ((mag >> 20) & 1)) >> 20
+    # below 2**-6 (121 << 23): v + 2**14 rounds v to a multiple of 2**-9; 141 << 23 is 2**14
+    tiny = (mag.to(tl.float32, bitcast=True) + 16384.0).to(tl.uint32, bitcast=True) - 0x46800000
+    small = tl.where(mag < 0x3C800000, tiny, normal)
+    out = tl.where(mag >= 0x43F00000, 0x7F, small)  # 0x43F00000 is 480.0 (1087 << 20)
+    return (out | sign).to(tl.uint8)
 
 
 @triton.jit
@@ -73,23 +124,31 @@ def rms_norm_kernel(
     out_ptr,
     out_row_stride,
     out_col_stride,
+    scale_ptr,
     n_cols,
     epsilon,
     HAS_WEIGHT: tl.constexpr,
+    QUANT: tl.constexpr,
     BLOCK: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
 ):
-    """``out[row] = rms_norm(x[row]) * weight`` for the row of this program."""
+    """``out[row] = rms_norm(x[row]) * weight`` for the row of this program.
+
+    With ``QUANT``, ``out`` is the uint8 view of a ``float8_e4m3fn`` tensor and
+    receives that value quantized with the scale at ``scale_ptr``.
+    """
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
     out_row = out_ptr + row * out_row_stride
-    dtype = out_ptr.dtype.element_ty
+    dtype = x_ptr.dtype.element_ty
     cols = tl.arange(0, BLOCK)
     if SINGLE_PASS:
         mask = cols < n_cols
         x = tl.load(x_row + cols * x_col_stride, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + epsilon)
         out = _scaled(x * rstd, w_ptr, w_stride, cols, mask, HAS_WEIGHT, dtype)
+        if QUANT:
+            out = _fp8_bits(out.to(tl.float32), tl.load(scale_ptr))
         tl.store(out_row + cols * out_col_stride, out, mask=mask)
     else:
         squares = tl.zeros([BLOCK], dtype=tl.float32)
@@ -104,6 +163,8 @@ def rms_norm_kernel(
             mask = c < n_cols
             x = tl.load(x_row + c * x_col_stride, mask=mask, other=0.0).to(tl.float32)
             out = _scaled(x * rstd, w_ptr, w_stride, c, mask, HAS_WEIGHT, dtype)
+            if QUANT:
+                out = _fp8_bits(out.to(tl.float32), tl.load(scale_ptr))
             tl.store(out_row + c * out_col_stride, out, mask=mask)
 
 
@@ -117,16 +178,27 @@ def fused_add_rms_norm_kernel(
     r_col_stride,
     w_ptr,
     w_stride,
+    q_ptr,
+    q_row_stride,
+    q_col_stride,
+    scale_ptr,
     n_cols,
     epsilon,
     HAS_WEIGHT: tl.constexpr,
+    QUANT: tl.constexpr,
     BLOCK: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
 ):
-    """In place: ``r[row] = x[row] + r[row]`` (rounded), then ``x[row] = rms_norm(r[row])``."""
+    """In place: ``r[row] = x[row] + r[row]`` (rounded), then ``x[row] = rms_norm(r[row])``.
+
+    With ``QUANT``, ``x`` is only read: the normalized row is quantized with
+    the scale at ``scale_ptr`` into ``q`` (the uint8 view of a
+    ``float8_e4m3fn`` tensor).
+    """
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
     r_row = r_ptr + row * r_row_stride
+    q_row = q_ptr + row * q_row_stride
     dtype = x_ptr.dtype.element_ty
     cols = tl.arange(0, BLOCK)
     if SINGLE_PASS:
@@ -138,7 +210,11 @@ def fused_add_rms_norm_kernel(
         s = total.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(s * s, axis=0) / n_cols + epsilon)
         out = _scaled(s * rstd, w_ptr, w_stride, cols, mask, HAS_WEIGHT, dtype)
-        tl.store(x_row + cols * x_col_stride, out, mask=mask)
+        if QUANT:
+            bits = _fp8_bits(out.to(tl.float32), tl.load(scale_ptr))
+            tl.store(q_row + cols * q_col_stride, bits, mask=mask)
+        else:
+            tl.store(x_row + cols * x_col_stride, out, mask=mask)
     else:
         squares = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK):
@@ -156,7 +232,127 @@ def fused_add_rms_norm_kernel(
             mask = c < n_cols
             s = tl.load(r_row + c * r_col_stride, mask=mask, other=0.0).to(tl.float32)
             out = _scaled(s * rstd, w_ptr, w_stride, c, mask, HAS_WEIGHT, dtype)
-            tl.store(x_row + c * x_col_stride, out, mask=mask)
+            if QUANT:
+                bits = _fp8_bits(out.to(tl.float32), tl.load(scale_ptr))
+                tl.store(q_row + c * q_col_stride, bits, mask=mask)
+            else:
+                tl.store(x_row + c * x_col_stride, out, mask=mask)
+
+
+@triton.jit
+def silu_and_mul_kernel(
+    x_ptr,
+    x_row_stride,
+    x_col_stride,
+    out_ptr,
+    out_row_stride,
+    out_col_stride,
+    d,
+    BLOCK: tl.constexpr,
+):
+    """``out[row] = silu(x[row, :d]) * x[row, d:]``, each rounded to the dtype as torch does.
+
+    ``silu(g) = g / (1 + exp(-g))`` in float32 (torch's formula), rounded to
+    the dtype; the product of the two dtype values is rounded again.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    out_row = out_ptr + row * out_row_stride
+    dtype = x_ptr.dtype.element_ty
+    cols = tl.arange(0, BLOCK)
+    for start in range(0, d, BLOCK):
+        c = start + cols
+        mask = c < d
+        gate = tl.load(x_row + c * x_col_stride, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_row + (c + d) * x_col_stride, mask=mask, other=0.0).to(tl.float32)
+        silu = _round_to(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)), dtype)
+        out = _round_to(silu.to(tl.float32) * up, dtype)
+        tl.store(out_row + c * out_col_stride, out, mask=mask)
+
+
+@triton.jit
+def static_scaled_fp8_quant_kernel(
+    x_ptr,
+    x_row_stride,
+    x_col_stride,
+    q_ptr,
+    q_row_stride,
+    q_col_stride,
+    scale_ptr,
+    n_cols,
+    BLOCK: tl.constexpr,
+):
+    """``q[row] = fp8(clamp(x[row] / scale))``; ``q`` is the uint8 view of the FP8 output."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    q_row = q_ptr + row * q_row_stride
+    scale = tl.load(scale_ptr)
+    cols = tl.arange(0, BLOCK)
+    for start in range(0, n_cols, BLOCK):
+        c = start + cols
+        mask = c < n_cols
+        x = tl.load(x_row + c * x_col_stride, mask=mask, other=0.0).to(tl.float32)
+        tl.store(q_row + c * q_col_stride, _fp8_bits(x, scale), mask=mask)
+
+
+@triton.jit
+def dynamic_per_token_fp8_quant_kernel(
+    x_ptr,
+    x_row_stride,
+    x_col_stride,
+    q_ptr,
+    q_row_stride,
+    q_col_stride,
+    scales_ptr,
+    ub_ptr,
+    n_cols,
+    min_scale,
+    HAS_UB: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+):
+    """Per row: ``scale = max(min(amax, ub) / 448, min_scale)`` into ``scales[row]``,
+    then ``q[row] = fp8(clamp(x[row] / scale))``.
+
+    As torch: a NaN in the row (or a NaN ``ub``) makes the scale NaN. The
+    maximum is exact, so the result does not depend on the block size.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    q_row = q_ptr + row * q_row_stride
+    cols = tl.arange(0, BLOCK)
+    if SINGLE_PASS:
+        mask = cols < n_cols
+        x = tl.load(x_row + cols * x_col_stride, mask=mask, other=0.0).to(tl.float32)
+        amax = tl.max(tl.abs(x), axis=0)
+        nans = tl.max((x != x).to(tl.int32), axis=0)
+    else:
+        running = tl.zeros([BLOCK], dtype=tl.float32)
+        seen_nan = tl.zeros([BLOCK], dtype=tl.int32)
+        for start in range(0, n_cols, BLOCK):
+            c = start + cols
+            mask = c < n_cols
+            x = tl.load(x_row + c * x_col_stride, mask=mask, other=0.0).to(tl.float32)
+            running = tl.maximum(running, tl.abs(x))
+            seen_nan = tl.maximum(seen_nan, (x != x).to(tl.int32))
+        amax = tl.max(running, axis=0)
+        nans = tl.max(seen_nan, axis=0)
+    # GPU max reductions drop NaN (maxnum); torch's amax propagates it
+    amax = tl.where(nans > 0, float("nan"), amax)
+    if HAS_UB:
+        ub = tl.load(ub_ptr)
+        amax = tl.where((amax > ub) | (ub != ub), ub, amax)
+    scale = tl.math.div_rn(amax, FP8_MAX)
+    scale = tl.where(scale < min_scale, min_scale, scale)
+    tl.store(scales_ptr + row, scale)
+    if SINGLE_PASS:
+        tl.store(q_row + cols * q_col_stride, _fp8_bits(x, scale), mask=mask)
+    else:
+        for start in range(0, n_cols, BLOCK):
+            c = start + cols
+            mask = c < n_cols
+            x = tl.load(x_row + c * x_col_stride, mask=mask, other=0.0).to(tl.float32)
+            tl.store(q_row + c * q_col_stride, _fp8_bits(x, scale), mask=mask)
 
 
 def _is_interpreted(kernel: object) -> bool:

@@ -1,6 +1,6 @@
 """Kernel launches on real tensors, and the launch configurations.
 
-Two configurations, both one program per row:
+Two configurations of the norm kernels, both one program per row:
 
 * ``fast`` (provider ``triton``): the whole row in one block when it fits
   (``BLOCK = next_power_of_2(hidden)`` up to :data:`MAX_FUSED_BYTES` of
@@ -16,6 +16,12 @@ leading dimensions collapse into one (every contiguous tensor, strided rows,
 a slice of the hidden dimension, even a transposed last dimension) is read
 in place. Others (e.g. a permuted 3-D view) are copied to contiguous rows,
 and for the in-place kernel the results are copied back.
+
+The other kernels (``silu_and_mul``, FP8 quantization) use the fast
+configuration (for ``silu_and_mul``, of the output row). Their results do not
+depend on it: they are elementwise, or reduce with a maximum, which is exact.
+FP8 outputs are new contiguous ``float8_e4m3fn`` tensors, written by the
+kernels through a ``uint8`` view (see :mod:`vllm_ir_triton.kernels`).
 """
 
 from __future__ import annotations
@@ -26,17 +32,35 @@ import torch
 import triton
 from torch import Tensor
 
-from vllm_ir_triton.kernels import fused_add_rms_norm_kernel, rms_norm_kernel
+from vllm_ir_triton.kernels import (
+    dynamic_per_token_fp8_quant_kernel,
+    fused_add_rms_norm_kernel,
+    rms_norm_kernel,
+    silu_and_mul_kernel,
+    static_scaled_fp8_quant_kernel,
+)
 
 __all__ = [
     "BATCH_INVARIANT_BLOCK",
     "BATCH_INVARIANT_WARPS",
+    "FP8",
     "MAX_FUSED_BYTES",
+    "MIN_SCALE",
     "LaunchConfig",
+    "dynamic_per_token_fp8_quant",
     "fused_add_rms_norm_",
+    "fused_add_rms_norm_static_fp8_quant_",
     "launch_config",
     "rms_norm",
+    "silu_and_mul",
+    "static_scaled_fp8_quant",
 ]
+
+FP8 = torch.float8_e4m3fn
+
+MIN_SCALE = float(torch.tensor(1.0 / (torch.finfo(FP8).max * 512.0), dtype=torch.float32))
+"""The lower bound of a dynamic scale, as float32 (native clamps its float32 scales
+with the Python float ``1 / (448 * 512)``, which torch rounds to the tensor's dtype)."""
 
 MAX_FUSED_BYTES = 65536
 """The longest row (in bytes of input) read in a single block by the fast configuration."""
@@ -108,24 +132,51 @@ def _checked_weight(x: Tensor, weight: Tensor | None, op: str) -> Tensor | None:
     return weight
 
 
+def _checked_scale(x: Tensor, scale: Tensor, op: str, what: str = "scale") -> Tensor:
+    """``scale``, checked to be one float32 element on ``x``'s device."""
+    if scale.device != x.device or scale.dtype != torch.float32 or scale.numel() != 1:
+        raise ValueError(
+            f"{op}: {what} must be one float32 element on {x.device}, got "
+            f"{scale.dtype} of shape {tuple(scale.shape)} on {scale.device}"
+        )
+    return scale
+
+
+def _input_rows(x: Tensor) -> Tensor:
+    """``x`` as (rows, hidden) the kernels can address: a view, else a contiguous copy."""
+    rows = _rows(x)
+    return rows if rows is not None else x.contiguous().view(-1, x.shape[-1])
+
+
+def _fp8_rows(q: Tensor) -> Tensor:
+    """The (rows, hidden) ``uint8`` view of a new contiguous FP8 tensor, as the kernels write it."""
+    return q.view(torch.uint8).view(-1, q.shape[-1])
+
+
 def rms_norm(
     x: Tensor,
     weight: Tensor | None,
     epsilon: float,
     *,
+    scale: Tensor | None = None,
     batch_invariant: bool = False,
     max_block: int | None = None,
 ) -> Tensor:
-    """RMSNorm of ``x`` into a new contiguous tensor of ``x``'s dtype."""
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    """RMSNorm of ``x`` into a new contiguous tensor of ``x``'s dtype.
+
+    With ``scale``: that result quantized to a new ``float8_e4m3fn`` tensor
+    (``rms_norm_static_fp8_quant``).
+    """
+    quant = scale is not None
+    out = torch.empty(x.shape, dtype=FP8 if quant else x.dtype, device=x.device)
     if out.numel() == 0:
         return out
     hidden = x.shape[-1]
     weight = _checked_weight(x, weight, "rms_norm")
-    rows = _rows(x)
-    if rows is None:
-        rows = x.contiguous().view(-1, hidden)
-    out_rows = out.view(-1, hidden)
+    if scale is not None:
+        scale = _checked_scale(x, scale, "rms_norm_static_fp8_quant")
+    rows = _input_rows(x)
+    out_rows = _fp8_rows(out) if quant else out.view(-1, hidden)
     cfg = launch_config(
         hidden, x.element_size(), batch_invariant=batch_invariant, max_block=max_block
     )
@@ -138,9 +189,11 @@ def rms_norm(
         out_rows,
         out_rows.stride(0),
         out_rows.stride(1),
+        scale if scale is not None else rows,
         hidden,
         epsilon,
         HAS_WEIGHT=weight is not None,
+        QUANT=quant,
         BLOCK=cfg.block,
         SINGLE_PASS=cfg.single_pass,
         num_warps=cfg.num_warps,
@@ -161,20 +214,54 @@ def fused_add_rms_norm_(
 
     ``x`` and ``x_residual`` must have the same shape (the caller checks).
     """
+    _fused_add(x, x_residual, weight, epsilon, None, batch_invariant, max_block)
+
+
+def fused_add_rms_norm_static_fp8_quant_(
+    x: Tensor,
+    x_residual: Tensor,
+    weight: Tensor | None,
+    epsilon: float,
+    scale: Tensor,
+    *,
+    batch_invariant: bool = False,
+    max_block: int | None = None,
+) -> Tensor:
+    """``x_residual += x`` (rounded, in place), then ``rms_norm(x_residual)`` quantized with
+    ``scale`` into a new ``float8_e4m3fn`` tensor, which is returned; ``x`` is only read."""
+    q = torch.empty(x.shape, dtype=FP8, device=x.device)
+    _fused_add(x, x_residual, weight, epsilon, q, batch_invariant, max_block, scale)
+    return q
+
+
+def _fused_add(
+    x: Tensor,
+    x_residual: Tensor,
+    weight: Tensor | None,
+    epsilon: float,
+    q: Tensor | None,
+    batch_invariant: bool,
+    max_block: int | None,
+    scale: Tensor | None = None,
+) -> None:
+    op = "fused_add_rms_norm_" if q is None else "fused_add_rms_norm_static_fp8_quant_"
     if x_residual.shape != x.shape or x_residual.device != x.device:
         raise ValueError(
-            f"fused_add_rms_norm_: x_residual {tuple(x_residual.shape)} on {x_residual.device} "
+            f"{op}: x_residual {tuple(x_residual.shape)} on {x_residual.device} "
             f"must have the shape and device of x {tuple(x.shape)} on {x.device}"
         )
+    if scale is not None:
+        scale = _checked_scale(x, scale, op)
     if x.numel() == 0:
         return
     hidden = x.shape[-1]
-    weight = _checked_weight(x, weight, "fused_add_rms_norm_")
+    weight = _checked_weight(x, weight, op)
     x_rows, r_rows = _rows(x), _rows(x_residual)
     copy_back = x_rows is None or r_rows is None
     if x_rows is None or r_rows is None:
         x_rows = x.contiguous().view(-1, hidden)
         r_rows = x_residual.contiguous().view(-1, hidden)
+    q_rows = _fp8_rows(q) if q is not None else x_rows
     cfg = launch_config(
         hidden, x.element_size(), batch_invariant=batch_invariant, max_block=max_block
     )
@@ -187,13 +274,108 @@ def fused_add_rms_norm_(
         r_rows.stride(1),
         weight if weight is not None else x_rows,
         weight.stride(0) if weight is not None else 0,
+        q_rows,
+        q_rows.stride(0),
+        q_rows.stride(1),
+        scale if scale is not None else x_rows,
         hidden,
         epsilon,
         HAS_WEIGHT=weight is not None,
+        QUANT=q is not None,
         BLOCK=cfg.block,
         SINGLE_PASS=cfg.single_pass,
         num_warps=cfg.num_warps,
     )
     if copy_back:
-        x.copy_(x_rows.view(x.shape))
+        if q is None:
+            x.copy_(x_rows.view(x.shape))
         x_residual.copy_(r_rows.view(x_residual.shape))
+
+
+def silu_and_mul(x: Tensor, *, max_block: int | None = None) -> Tensor:
+    """``silu(x[..., :d]) * x[..., d:]`` into a new contiguous tensor; the last
+    dimension of ``x`` must be even (``2 * d``)."""
+    hidden = x.shape[-1]
+    if hidden % 2:
+        raise ValueError(f"silu_and_mul: the last dimension ({hidden}) must be even")
+    d = hidden // 2
+    out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    rows = _input_rows(x)
+    out_rows = out.view(-1, d)
+    cfg = launch_config(d, x.element_size(), batch_invariant=False, max_block=max_block)
+    silu_and_mul_kernel[(rows.shape[0],)](
+        rows,
+        rows.stride(0),
+        rows.stride(1),
+        out_rows,
+        out_rows.stride(0),
+        out_rows.stride(1),
+        d,
+        BLOCK=cfg.block,
+        num_warps=cfg.num_warps,
+    )
+    return out
+
+
+def static_scaled_fp8_quant(x: Tensor, scale: Tensor, *, max_block: int | None = None) -> Tensor:
+    """``x / scale`` clamped to the FP8 range, into a new ``float8_e4m3fn`` tensor."""
+    scale = _checked_scale(x, scale, "static_scaled_fp8_quant")
+    q = torch.empty(x.shape, dtype=FP8, device=x.device)
+    if q.numel() == 0:
+        return q
+    hidden = x.shape[-1]
+    rows, q_rows = _input_rows(x), _fp8_rows(q)
+    cfg = launch_config(hidden, x.element_size(), batch_invariant=False, max_block=max_block)
+    static_scaled_fp8_quant_kernel[(rows.shape[0],)](
+        rows,
+        rows.stride(0),
+        rows.stride(1),
+        q_rows,
+        q_rows.stride(0),
+        q_rows.stride(1),
+        scale,
+        hidden,
+        BLOCK=cfg.block,
+        num_warps=cfg.num_warps,
+    )
+    return q
+
+
+def dynamic_per_token_fp8_quant(
+    x: Tensor, scale_ub: Tensor | None, *, max_block: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Each row quantized with its own scale ``max(min(amax, scale_ub) / 448, MIN_SCALE)``.
+
+    Returns ``(q, scales)``: a new ``float8_e4m3fn`` tensor of ``x``'s shape and
+    the float32 scales of shape ``(..., 1)``. Rows must not be empty.
+    """
+    hidden = x.shape[-1]
+    if hidden == 0:
+        raise ValueError("dynamic_per_token_fp8_quant: rows of no elements have no amax")
+    if scale_ub is not None:
+        scale_ub = _checked_scale(x, scale_ub, "dynamic_per_token_fp8_quant", "scale_ub")
+    q = torch.empty(x.shape, dtype=FP8, device=x.device)
+    scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    if q.numel() == 0:
+        return q, scales
+    rows, q_rows = _input_rows(x), _fp8_rows(q)
+    cfg = launch_config(hidden, x.element_size(), batch_invariant=False, max_block=max_block)
+    dynamic_per_token_fp8_quant_kernel[(rows.shape[0],)](
+        rows,
+        rows.stride(0),
+        rows.stride(1),
+        q_rows,
+        q_rows.stride(0),
+        q_rows.stride(1),
+        scales,
+        scale_ub if scale_ub is not None else scales,
+        hidden,
+        MIN_SCALE,
+        HAS_UB=scale_ub is not None,
+        BLOCK=cfg.block,
+        SINGLE_PASS=cfg.single_pass,
+        num_warps=cfg.num_warps,
+    )
+    return q, scales

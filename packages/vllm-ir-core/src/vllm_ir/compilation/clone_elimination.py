@@ -5,8 +5,10 @@ go when writing into the source instead is unobservable:
 
 1. the clone keeps the source's layout (a clone that makes a tensor
    contiguous for a kernel stays);
-2. something writes the clone (or a view of it); the first such write is W;
-3. nothing writes the source, or any alias of it, after the clone;
+2. nothing writes the source, or any alias of it, after the clone;
+3. something writes the clone (or a view of it); the first such write is W
+   (a copy the lowering made for an activation the impl never writes goes
+   too, unless the copy is a graph output);
 4. nothing reads the source or any alias of it — view, ``as_strided``,
    aliasing ``reshape``, getitem of a multi-output op, graph output — at or
    after W;
@@ -89,13 +91,21 @@ def _why_needed(clone: fx.Node, aliases: AliasGroups, order: dict[fx.Node, int])
     if memory_format not in (None, torch.preserve_format) or copy.stride() != original.stride():
         return "changes layout"
     source_aliases = aliases.aliases(source)
-    writes = _writes_after(aliases.aliases(clone), order[clone], order)
-    if not writes:
-        return "clone is never written"
-    first_write = writes[0]
+    copy_aliases = aliases.aliases(clone)
+    writes = _writes_after(copy_aliases, order[clone], order)
     source_writes = _writes_after(source_aliases, order[clone], order)
     if source_writes:
         return f"source written after the clone: by {source_writes[0].name}"
+    if not writes:
+        # A copy the lowering made for an activation the impl turned out not to
+        # write: both hold the same values to the end, so one suffices, unless
+        # the copy leaves the graph (an output must not start aliasing another).
+        if ACTIVATION_CLONE_META not in clone.meta:
+            return "clone is never written"
+        if any(u.op == "output" for m in copy_aliases for u in m.users):
+            return "clone is never written and is returned as a graph output"
+        return None
+    first_write = writes[0]
     for member in source_aliases:
         for user in member.users:
             if user is not clone and order[user] >= order[first_write]:

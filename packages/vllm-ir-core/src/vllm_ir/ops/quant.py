@@ -81,7 +81,12 @@ _FP8_TOLERANCE = {
     dtype: Tolerance(atol=0.0, rtol=0.125)
     for dtype in (torch.float32, torch.float16, torch.bfloat16)
 }
-for _op in (static_scaled_fp8_quant, rms_norm_static_fp8_quant):
+for _op in (
+    static_scaled_fp8_quant,
+    dynamic_per_token_fp8_quant,
+    rms_norm_static_fp8_quant,
+    fused_add_rms_norm_static_fp8_quant,
+):
     _op.tolerances.update(_FP8_TOLERANCE)
 
 

@@ -1,6 +1,8 @@
-// RMSNorm and fused residual-add + RMSNorm for CPU tensors: the "cpu_c" kernels.
+// RMSNorm and fused residual-add + RMSNorm for CPU tensors, alone and followed
+// by static FP8 quantization: the "cpu_c" kernels.
 //
-// Semantics are exactly those of the native functions in vllm_ir/ops/layernorm.py:
+// Semantics are exactly those of the native functions in vllm_ir/ops/layernorm.py
+// and vllm_ir/ops/quant.py:
 //   * the sum of squares is accumulated in fp32 and the variance is its mean;
 //   * x * rsqrt(variance + epsilon) is computed in fp32 and rounded to the
 //     input dtype BEFORE the weight is applied;
@@ -8,7 +10,11 @@
 //     (for bf16/fp16 the product of two 16-bit floats is exact in fp32, so
 //     this equals ATen's `x.to(orig_dtype) * weight` bit for bit);
 //   * fused_add_rms_norm rounds x + x_residual to the input dtype, stores it
-//     into x_residual, and normalizes that rounded sum into x.
+//     into x_residual, and normalizes that rounded sum into x;
+//   * the *_static_fp8_quant variants quantize that normalized value, as
+//     rounded to the input dtype, to FP8 (common.h: quantize_store) into a new
+//     tensor; the fused-add one stores the rounded sum into x_residual and
+//     leaves x alone.
 //
 // Layout: any leading shape (rows are flattened); rows may be strided as long
 // as the last dimension is contiguous and the leading dimensions collapse into
@@ -17,31 +23,19 @@
 // Schemas are defined in Python (vllm_ir_cpu/library.py), so tracing works
 // before this library is built; this file only registers CPU kernels.
 
+#include "common.h"
+
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
-#include <ATen/TensorUtils.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <optional>
-#include <tuple>
-#include <type_traits>
 #include <vector>
 
 namespace vllm_ir_cpu {
 namespace {
-
-using at::vec::Vectorized;
-using fVec = Vectorized<float>;
-
-// Below this many elements in total, one thread does the whole call: waking
-// the OpenMP team costs more than it saves. ATen's grain size; on a 2-core
-// AVX-512 machine two threads start to pay off from about 8 x 4096 elements.
-constexpr int64_t kParallelMinElements = 32768;
 
 // ---------------------------------------------------------------------------
 // Per-row building blocks, vectorized with at::vec (plus AVX-512 bf16 rounding).
@@ -88,51 +82,7 @@ inline float sum_of_squares(const scalar_t* x, int64_t n) {
       acc1 = at::vec::fmadd(a1, a1, acc1);
     }
   }
-  return ((acc0 + acc1) + (acc2 + acc3)).reduce_add();
-}
-
-// Rounding fp32 lanes to the precision of scalar_t (nearest, ties to even),
-// keeping them as fp32: what `.to(scalar_t)` followed by a product in fp32 sees.
-#if defined(CPU_CAPABILITY_AVX512)
-// bf16 rounding done in the fp32 domain, as c10::BFloat16 rounds (7 instructions
-// per 16 lanes, against ~12 for at::vec's convert_from_float + convert_to_float).
-inline fVec round_to_bf16(const fVec& v) {
-  const __m512 f = v;
-  const __m512i bits = _mm512_castps_si512(f);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  rounded = _mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
-  // a NaN stays a NaN (any one: the final conversion makes every NaN torch's)
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(f, f, _CMP_ORD_Q), f, _mm512_castsi512_ps(rounded));
-}
-
-// Lanes already holding bf16 values, packed to bf16 without rounding again.
-inline Vectorized<at::BFloat16> pack_exact_bf16(const fVec& a, const fVec& b) {
-  const __m256i lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(a), 16));
-  const __m256i hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(b), 16));
-  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-#endif
-
-template <typename scalar_t>
-inline std::tuple<fVec, fVec> round_to(const fVec& a, const fVec& b) {
-#if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-    return {round_to_bf16(a), round_to_bf16(b)};
-  }
-#endif
-  return at::vec::convert_to_float<scalar_t>(at::vec::convert_from_float<scalar_t>(a, b));
-}
-
-// Lanes already holding scalar_t values, as a vector of scalar_t.
-template <typename scalar_t>
-inline Vectorized<scalar_t> pack_exact(const fVec& a, const fVec& b) {
-#if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-    return pack_exact_bf16(a, b);
-  }
-#endif
-  return at::vec::convert_from_float<scalar_t>(a, b);  // rounding is exact here
+  return lane_sum((acc0 + acc1) + (acc2 + acc3));
 }
 
 // x_residual <- round(x + x_residual); returns the sum of squares of the
@@ -161,7 +111,7 @@ inline float add_residual(const scalar_t* x, scalar_t* residual, int64_t n) {
       acc1 = at::vec::fmadd(s1, s1, acc1);
     }
   }
-  return (acc0 + acc1).reduce_add();
+  return lane_sum(acc0 + acc1);
 }
 
 // out <- round(round(x * inv_rms) * weight), or round(x * inv_rms) without
@@ -224,6 +174,41 @@ inline float inv_rms_of(float sum_sq, int64_t n, float epsilon) {
   return 1.0f / std::sqrt(variance + epsilon);
 }
 
+// q <- fp8(round(round(x * inv_rms) * weight) / qscale), or without the weight
+// round(x * inv_rms): the output of rms_norm (as `normalize` writes it, in the
+// input dtype) quantized to FP8.
+template <typename scalar_t>
+inline void normalize_quant(
+    fp8_t* q, const scalar_t* x, const float* weight, float inv_rms, const fVec& qscale,
+    int64_t n) {
+  const fVec scale(inv_rms);
+  constexpr int64_t fV = fVec::size();
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    for (int64_t i = 0; i < n; i += fV) {
+      const int64_t count = std::min<int64_t>(fV, n - i);
+      fVec y = fVec::loadu(x + i, count) * scale;
+      if (weight != nullptr) y = y * fVec::loadu(weight + i, count);
+      quantize_store(q + i, y, qscale, count);
+    }
+  } else {
+    using bVec = Vectorized<scalar_t>;
+    constexpr int64_t V = bVec::size();
+    for (int64_t i = 0; i < n; i += V) {
+      const int64_t count = std::min<int64_t>(V, n - i);
+      const int64_t count_lo = std::min<int64_t>(count, fV);
+      const int64_t count_hi = std::max<int64_t>(count - fV, 0);
+      auto [a0, a1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(x + i, count));
+      auto [y0, y1] = round_to<scalar_t>(a0 * scale, a1 * scale);
+      if (weight != nullptr) {
+        std::tie(y0, y1) = round_to<scalar_t>(
+            y0 * fVec::loadu(weight + i, count_lo), y1 * fVec::loadu(weight + i + fV, count_hi));
+      }
+      quantize_store(q + i, y0, qscale, count_lo);
+      if (count_hi > 0) quantize_store(q + i + fV, y1, qscale, count_hi);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Whole-tensor loops, parallel over rows.
 
@@ -254,55 +239,34 @@ void fused_add_rms_norm_rows(
   }
 }
 
-// ---------------------------------------------------------------------------
-// Argument checks and layouts.
-
-// The distance between consecutive rows when `t` is viewed as
-// (numel / hidden, hidden) with a contiguous last dimension, if it can be.
-std::optional<int64_t> row_stride(const at::Tensor& t) {
-  const int64_t hidden = t.size(-1);
-  const int64_t rows = t.numel() / hidden;
-  const std::array<int64_t, 2> shape{rows, hidden};
-  auto strides = at::detail::computeStride(t.sizes(), t.strides(), at::IntArrayRef(shape));
-  if (!strides.has_value() || (hidden > 1 && (*strides)[1] != 1)) return std::nullopt;
-  return rows > 1 ? (*strides)[0] : hidden;
-}
-
-template <typename F>
-void dispatch_dtype(const char* op, at::ScalarType dtype, F&& f) {
-  switch (dtype) {
-    case at::kFloat:
-      f(float{});
-      break;
-    case at::kBFloat16:
-      f(at::BFloat16{});
-      break;
-    case at::kHalf:
-      f(at::Half{});
-      break;
-    default:
-      TORCH_CHECK(
-          false, "vllm_ir_cpu::", op, " supports float32, bfloat16 and float16, got ", dtype);
+template <typename scalar_t>
+void rms_norm_quant_rows(
+    fp8_t* q, const scalar_t* x, int64_t x_stride, const float* weight, int64_t rows,
+    int64_t hidden, float epsilon, float qscale) {
+  const fVec qs(qscale);
+#pragma omp parallel for schedule(static) if (run_parallel(rows, rows * hidden))
+  for (int64_t r = 0; r < rows; ++r) {
+    const scalar_t* xr = x + r * x_stride;
+    const float inv_rms = inv_rms_of(sum_of_squares(xr, hidden), hidden, epsilon);
+    normalize_quant(q + r * hidden, xr, weight, inv_rms, qs, hidden);
   }
 }
 
-void check_tensor(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x) {
-  TORCH_CHECK(
-      t.device().is_cpu(), "vllm_ir_cpu::", op, ": ", name, " must be a CPU tensor, got ",
-      t.device());
-  TORCH_CHECK(
-      t.layout() == at::kStrided, "vllm_ir_cpu::", op, ": ", name, " must be strided, got ",
-      t.layout());
-  TORCH_CHECK(
-      t.scalar_type() == x.scalar_type(), "vllm_ir_cpu::", op, ": ", name, " has dtype ",
-      t.scalar_type(), " but x has ", x.scalar_type());
+template <typename scalar_t>
+void fused_add_rms_norm_quant_rows(
+    fp8_t* q, const scalar_t* x, int64_t x_stride, scalar_t* residual, int64_t residual_stride,
+    const float* weight, int64_t rows, int64_t hidden, float epsilon, float qscale) {
+  const fVec qs(qscale);
+#pragma omp parallel for schedule(static) if (run_parallel(rows, rows * hidden))
+  for (int64_t r = 0; r < rows; ++r) {
+    scalar_t* rr = residual + r * residual_stride;
+    const float inv_rms = inv_rms_of(add_residual(x + r * x_stride, rr, hidden), hidden, epsilon);
+    normalize_quant(q + r * hidden, rr, weight, inv_rms, qs, hidden);
+  }
 }
 
-void check_same_shape(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x) {
-  TORCH_CHECK(
-      t.sizes() == x.sizes(), "vllm_ir_cpu::", op, ": ", name, " has shape ", t.sizes(),
-      " but x has ", x.sizes());
-}
+// ---------------------------------------------------------------------------
+// Arguments.
 
 // The weight as a contiguous vector of `hidden` elements (nullptr data if absent).
 at::Tensor checked_weight(
@@ -401,12 +365,70 @@ void fused_add_rms_norm(
   if (!rs.is_same(x_residual)) x_residual.copy_(rs);
 }
 
+// static_scaled_fp8_quant(rms_norm(x, weight, epsilon), scale) into a new
+// contiguous float8_e4m3fn tensor.
+at::Tensor rms_norm_static_fp8_quant(
+    const at::Tensor& x, const std::optional<at::Tensor>& weight, double epsilon,
+    const at::Tensor& scale) {
+  constexpr const char* op = "rms_norm_static_fp8_quant";
+  check_input(op, x);
+  const at::Tensor w = checked_weight(op, weight, x);
+  const float qscale = scalar_of(op, "scale", scale);
+  at::Tensor q = at::empty(x.sizes(), fp8_options(x));
+  if (x.numel() == 0) return q;
+
+  const int64_t hidden = x.size(-1);
+  const int64_t rows = x.numel() / hidden;
+  const Rows src = rows_of(x);
+  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    std::vector<float> buffer;
+    rms_norm_quant_rows<scalar_t>(
+        q.data_ptr<fp8_t>(), src.tensor.const_data_ptr<scalar_t>(), src.stride,
+        weight_as_float<scalar_t>(w, buffer), rows, hidden, static_cast<float>(epsilon), qscale);
+  });
+  return q;
+}
+
+// x_residual <- round(x + x_residual) in place; returns the FP8 quantization
+// of rms_norm(x_residual) in a new contiguous tensor. x is only read.
+at::Tensor fused_add_rms_norm_static_fp8_quant(
+    const at::Tensor& x, at::Tensor& x_residual, const std::optional<at::Tensor>& weight,
+    double epsilon, const at::Tensor& scale) {
+  constexpr const char* op = "fused_add_rms_norm_static_fp8_quant";
+  check_input(op, x);
+  check_tensor(op, "x_residual", x_residual, x);
+  check_same_shape(op, "x_residual", x_residual, x);
+  at::assert_no_overlap(x, x_residual);
+  const at::Tensor w = checked_weight(op, weight, x);
+  const float qscale = scalar_of(op, "scale", scale);
+  at::Tensor q = at::empty(x.sizes(), fp8_options(x));
+  if (x.numel() == 0) return q;
+
+  const int64_t hidden = x.size(-1);
+  const int64_t rows = x.numel() / hidden;
+  const Rows xs = rows_of(x);
+  const Rows rs = rows_of(x_residual);
+  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    std::vector<float> buffer;
+    fused_add_rms_norm_quant_rows<scalar_t>(
+        q.data_ptr<fp8_t>(), xs.tensor.const_data_ptr<scalar_t>(), xs.stride,
+        rs.tensor.data_ptr<scalar_t>(), rs.stride, weight_as_float<scalar_t>(w, buffer), rows,
+        hidden, static_cast<float>(epsilon), qscale);
+  });
+  if (!rs.tensor.is_same(x_residual)) x_residual.copy_(rs.tensor);  // written into a copy
+  return q;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vllm_ir_cpu, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("rms_norm_functional", &rms_norm_functional);
   m.impl("fused_add_rms_norm", &fused_add_rms_norm);
+  m.impl("rms_norm_static_fp8_quant", &rms_norm_static_fp8_quant);
+  m.impl("fused_add_rms_norm_static_fp8_quant", &fused_add_rms_norm_static_fp8_quant);
 }
 
 }  // namespace vllm_ir_cpu
