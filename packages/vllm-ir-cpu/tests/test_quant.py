@@ -13,7 +13,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from cpu_c_testing import DTYPES, on_cpu_platform
-from vllm_ir.testing import ConformanceCase, ConformanceError, conformance_cases
+from vllm_ir.testing import ConformanceCase, conformance_cases
 from vllm_ir_cpu import PROVIDER, impls
 
 pytestmark = on_cpu_platform
@@ -50,26 +50,8 @@ def assert_bitwise(got: Any, want: Any, what: str) -> None:
 
 # -- the conformance kit --------------------------------------------------
 
-# The kit's mutation check wants every activation of an inplace impl returned,
-# but fused_add_rms_norm_static_fp8_quant's activations are x and x_residual
-# while only x_residual can hold an output (q is float8, x is not): core's
-# contract for the op, "an inplace impl may write the new residual into
-# x_residual", cannot pass it. test_fused_quant_in_place_contract checks the op's
-# contract instead.
-_KIT_MUTATION_BUG = pytest.mark.xfail(
-    raises=ConformanceError,
-    strict=True,
-    reason="core's conformance kit requires an inplace impl to return every activation; "
-    "this op's FP8 output cannot reuse x",
-)
 
-
-def _case_param(case: ConformanceCase) -> Any:
-    marks = [_KIT_MUTATION_BUG] if case.op is FUSED_QUANT and case.check_name == "mutation" else []
-    return pytest.param(case, id=str(case), marks=marks)
-
-
-@pytest.mark.parametrize("case", [_case_param(c) for c in conformance_cases(PROVIDER, ops=OPS)])
+@pytest.mark.parametrize("case", conformance_cases(PROVIDER, ops=OPS), ids=str)
 def test_conformance(kernels: Path, case: ConformanceCase) -> None:
     case.check()
 
