@@ -144,19 +144,19 @@ def make_eager_call(
     op_name: str,
     *,
     torch_op: Callable[..., Any],
-    cache: dict[Any, Any],
-    select: Callable[[tuple[Any, ...], Any], Any],
+    calls: dict[Any, Callable[..., Any]],
+    resolve: Callable[[Any, tuple[Any, ...]], Callable[..., Any]],
     scoped_get: Callable[[], Any],
-    clone_for_inplace: tuple[str, ...] | None,
 ) -> Callable[..., Any]:
     """The eager ``__call__(self, <op params>)`` of one overload of one op.
 
-    Plain eager calls look the impl up in ``cache``; calls under Dynamo, a
-    dispatch mode (``make_fx``, FakeTensorMode), ``__torch_function__``
-    arguments, or with tensors that need grad go through ``torch_op`` so a
-    tracer records one node and autograd sees the op. ``clone_for_inplace``
-    names the activations cloned when an inplace impl serves the default
-    overload; ``None`` (``maybe_inplace``) donates them.
+    Plain eager calls look up, in ``calls``, the function to run for the
+    arguments' metadata (the selected impl, or for the default overload and
+    an inplace impl, one that clones the activations first); ``resolve(key,
+    args)`` fills it on a miss. Calls under Dynamo, a dispatch mode
+    (``make_fx``, FakeTensorMode), ``__torch_function__`` arguments, or with
+    tensors that need grad go through ``torch_op`` so a tracer records one
+    node and autograd sees the op.
     """
     namespace = _base_namespace(scoped_get)
     namespace.update(
@@ -165,8 +165,8 @@ def make_eager_call(
         _has_torch_function=torch.overrides.has_torch_function,
         _grad_enabled=torch.is_grad_enabled,
         _torch_op=torch_op,
-        _cache=cache,
-        _select=select,
+        _calls=calls,
+        _resolve=resolve,
     )
     names = list(sig.parameters)
     args = ", ".join(names)
@@ -181,14 +181,13 @@ def make_eager_call(
         f"            or _has_torch_function(({checked},))",
         f"            or (_grad_enabled() and ({_needs_grad_expr(sig)}))):",
         f"        return _torch_op({args})",
+        f"    key = {_key_expr(sig)}",
         "    try:",
-        f"        impl = _cache[{_key_expr(sig)}]",
-        "    except (KeyError, TypeError):",
-        f"        impl = _select(({args},), 'eager')",
+        f"        return _calls[key]({args})",
+        "    except KeyError:",
+        f"        return _resolve(key, ({args},))({args})",
+        "    except TypeError:  # an unhashable argument: no caching",
+        f"        return _resolve(None, ({args},))({args})",
     ]
-    if clone_for_inplace:
-        cloned = ", ".join(f"{n}.clone()" if n in clone_for_inplace else n for n in names)
-        lines += ["    if impl.inplace:", f"        return impl.impl_fn({cloned})"]
-    lines.append(f"    return impl.impl_fn({args})")
     # named after the op, so a wrong call says "rms_norm() missing 1 required ..."
     return _compile("\n".join(lines) + "\n", op_name, namespace)

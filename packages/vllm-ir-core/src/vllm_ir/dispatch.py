@@ -31,17 +31,17 @@ __all__ = [
 logger = get_logger(__name__)
 
 # Plain dicts: the interpreter specializes subscripts of exact dicts only.
-_caches: list[dict[Any, IrOpImpl]] = []
+_caches: list[dict[Any, Any]] = []
 
 
-def register_cache() -> dict[Any, IrOpImpl]:
+def register_cache() -> dict[Any, Any]:
     """A new selection cache that :func:`invalidate_caches` will clear."""
-    cache: dict[Any, IrOpImpl] = {}
+    cache: dict[Any, Any] = {}
     _caches.append(cache)
     return cache
 
 
-def release_cache(cache: dict[Any, IrOpImpl]) -> None:
+def release_cache(cache: dict[Any, Any]) -> None:
     """Stop tracking ``cache`` (its op was unregistered)."""
     _caches[:] = [c for c in _caches if c is not cache]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
 import keyword
 import sys
@@ -152,14 +153,14 @@ class IrOp:
             raise
         self.torch_op: torch._ops.OpOverload = getattr(torch.ops.vllm_ir, name).default
         """``torch.ops.vllm_ir.<name>.default``: never mutates its inputs."""
+        self._calls = _dispatch.register_cache()
         call = make_eager_call(
             self.signature,
             name,
             torch_op=self.torch_op,
-            cache=self._eager_cache,
-            select=self._select_uncached,
+            calls=self._calls,
+            resolve=self._resolve_default_call,
             scoped_get=_scoped_get,
-            clone_for_inplace=self.activations if allow_inplace else None,
         )
         # A class per op, as torch.fx does per GraphModule: ``op(...)`` looks
         # ``__call__`` up on the type, and the generated one takes the op's own
@@ -290,6 +291,16 @@ class IrOp:
             self._caches[mode][self._key(*args)] = selection.impl
         return selection.impl
 
+    def _resolve_default_call(self, key: Any, args: tuple[Any, ...]) -> Callable[..., Any]:
+        """What the default overload runs for ``args``: never writes the inputs."""
+        impl = self._select_uncached(args, "eager")
+        fn = impl.impl_fn
+        if impl.inplace:
+            fn = functools.partial(_call_on_copies, impl.impl_fn, self._activation_idx)
+        if key is not None:
+            self._calls[key] = fn
+        return fn
+
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         try:
             bound = self.signature.bind(*args, **kwargs)
@@ -406,7 +417,8 @@ class IrOp:
             if ops_module is not None and getattr(ops_module, self.name, None) is self:
                 delattr(ops_module, self.name)
         self._lib._destroy()
-        for cache in self._caches.values():
+        calls = [self._calls] + ([self._maybe_inplace._calls] if self._maybe_inplace else [])
+        for cache in [*self._caches.values(), *calls]:
             _dispatch.release_cache(cache)
 
     # -- priority ---------------------------------------------------------
@@ -496,18 +508,25 @@ class IrOpInplaceOverload:
     def __init__(self, op: IrOp) -> None:
         self.op = op
         self.torch_op: torch._ops.OpOverload = getattr(torch.ops.vllm_ir, op.name).maybe_inplace
+        self._calls = _dispatch.register_cache()
         call = make_eager_call(
             op.signature,
             op.name,
             torch_op=self.torch_op,
-            cache=op._eager_cache,
-            select=op._select_uncached,
+            calls=self._calls,
+            resolve=self._resolve_call,
             scoped_get=_scoped_get,
-            clone_for_inplace=None,
         )
         self.__class__ = type(
             f"IrOpInplaceOverload[{op.name}]", (IrOpInplaceOverload,), {"__call__": call}
         )
+
+    def _resolve_call(self, key: Any, args: tuple[Any, ...]) -> Callable[..., Any]:
+        """What ``maybe_inplace`` runs for ``args``: the impl itself."""
+        fn = self.op._select_uncached(args, "eager").impl_fn
+        if key is not None:
+            self._calls[key] = fn
+        return fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call with donated activations (replaced per op by generated code)."""
@@ -532,6 +551,16 @@ def _mode_scope(mode: Mode | None) -> Iterator[None]:
         yield
     finally:
         _mode.reset(token)
+
+
+def _call_on_copies(fn: Callable[..., Any], activations: frozenset[int], *args: Any) -> Any:
+    """Run an inplace impl for the default overload: on copies of the activations."""
+    return fn(
+        *(
+            a.clone() if i in activations and isinstance(a, torch.Tensor) else a
+            for i, a in enumerate(args)
+        )
+    )
 
 
 def _check_op_name(name: object) -> None:
