@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,22 +10,15 @@ import stand_in_kernels as kernels
 import torch
 import vllm_ir as ir
 from torch._dynamo.utils import counters
-from torch._functorch import config as functorch_config
 from torch._inductor import config as inductor_config
 from torch._inductor import metrics
 from torch._inductor.custom_graph_pass import CustomGraphPass
+from vllm_ir.testing import inductor_caches_off
 
 HIDDEN, LAYERS = 32, 3
 
 
-@contextlib.contextmanager
-def no_cache() -> Iterator[None]:
-    """Inductor's caches off: on a hit the passes (and their records) do not run."""
-    with (
-        inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False),
-        functorch_config.patch(enable_autograd_cache=False),
-    ):
-        yield
+no_cache = inductor_caches_off
 
 
 class Decoder(torch.nn.Module):

@@ -48,6 +48,7 @@ __all__ = [
     "assert_conforms",
     "check_provider",
     "conformance_cases",
+    "inductor_caches_off",
 ]
 
 CHECKS = ("correctness", "supports_args", "mutation", "compiled", "opcheck")
@@ -216,10 +217,25 @@ def _check_mutation(case: ConformanceCase) -> Iterator[str]:
                 )
 
 
-def _check_compiled(case: ConformanceCase) -> Iterator[str]:
+@contextlib.contextmanager
+def inductor_caches_off() -> Iterator[None]:
+    """Compile without Inductor's FX graph and AOTAutograd caches.
+
+    On a cache hit vllm-ir's passes do not run, so their records
+    (``selected_impls``, clone counts) stay empty; tests that read them,
+    and the demo, compile under this.
+    """
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
 
+    with (
+        inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False),
+        functorch_config.patch(enable_autograd_cache=False),
+    ):
+        yield
+
+
+def _check_compiled(case: ConformanceCase) -> Iterator[str]:
     from vllm_ir.compilation import VllmIRBackend
 
     sample = next(iter(_samples(case)), None)
@@ -231,11 +247,7 @@ def _check_compiled(case: ConformanceCase) -> Iterator[str]:
     compiled = torch.compile(lambda *args: op(*args), backend=backend, fullgraph=True)
     with _selected(case):
         want = case.op(*sample.clone().args)
-    # caches off: on a hit the lowering does not run and could not be checked
-    with (
-        inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False),
-        functorch_config.patch(enable_autograd_cache=False),
-    ):
+    with inductor_caches_off():  # on a hit the lowering could not be checked
         got = compiled(*sample.clone().args)
     failure = _close(got, want, case, f"eager vs compiled, sample {sample.name}")
     if failure:

@@ -56,10 +56,8 @@ def _tokens_per_s(fn: object, x: torch.Tensor, runs: int) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config as inductor_config
-
     from vllm_ir.compilation import VllmIRBackend
+    from vllm_ir.testing import inductor_caches_off
 
     torch.manual_seed(0)
     model = TinyDecoder(args.hidden, args.layers).eval()
@@ -89,11 +87,7 @@ def run(args: argparse.Namespace) -> int:
     compiled = torch.compile(model, backend=backend)
     print("\ncompiled (torch.compile, backend vllm_ir):")
     # caches off, so the passes run and report what they did every time
-    with (
-        torch.inference_mode(),
-        inductor_config.patch(fx_graph_cache=False),
-        functorch_config.patch(enable_autograd_cache=False),
-    ):
+    with torch.inference_mode(), inductor_caches_off():
         start = time.perf_counter()
         out = compiled(x.clone())
         compile_s = time.perf_counter() - start
