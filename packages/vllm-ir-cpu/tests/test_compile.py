@@ -8,8 +8,6 @@ the ``fuse_norm_quant`` pass fuses the pairs and the fused ops lower to cpu_c.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from cpu_c_testing import on_cpu_platform
-from torch._functorch import config as functorch_config
-from torch._inductor import config as inductor_config
+from vllm_ir.testing import inductor_caches_off
 from vllm_ir_cpu import PROVIDER
 
 pytestmark = on_cpu_platform
@@ -27,14 +24,7 @@ HIDDEN, LAYERS = 64, 3
 CPU_C = {"rms_norm": [PROVIDER], "fused_add_rms_norm": [PROVIDER]}
 
 
-@contextlib.contextmanager
-def no_cache() -> Iterator[None]:
-    """Inductor's caches off: on a hit the passes (and their records) do not run."""
-    with (
-        inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False),
-        functorch_config.patch(enable_autograd_cache=False),
-    ):
-        yield
+no_cache = inductor_caches_off
 
 
 class Decoder(torch.nn.Module):

@@ -267,13 +267,9 @@ class Decoder(torch.nn.Module):
 
 @pytest.fixture
 def no_inductor_cache() -> Iterator[None]:
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config as inductor_config
+    from vllm_ir.testing import inductor_caches_off
 
-    with (
-        inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False),
-        functorch_config.patch(enable_autograd_cache=False),
-    ):
+    with inductor_caches_off():
         yield
 
 

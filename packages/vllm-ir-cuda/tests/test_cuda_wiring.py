@@ -8,16 +8,11 @@ tracing and compiling with zero clones) runs here.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import pytest
 import torch
 import vllm_ir as ir
 from cuda_stand_ins import STANDIN, StandInKernels
-from torch._functorch import config as functorch_config
-from torch._inductor import config as inductor_config
-from vllm_ir.testing import ConformanceCase
+from vllm_ir.testing import ConformanceCase, inductor_caches_off
 from vllm_ir_cuda import layernorm, ops
 
 RMS = ir.ops.rms_norm
@@ -136,14 +131,7 @@ def test_conformance_kit(standin: StandInKernels, op_name: str, check: str, dtyp
 # -- compiled: the real impl functions lowered by the vllm_ir backend -------
 
 
-@contextlib.contextmanager
-def _no_cache() -> Iterator[None]:
-    """Inductor's caches off: on a hit the passes (and their records) do not run."""
-    with (
-        inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False),
-        functorch_config.patch(enable_autograd_cache=False),
-    ):
-        yield
+_no_cache = inductor_caches_off
 
 
 class Decoder(torch.nn.Module):

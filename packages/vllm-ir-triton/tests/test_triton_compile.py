@@ -12,16 +12,13 @@ the fused op lowers to the ``triton`` impl, bit for bit the eager kernels.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 import vllm_ir as ir
-from torch._functorch import config as functorch_config
-from torch._inductor import config as inductor_config
 from triton_helpers import DEVICE
+from vllm_ir.testing import inductor_caches_off
 from vllm_ir_triton import PROVIDER
 
 HIDDEN, LAYERS = 64, 3
@@ -29,14 +26,7 @@ TRITON = {"rms_norm": [PROVIDER], "fused_add_rms_norm": [PROVIDER]}
 NATIVE = {"rms_norm": ["native"], "fused_add_rms_norm": ["native"]}
 
 
-@contextlib.contextmanager
-def no_cache() -> Iterator[None]:
-    """Inductor's caches off: on a hit the passes (and their records) do not run."""
-    with (
-        inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False),
-        functorch_config.patch(enable_autograd_cache=False),
-    ):
-        yield
+no_cache = inductor_caches_off
 
 
 class Decoder(torch.nn.Module):

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 import vllm_ir as ir
-from torch._functorch import config as functorch_config
-from torch._inductor import config as inductor_config
+from vllm_ir.testing import inductor_caches_off
 from vllm_ir_xpu import PROVIDER
 from xpu_stand_ins import StandInXpuKernels
 
@@ -18,14 +15,7 @@ HIDDEN, LAYERS = 64, 3
 DTYPE = torch.bfloat16
 
 
-@contextlib.contextmanager
-def _no_cache() -> Iterator[None]:
-    # on an Inductor cache hit the passes, and what they record, do not run
-    with (
-        inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False),
-        functorch_config.patch(enable_autograd_cache=False),
-    ):
-        yield
+_no_cache = inductor_caches_off
 
 
 class Decoder(torch.nn.Module):
