@@ -12,9 +12,8 @@ without any copy:
 * ``fused_add_rms_norm``: ``x`` and ``x_residual`` contiguous (AITER's
   in-place kernel takes no strides), with the same rank.
 
-Layout is judged from strides without guarding on them:
-``statically_known_true`` answers ``False`` when a symbolic size leaves it
-open, so a compiled graph never specializes on it.
+Layout is judged by :mod:`vllm_ir.layout`, from strides without guarding on
+them, so a compiled graph never specializes on it.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from collections.abc import Callable
 import torch
 import vllm_ir as ir
 from torch import Tensor
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from vllm_ir.layout import contiguous, rows_flatten_free
 from vllm_ir.logger import get_logger
 
 from vllm_ir_rocm import availability, ops
@@ -38,34 +37,6 @@ __all__ = [
     "rows_flatten_free",
     "supports_args_for",
 ]
-
-
-def _known(condition: object) -> bool:
-    return bool(statically_known_true(condition))  # type: ignore[arg-type]
-
-
-def rows_flatten_free(t: Tensor) -> bool:
-    """``t.reshape(-1, t.shape[-1])`` is a view whose rows have unit stride.
-
-    The row stride may exceed the row length (a slice of wider rows).
-    """
-    if t.dim() == 0:
-        return False
-    if not (_known(t.stride(-1) == 1) or _known(t.shape[-1] == 1)):
-        return False
-    for i in range(t.dim() - 2):
-        if _known(t.shape[i] == 1):
-            continue  # a size-1 dimension's stride is never used
-        if not _known(t.stride(i) == t.stride(i + 1) * t.shape[i + 1]):
-            return False
-    return True
-
-
-def contiguous(t: Tensor) -> bool:
-    """``t`` is contiguous, judged without guards (``False`` when symbolic sizes leave it open)."""
-    if not rows_flatten_free(t):
-        return False
-    return t.dim() < 2 or _known(t.shape[-2] == 1) or _known(t.stride(-2) == t.shape[-1])
 
 
 def _weight(weight: Tensor | None, x: Tensor) -> Tensor:
