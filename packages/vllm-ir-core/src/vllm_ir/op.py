@@ -296,7 +296,7 @@ class IrOp:
         impl = self._select_uncached(args, "eager")
         fn = impl.impl_fn
         if impl.inplace:
-            fn = functools.partial(_call_on_copies, impl.impl_fn, self._activation_idx)
+            fn = functools.partial(self._call_on_copies, impl.impl_fn)
         if key is not None:
             self._calls[key] = fn
         return fn
@@ -308,6 +308,10 @@ class IrOp:
             raise TypeError(f"{self.name}{self.signature}: {e}") from None
         bound.apply_defaults()
         return bound.args
+
+    def _call_on_copies(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run an inplace impl for the default overload: on copies of the activations."""
+        return fn(*self._clone_activations(args))
 
     def _clone_activations(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         idx = self._activation_idx
@@ -551,16 +555,6 @@ def _mode_scope(mode: Mode | None) -> Iterator[None]:
         yield
     finally:
         _mode.reset(token)
-
-
-def _call_on_copies(fn: Callable[..., Any], activations: frozenset[int], *args: Any) -> Any:
-    """Run an inplace impl for the default overload: on copies of the activations."""
-    return fn(
-        *(
-            a.clone() if i in activations and isinstance(a, torch.Tensor) else a
-            for i, a in enumerate(args)
-        )
-    )
 
 
 def _check_op_name(name: object) -> None:
