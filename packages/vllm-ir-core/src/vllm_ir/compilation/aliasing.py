@@ -10,6 +10,7 @@ so that two storages become one (clone elimination does).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 
 import torch
@@ -32,12 +33,44 @@ def _meta_value(node: fx.Node) -> object:
     return node.meta.get("val", node.meta.get("example_value"))
 
 
+# Targets known to write nothing although they carry no schema: FX's tuple
+# access, and the functional wrappers AOTAutograd puts around mutating ops.
+_SCHEMALESS_PURE: frozenset[object] = frozenset(
+    {
+        operator.getitem,
+        torch.ops.higher_order.auto_functionalized,
+        torch.ops.higher_order.auto_functionalized_v2,
+    }
+)
+
+
 def written_args(node: fx.Node) -> list[fx.Node]:
-    """The argument nodes ``node`` writes to, from its schema's alias annotations."""
-    target = node.target
-    schema = getattr(target, "_schema", None)
-    if node.op != "call_function" or schema is None:
+    """The argument nodes ``node`` may write to.
+
+    For an ``OpOverload`` the schema's alias annotations say. Anything else
+    that takes tensors — a higher-order op such as
+    ``triton_kernel_wrapper_mutation``, a Python function — has no schema to
+    ask, so every tensor it receives counts as written: a pass that cannot
+    prove a tensor unwritten must keep the clone that protects it.
+    """
+    if node.op != "call_function":
         return []
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return _schema_writes(node, target._schema)
+    if target in _SCHEMALESS_PURE:
+        return []
+    found: list[fx.Node] = []
+    fx.node.map_arg((node.args, node.kwargs), found.append)
+    return [n for n in dict.fromkeys(found) if _may_hold_tensor(n)]
+
+
+def _may_hold_tensor(node: fx.Node) -> bool:
+    value = _meta_value(node)
+    return value is None or any(True for _ in tensor_values(value))
+
+
+def _schema_writes(node: fx.Node, schema: torch.FunctionSchema) -> list[fx.Node]:
     written: list[fx.Node] = []
     for i, arg in enumerate(schema.arguments):
         if arg.alias_info is None or not arg.alias_info.is_write:

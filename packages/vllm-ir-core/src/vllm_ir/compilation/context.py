@@ -7,13 +7,34 @@ import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["DONATED_META", "Donation", "PassContext", "get_pass_context", "pass_context"]
+__all__ = [
+    "DONATED_INPUTS_META",
+    "DONATED_META",
+    "Donation",
+    "InputSignature",
+    "PassContext",
+    "get_pass_context",
+    "pass_context",
+]
 
 DONATED_META = "vllm_ir_donated"
 """Key in an IR node's ``meta["custom"]``: the argument positions its caller
 donated through ``maybe_inplace``. AOTAutograd copies ``meta["custom"]`` onto
 the nodes it traces from a node, so the record reaches the post-grad graph
 whatever AOTAutograd renames or reorders."""
+
+DONATED_INPUTS_META = "vllm_ir_donated_inputs"
+"""Key in an IR node's ``meta["custom"]``: for each donated argument position,
+the positions of the graph inputs the donated value aliased in the pre-grad
+graph, as ``((arg, (input, ...)), ...)``. Only those inputs may be written.
+Inductor rewrites arguments before the post-grad passes (``remove_noop_ops``
+turns ``op(x.clone())`` into ``op(x)``), so a donated *copy* can reach the
+lowering as the original graph input, which the caller never donated."""
+
+InputSignature = tuple[tuple[str, object, int], ...]
+"""Per graph input, in order: (kind, dtype, rank). Donated inputs are named by
+position, trusted only where the post-grad graph's inputs have the same
+signature as the pre-grad graph's (AOTAutograd may add, drop or merge inputs)."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +53,11 @@ class PassContext:
     """State shared by the passes of one compilation (one graph)."""
 
     donations: list[Donation] = field(default_factory=list)
+    declined: list[str] = field(default_factory=list)
+    """``maybe_inplace`` nodes that donate nothing because autograd needs their
+    arguments (eager degrades them to the default overload too)."""
+    graph_inputs: InputSignature | None = None
+    """The pre-grad graph's input signature (see :data:`InputSignature`)."""
     functionalized: int = 0
     selected_impls: dict[str, dict[str, str]] = field(default_factory=dict)
     clones_inserted: int = 0

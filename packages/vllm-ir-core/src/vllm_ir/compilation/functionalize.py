@@ -4,20 +4,33 @@ A donated activation may be overwritten by the op, so nothing may read it —
 or any view or alias of it, taken before or after the call — once the op has
 run. Such a program raises ``ValueError`` naming the op, the activation and
 the reader. Each rewritten node remembers which of its arguments were
-donated (``meta["custom"]``), which the lowering and clone elimination read
-after AOTAutograd.
+donated, and which graph inputs each donated value aliased
+(``meta["custom"]``), which the lowering and clone elimination read after
+AOTAutograd.
+
+Like the eager overload, a call whose arguments autograd needs donates
+nothing: its output requires grad (grad mode on and an input requiring grad).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from torch import fx
 
-from vllm_ir.compilation.aliasing import AliasGroups
-from vllm_ir.compilation.context import DONATED_META, Donation, get_pass_context
+from vllm_ir.compilation.aliasing import AliasGroups, tensor_values
+from vllm_ir.compilation.context import (
+    DONATED_INPUTS_META,
+    DONATED_META,
+    Donation,
+    InputSignature,
+    get_pass_context,
+)
 from vllm_ir.compilation.ir_nodes import call_args, ir_op_of, is_ir_node
 from vllm_ir.compilation.pass_base import VllmIRPass
 
-__all__ = ["InplaceFunctionalizationPass"]
+__all__ = ["InplaceFunctionalizationPass", "input_signature"]
 
 
 class InplaceFunctionalizationPass(VllmIRPass):
@@ -28,12 +41,16 @@ class InplaceFunctionalizationPass(VllmIRPass):
         if not nodes:
             return
         ctx = get_pass_context()
+        ctx.graph_inputs = input_signature(graph)
+        inputs = {n: i for i, n in enumerate(graph.find_nodes(op="placeholder"))}
         aliases = AliasGroups(graph)
         order = {n: i for i, n in enumerate(graph.nodes)}
         for node in nodes:
             op = ir_op_of(node)
             args = call_args(node, op)
+            autograd = _autograd_needs(node)
             donated: list[int] = []
+            donated_inputs: list[tuple[int, tuple[int, ...]]] = []
             seen: dict[fx.Node, str] = {}
             for name in op.activations:
                 index = list(op.signature.parameters).index(name)
@@ -48,19 +65,45 @@ class InplaceFunctionalizationPass(VllmIRPass):
                 seen[value] = name
                 group = aliases.aliases(value)
                 _check_not_read_after(op.name, name, value, node, group, order)
+                if autograd:
+                    continue
                 donated.append(index)
-                ctx.donations.append(
-                    Donation(
-                        op.name,
-                        node.name,
-                        name,
-                        value.name,
-                        any(m.op == "placeholder" for m in group),
-                    )
-                )
+                positions = tuple(sorted(inputs[m] for m in group if m in inputs))
+                donated_inputs.append((index, positions))
+                donation = Donation(op.name, node.name, name, value.name, bool(positions))
+                ctx.donations.append(donation)
+            if autograd:
+                ctx.declined.append(node.name)
             node.target = op.torch_op
-            node.meta.setdefault("custom", {})[DONATED_META] = tuple(donated)
+            custom = node.meta.setdefault("custom", {})
+            custom[DONATED_META] = tuple(donated)
+            custom[DONATED_INPUTS_META] = tuple(donated_inputs)
             ctx.functionalized += 1
+
+
+def input_signature(graph: fx.Graph) -> InputSignature:
+    """(kind, dtype, rank) of each graph input, in order."""
+    signature = []
+    for node in graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val", node.meta.get("example_value"))
+        if isinstance(value, torch.Tensor):
+            signature.append(("tensor", value.dtype, value.dim()))
+        else:
+            signature.append((type(value).__name__, None, 0))
+    return tuple(signature)
+
+
+def _autograd_needs(node: fx.Node) -> bool:
+    """Whether autograd records this call (so eager would donate nothing).
+
+    The output requires grad exactly when grad mode was on and an input
+    required grad. Without metadata, assume it does: donating is the risk.
+    """
+    value: Any = node.meta.get("example_value", node.meta.get("val"))
+    outputs = list(tensor_values(value))
+    if not outputs:
+        return True
+    return any(t.requires_grad for t in outputs)
 
 
 def _check_not_read_after(

@@ -7,6 +7,11 @@ compile-mode priorities. Two stages, because of where Inductor looks:
   functional, before Inductor's own post-grad pattern passes, so that e.g.
   the residual add of a lowered ``fused_add_rms_norm`` still folds into a
   preceding ``addmm``.
+  A functional impl is traced *functionalized* (in-place ops on its own
+  buffers become functional ops, mutating custom ops ``auto_functionalized``,
+  as AOTAutograd would have traced them), because Inductor's passes that
+  follow assume a functional graph: ``remove_noop_ops`` drops the ``clone``
+  of ``out = x.clone(); out.mul_(2)`` and the ``mul_`` would then write ``x``.
 * ``post`` (``post_grad_custom_post_pass``) lowers the impls that write into
   their inputs. They are traced with clones of their activations (the
   default overload never mutates its inputs); clone elimination then drops
@@ -14,7 +19,8 @@ compile-mode priorities. Two stages, because of where Inductor looks:
   after Inductor's passes because those assume a functional graph.
 
 Each ``(impl, argument metadata)`` is traced once and its graph reused for
-every other node with the same metadata.
+every other node with the same metadata (dtype, device, shape, strides and
+storage offset of every tensor: an impl may read any of them while traced).
 """
 
 from __future__ import annotations
@@ -29,10 +35,13 @@ from torch import fx
 from torch._guards import detect_fake_mode
 from torch._inductor.pattern_matcher import fwd_only
 from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils import _pytree as pytree
 
 from vllm_ir.compilation.aliasing import is_write
-from vllm_ir.compilation.context import DONATED_META, get_pass_context
+from vllm_ir.compilation.context import DONATED_INPUTS_META, DONATED_META, get_pass_context
+from vllm_ir.compilation.functionalize import input_signature
 from vllm_ir.compilation.ir_nodes import call_args, ir_op_of, is_ir_node
 from vllm_ir.compilation.pass_base import VllmIRPass, source_hash
 from vllm_ir.impl import IrOpImpl
@@ -46,7 +55,9 @@ logger = get_logger(__name__)
 
 ACTIVATION_CLONE_META = "vllm_ir_activation_clone"
 """``meta`` key on clones the lowering inserts for an inplace impl:
-``{"op": ..., "argument": ..., "donated": bool}``."""
+``{"op": ..., "argument": ..., "donated": bool, "donated_inputs": frozenset[str]}``:
+whether the caller donated the argument, and the names of the graph inputs it
+donated with it — the only graph inputs the copy's writes may be moved to."""
 
 _MAX_ROUNDS = 8  # impls may call other IR ops; each round lowers one level
 
@@ -84,12 +95,13 @@ class LoweringPass:
 
     def lower(self, graph: fx.Graph, *, inplace: bool) -> None:
         ctx = get_pass_context()
+        inputs = _donatable_inputs(graph)
         with self._selection():
             for _ in range(_MAX_ROUNDS):
                 nodes = [n for n in graph.nodes if is_ir_node(n)]
                 lowered = 0
                 for node in nodes:
-                    lowered += self._lower_node(graph, node, inplace=inplace)
+                    lowered += self._lower_node(graph, node, inputs, inplace=inplace)
                 if not lowered:
                     break
         if inplace:
@@ -101,7 +113,9 @@ class LoweringPass:
                 )
         ctx.selected_impls = self.selected_impls
 
-    def _lower_node(self, graph: fx.Graph, node: fx.Node, *, inplace: bool) -> int:
+    def _lower_node(
+        self, graph: fx.Graph, node: fx.Node, inputs: list[str] | None, *, inplace: bool
+    ) -> int:
         if is_ir_node(node, "maybe_inplace"):
             raise RuntimeError(
                 f"{node.name}: {node.target} reached lowering; the pre-grad "
@@ -115,15 +129,14 @@ class LoweringPass:
             return 0
         self.selected_impls.setdefault(op.name, {})[node.name] = impl.provider
         gm, fresh = self._trace(op, impl, args, fake_args)
-        donated = node.meta.get("custom", {}).get(DONATED_META, ())
-        _inline(graph, node, gm, fresh, args, op, donated)
+        _inline(graph, node, gm, fresh, args, op, _donations(node, inputs))
         logger.debug("lowered %s to %s", node.name, impl.provider)
         return 1
 
     def _trace(
         self, op: IrOp, impl: IrOpImpl, args: list[Any], fake_args: list[Any]
     ) -> tuple[fx.GraphModule, frozenset[fx.Node]]:
-        key = (op.name, impl.provider, *map(_metadata, fake_args))
+        key = (op.name, impl.provider, impl.impl_fn, *map(_metadata, fake_args))
         cached = self._traced.get(key)
         if cached is not None:
             return cached
@@ -140,8 +153,9 @@ class LoweringPass:
         # The clones must survive tracing: no no-op removal for inplace impls.
         # In the arguments' fake mode, tensors an impl allocates are fake too.
         fake_mode = detect_fake_mode([fake_args[i] for i in tensor_pos])
+        traced = call if impl.inplace else _functionalized(call, op, impl)
         with fake_mode if fake_mode is not None else contextlib.nullcontext():
-            gm = fwd_only(call, [fake_args[i] for i in tensor_pos], run_functional_passes=False)
+            gm = fwd_only(traced, [fake_args[i] for i in tensor_pos], run_functional_passes=False)
         if not impl.inplace:
             gm.graph.eliminate_dead_code()
         self._traced[key] = (gm, _fresh_static_nodes(gm))
@@ -168,8 +182,68 @@ def _metadata(value: Any) -> Any:
             value.device,
             tuple(map(str, value.shape)),
             tuple(map(str, value.stride())),
+            str(value.storage_offset()),
         )
-    return repr(value)
+    return (type(value), repr(value))
+
+
+def _functionalized(fn: Any, op: IrOp, impl: IrOpImpl) -> Any:
+    """``fn`` traced through functionalization, as AOTAutograd traces a model.
+
+    An impl declared functional that writes one of its arguments breaks its
+    contract; it is an error here rather than a write that the functional
+    graph silently drops.
+    """
+    names = list(op.signature.parameters)
+
+    def run(*tensors: torch.Tensor) -> Any:
+        mode = FunctionalTensorMode()
+        guard = torch._C._ExcludeDispatchKeyGuard(
+            torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
+        )
+        with guard, mode:
+            wrapped = [FunctionalTensor.to_functional(t) for t in tensors]
+            out = fn(*wrapped)
+            for position, arg in enumerate(wrapped):
+                torch._sync(arg)
+                if torch._functionalize_has_data_mutation(arg.elem):  # type: ignore[attr-defined]
+                    raise RuntimeError(
+                        f"{op.name}: impl {impl.provider!r} is registered as functional but "
+                        f"writes its tensor argument #{position} "
+                        f"(of {', '.join(names)}); register it with inplace=True, "
+                        "or write into a tensor it allocates"
+                    )
+
+            def unwrap(t: FunctionalTensor) -> torch.Tensor:
+                torch._sync(t)
+                return torch._from_functional_tensor(t.elem)
+
+            return pytree.tree_map_only(FunctionalTensor, unwrap, out)
+
+    return run
+
+
+def _donatable_inputs(graph: fx.Graph) -> list[str] | None:
+    """Names of the graph inputs by pre-grad position, or None when the inputs
+    no longer line up with the pre-grad graph's (then no input counts as
+    donated: the clones protecting them stay)."""
+    ctx = get_pass_context()
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    if ctx.graph_inputs is None or ctx.graph_inputs != input_signature(graph):
+        return None
+    return [p.name for p in placeholders]
+
+
+def _donations(node: fx.Node, inputs: list[str] | None) -> dict[int, frozenset[str]]:
+    """Donated argument position -> names of the graph inputs it may write."""
+    custom = node.meta.get("custom", {})
+    donated_inputs = dict(custom.get(DONATED_INPUTS_META, ()))
+    result = {}
+    for index in custom.get(DONATED_META, ()):
+        positions = donated_inputs.get(index, ())
+        names = frozenset() if inputs is None else frozenset(inputs[p] for p in positions)
+        result[index] = names
+    return result
 
 
 def _fresh_static_nodes(gm: fx.GraphModule) -> frozenset[fx.Node]:
@@ -188,6 +262,32 @@ def _fresh_static_nodes(gm: fx.GraphModule) -> frozenset[fx.Node]:
             fresh.add(n)
         seen.add(storage)
     return frozenset(fresh)
+
+
+def _copy_constant(graph: fx.Graph, gm: fx.GraphModule, node: fx.Node, fake_mode: Any) -> fx.Node:
+    """A constant the impl created while traced (``torch.tensor([...])``), made
+    an attribute of the graph's own module under a fresh name."""
+    owner = graph.owning_module
+    if owner is None:
+        raise RuntimeError(
+            f"an impl creates the constant {node.target!r}, but the graph being lowered "
+            "has no owning module to hold it"
+        )
+    value = getattr(gm, str(node.target))
+    i = 0
+    while hasattr(owner, f"_vllm_ir_constant{i}"):
+        i += 1
+    name = f"_vllm_ir_constant{i}"
+    if isinstance(value, torch.Tensor):
+        owner.register_buffer(name, value, persistent=False)
+    else:
+        setattr(owner, name, value)
+    new = graph.get_attr(name)
+    if isinstance(value, torch.Tensor) and fake_mode is not None:
+        new.meta["val"] = fake_mode.from_tensor(value, static_shapes=True)
+    else:
+        new.meta["val"] = value
+    return new
 
 
 def _new_fake_like(val: torch.Tensor, fake_mode: Any) -> torch.Tensor:
@@ -215,7 +315,7 @@ def _inline(
     fresh: frozenset[fx.Node],
     args: list[Any],
     op: IrOp,
-    donated: Sequence[int],
+    donated: Mapping[int, frozenset[str]],
 ) -> None:
     tensor_args = [(i, a) for i, a in enumerate(args) if isinstance(a, fx.Node)]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -230,6 +330,9 @@ def _inline(
     with graph.inserting_before(node):
         for n in gm.graph.nodes:
             if n.op in ("placeholder", "output"):
+                continue
+            if n.op == "get_attr":
+                env[n] = _copy_constant(graph, gm, n, fake_mode)
                 continue
             new = graph.node_copy(n, lambda x: env[x])
             env[n] = new
@@ -247,6 +350,7 @@ def _inline(
                     "op": op.name,
                     "argument": names[i],
                     "donated": i in donated,
+                    "donated_inputs": donated.get(i, frozenset()),
                 }
                 ctx.clones_inserted += 1
 
