@@ -1,0 +1,468 @@
+"""Compiled == eager, for programs that once miscompiled.
+
+The invariant (docs/compile.md): after vllm-ir's passes, every output equals
+eager's and every tensor the program did not donate holds exactly what eager
+leaves in it. Each test below is a program shape that broke it: copies that
+Inductor's no-op removal turns back into their original, readers Inductor
+computes after the write, storage offsets, grad mode, the lowering's trace
+cache, constants, writes without a schema, functional impls that mutate
+their own buffers, copies merged into an undonated input. Values are small
+integers so eager and compiled agree bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+import vllm_ir as ir
+from torch import Tensor, fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+from vllm_ir.compilation import eliminate_clones
+from vllm_ir.compilation.lowering import ACTIVATION_CLONE_META
+from vllm_ir.testing import inductor_caches_off
+
+# -- ops and kernels ---------------------------------------------------------
+
+
+@torch.library.custom_op("vllm_ir_soundness::scale_add_", mutates_args=("x",))
+def _scale_add_kernel(x: Tensor, y: Tensor) -> None:
+    x.mul_(2).add_(y)
+
+
+@torch.library.custom_op("vllm_ir_soundness::acc_", mutates_args=("x_acc",))
+def _acc_kernel(x: Tensor, x_acc: Tensor) -> None:
+    x_acc.add_(x)
+
+
+@ir.register_op(name="soundness_scale_add", allow_inplace=True)
+def scale_add(x: Tensor, y: Tensor) -> Tensor:
+    return x * 2 + y
+
+
+@scale_add.register_impl("soundness_inplace", inplace=True)
+def _scale_add_inplace(x: Tensor, y: Tensor) -> Tensor:
+    torch.ops.vllm_ir_soundness.scale_add_(x, y)
+    return x
+
+
+@scale_add.register_impl("soundness_strided", inplace=True)
+def _scale_add_strided(x: Tensor, y: Tensor) -> Tensor:
+    # the identity view, taken with an absolute storage offset
+    torch.ops.vllm_ir_soundness.scale_add_(
+        x.as_strided(x.size(), x.stride(), x.storage_offset()), y
+    )
+    return x
+
+
+@scale_add.register_impl("soundness_reads_offset")
+def _scale_add_reads_offset(x: Tensor, y: Tensor) -> Tensor:
+    return x.as_strided(x.size(), x.stride(), x.storage_offset()) * 2 + y
+
+
+@scale_add.register_impl("soundness_constant")
+def _scale_add_constant(x: Tensor, y: Tensor) -> Tensor:
+    return x * torch.tensor([2.0, 2.0, 2.0]) + y
+
+
+@scale_add.register_impl("soundness_copy_then_inplace")
+def _scale_add_copy_then_inplace(x: Tensor, y: Tensor) -> Tensor:
+    out = x.clone()
+    out.mul_(2).add_(y)
+    return out
+
+
+@ir.register_op(name="soundness_copy")
+def copy(x: Tensor) -> Tensor:
+    return x * 1
+
+
+@copy.register_impl("soundness_clone")
+def _copy_clone(x: Tensor) -> Tensor:
+    return x.clone()
+
+
+@ir.register_op(name="soundness_acc", allow_inplace=True)
+def acc(x: Tensor, x_acc: Tensor) -> tuple[Tensor, Tensor]:
+    return x * 1, x_acc + x
+
+
+@acc.register_impl("soundness_inplace", inplace=True)
+def _acc_inplace(x: Tensor, x_acc: Tensor) -> tuple[Tensor, Tensor]:
+    torch.ops.vllm_ir_soundness.acc_(x, x_acc)  # writes x_acc only
+    return x, x_acc
+
+
+INPLACE = {"soundness_scale_add": ["soundness_inplace"]}
+
+
+# -- the check ---------------------------------------------------------------
+
+
+def compare(
+    fn: Callable[..., Any],
+    args: Sequence[Tensor],
+    priority: dict[str, list[str]],
+    *,
+    donated: Sequence[int] = (),
+) -> ir.VllmIRBackend:
+    """Run ``fn`` eager and compiled on copies of ``args``: outputs equal, and
+    every argument not in ``donated`` left as eager leaves it."""
+    eager_args = [a.clone() for a in args]
+    with ir.IrOpPriorityConfig(**priority).scope(), torch.no_grad():
+        want = fn(*eager_args)
+    torch._dynamo.reset()
+    backend = ir.VllmIRBackend(priority=priority)
+    compiled_args = [a.clone() for a in args]
+    with inductor_caches_off(), torch.no_grad():
+        got = torch.compile(fn, backend=backend)(*compiled_args)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    for i, (g, w) in enumerate(zip(compiled_args, eager_args, strict=True)):
+        if i not in donated:
+            torch.testing.assert_close(g, w, atol=0, rtol=0, msg=f"argument {i} changed")
+    return backend
+
+
+def arange(*shape: int) -> Tensor:
+    return torch.arange(float(torch.Size(shape).numel())).view(*shape)
+
+
+# -- 1. donating a copy ------------------------------------------------------
+
+
+def donate_copies(x: Tensor, y: Tensor) -> tuple[Tensor, ...]:
+    copies = (
+        x.clone(),
+        torch.cat([x]),
+        x.repeat(1, 1),
+        F.pad(x, (0, 0)),
+        torch.empty_like(x).copy_(x),
+        x.to(torch.float32, copy=True),
+        copy(x),  # a copy returned by a functional impl
+    )
+    return tuple(scale_add.maybe_inplace(c, y) for c in copies)
+
+
+def test_donating_a_copy_leaves_the_original() -> None:
+    backend = compare(
+        donate_copies,
+        [arange(2, 3), torch.ones(2, 3)],
+        {**INPLACE, "soundness_copy": ["soundness_clone"]},
+    )
+    assert backend.pass_contexts[0].clones_kept  # the copies' originals were protected
+
+
+class Stateful(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("state", arange(2, 3))
+
+    def forward(self, y: Tensor) -> Tensor:
+        return scale_add.maybe_inplace(self.state.clone(), y)
+
+
+def test_donating_a_copy_of_a_buffer_leaves_the_buffer() -> None:
+    y = torch.ones(2, 3)
+    eager, compiled_model = Stateful(), Stateful()
+    with scale_add.set_priority(["soundness_inplace"]), torch.no_grad():
+        want = [eager(y), eager(y)]
+    torch._dynamo.reset()
+    compiled = torch.compile(compiled_model, backend=ir.VllmIRBackend(priority=INPLACE))
+    with inductor_caches_off(), torch.no_grad():
+        got = [compiled(y), compiled(y)]
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(compiled_model.state, arange(2, 3), atol=0, rtol=0)
+
+
+# -- 2. reads before the write -----------------------------------------------
+
+
+def read_then_donate(x: Tensor) -> Tensor:
+    s = x * 2
+    return scale_add.maybe_inplace(x, s + 1) + s
+
+
+def read_mm_then_default(x: Tensor) -> Tensor:
+    m = x @ (torch.eye(3) * 2)
+    s = m * 2
+    return scale_add(m, s + 1) + s
+
+
+def accumulate_then_donate(acc_: Tensor, x: Tensor) -> Tensor:
+    acc_[1:3] += x
+    return scale_add.maybe_inplace(x, x * 0 + 1)
+
+
+@pytest.mark.parametrize(
+    ("fn", "shapes", "donated"),
+    [
+        (read_then_donate, [(2, 3)], [0]),
+        (read_mm_then_default, [(2, 3)], []),
+        (accumulate_then_donate, [(4, 3), (2, 3)], [1]),
+    ],
+    ids=["donated", "default-overload-on-mm", "input-mutation"],
+)
+def test_reads_before_the_write_see_the_old_values(
+    fn: Callable[..., Tensor], shapes: list[tuple[int, ...]], donated: list[int]
+) -> None:
+    args = [arange(*s) for s in shapes]
+    if fn is accumulate_then_donate:
+        args[0] = torch.zeros(4, 3)
+    backend = compare(fn, args, INPLACE, donated=donated)
+    assert any(
+        "after it" in r or "read after" in r for r in backend.pass_contexts[0].clones_kept.values()
+    )
+
+
+# -- 3. storage offsets ------------------------------------------------------
+
+
+def as_strided_graph(write: bool) -> fx.GraphModule:
+    aten = torch.ops.aten
+    g = fx.Graph()
+    x = g.placeholder("x")
+    y = g.placeholder("y")
+    c = g.call_function(aten.clone.default, (x,))
+    c.meta[ACTIVATION_CLONE_META] = {
+        "op": "soundness",
+        "argument": "x",
+        "donated": True,
+        "donated_inputs": frozenset({"x"}),
+    }
+    v = g.call_function(aten.as_strided.default, (c, [4, 6], [6, 1], 0))
+    if write:
+        g.call_function(torch.ops.vllm_ir_soundness.scale_add_.default, (v, y))
+        g.output((c,))
+    else:
+        g.output((g.call_function(aten.mul.Tensor, (v, 1.0)),))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+@pytest.mark.parametrize("write", [True, False], ids=["written", "never-written"])
+def test_a_clone_of_an_offset_view_stays(write: bool) -> None:
+    gm = as_strided_graph(write)
+    base = arange(6, 6)
+    mode = FakeTensorMode()
+    FakeTensorProp(gm, mode=mode).propagate(
+        mode.from_tensor(base[1:5]), mode.from_tensor(torch.ones(4, 6))
+    )
+    removed, kept = eliminate_clones(gm.graph)
+    assert removed == 0
+    assert any("storage offset" in reason for reason in kept.values()), kept
+
+
+def donate_rows(x: Tensor, y: Tensor) -> Tensor:
+    return scale_add.maybe_inplace(x[1:5], y)
+
+
+def test_donated_row_slice_writes_only_its_rows() -> None:
+    base, y = arange(6, 6), torch.ones(4, 6)
+    want_base = base.clone()
+    with scale_add.set_priority(["soundness_strided"]), torch.no_grad():
+        want = donate_rows(want_base, y)
+    torch._dynamo.reset()
+    backend = ir.VllmIRBackend(priority={"soundness_scale_add": ["soundness_strided"]})
+    got_base = base.clone()
+    with inductor_caches_off(), torch.no_grad():
+        got = torch.compile(donate_rows, backend=backend)(got_base, y)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(got_base[0], base[0], atol=0, rtol=0)
+    torch.testing.assert_close(got_base[5], base[5], atol=0, rtol=0)
+
+
+# -- 4. grad mode -------------------------------------------------------------
+
+
+def donate_under_grad(x: Tensor, y: Tensor) -> Tensor:
+    return scale_add.maybe_inplace(x, y) * 1
+
+
+def saved_by_an_earlier_graph(x: Tensor, y: Tensor) -> Tensor:
+    pre = x * x
+    torch._dynamo.graph_break()
+    return pre + scale_add.maybe_inplace(x, y)
+
+
+@pytest.mark.parametrize(
+    ("fn", "x_grad", "y_grad"),
+    [
+        (donate_under_grad, True, False),
+        (donate_under_grad, False, True),
+        (saved_by_an_earlier_graph, True, False),
+    ],
+    ids=["leaf-requires-grad", "only-y-requires-grad", "saved-by-an-earlier-graph"],
+)
+def test_autograd_inputs_are_never_donated(
+    fn: Callable[..., Tensor], x_grad: bool, y_grad: bool
+) -> None:
+    results = []
+    for compiled in (False, True):
+        x = arange(2, 3).requires_grad_(x_grad)
+        y = torch.full((2, 3), 2.0).requires_grad_(y_grad)
+        run = fn
+        backend = ir.VllmIRBackend(priority=INPLACE)
+        if compiled:
+            torch._dynamo.reset()
+            run = torch.compile(fn, backend=backend)
+        with scale_add.set_priority(["soundness_inplace"]), inductor_caches_off():
+            out = run(x, y)
+        grads = torch.autograd.grad(out.sum(), [t for t in (x, y) if t.requires_grad])
+        results.append((x.detach().clone(), out.detach(), grads))
+    (x_e, out_e, g_e), (x_c, out_c, g_c) = results
+    torch.testing.assert_close(x_c, arange(2, 3), atol=0, rtol=0)
+    torch.testing.assert_close(x_e, x_c, atol=0, rtol=0)
+    torch.testing.assert_close(out_c, out_e, atol=0, rtol=0)
+    torch.testing.assert_close(g_c, g_e, atol=0, rtol=0)
+    assert backend.pass_contexts[-1].declined
+
+
+# -- 5.-6. the lowering's trace ---------------------------------------------
+
+
+def two_row_blocks(a: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    return scale_add(a[0:2], y), scale_add(a[2:4], y)
+
+
+def test_trace_cache_keys_on_storage_offset() -> None:
+    compare(
+        two_row_blocks,
+        [arange(4, 6), torch.zeros(2, 6)],
+        {"soundness_scale_add": ["soundness_reads_offset"]},
+    )
+
+
+def test_impl_creating_a_tensor_constant_compiles() -> None:
+    compare(
+        lambda x, y: scale_add(x, y),
+        [arange(2, 3), torch.ones(2, 3)],
+        {"soundness_scale_add": ["soundness_constant"]},
+    )
+
+
+# -- 7. writes without a schema ---------------------------------------------
+
+
+def test_a_schemaless_op_counts_as_writing_its_tensors() -> None:
+    """A Python-level op has no schema to declare its writes: the clone of a
+    non-donated input it may write must stay."""
+
+    def write_somehow(t: Tensor) -> None:
+        t.mul_(2)
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    c = g.call_function(torch.ops.aten.clone.default, (x,))
+    c.meta[ACTIVATION_CLONE_META] = {"op": "soundness", "argument": "x", "donated": False}
+    g.call_function(write_somehow, (c,))
+    g.output((g.call_function(torch.ops.aten.mul.Tensor, (c, 1.0)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    mode = FakeTensorMode()
+    FakeTensorProp(gm, mode=mode).propagate(mode.from_tensor(arange(2, 3)))
+    removed, kept = eliminate_clones(gm.graph)
+    assert removed == 0, kept
+    gm.recompile()
+    x0 = arange(2, 3)
+    (out,) = gm(x0)
+    torch.testing.assert_close(x0, arange(2, 3), atol=0, rtol=0)
+    torch.testing.assert_close(out, arange(2, 3) * 2, atol=0, rtol=0)
+
+
+def test_a_triton_kernel_write_keeps_the_clone() -> None:
+    """``wrap_triton`` launches appear as ``triton_kernel_wrapper_mutation``,
+    a higher-order op without a schema."""
+    triton = pytest.importorskip("triton")
+    tl = pytest.importorskip("triton.language")
+
+    @triton.jit
+    def scale_add_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        x = tl.load(x_ptr + offs, mask=m)
+        tl.store(x_ptr + offs, x * 2 + tl.load(y_ptr + offs, mask=m), mask=m)
+
+    def traced_like_the_lowering(x: Tensor, y: Tensor) -> Tensor:
+        c = x.clone()
+        n = c.numel()
+        torch.library.wrap_triton(scale_add_kernel)[(triton.cdiv(n, 128),)](c, y, n, BLOCK=128)
+        return c * 1
+
+    with FakeTensorMode():
+        fx_, fy_ = torch.empty(4, 6, device="cuda"), torch.empty(4, 6, device="cuda")
+    gm = make_fx(traced_like_the_lowering, tracing_mode="fake")(fx_, fy_)
+    for n in gm.graph.nodes:
+        if n.target is torch.ops.aten.clone.default:
+            n.meta[ACTIVATION_CLONE_META] = {"op": "soundness", "argument": "x", "donated": False}
+    removed, kept = eliminate_clones(gm.graph)
+    assert removed == 0, kept
+
+
+# -- 8. functional impls with internal in-place ops ---------------------------
+
+
+def test_functional_impl_mutating_its_own_copy() -> None:
+    compare(
+        lambda x, y: scale_add(x, y) + x,
+        [arange(2, 3), torch.ones(2, 3)],
+        {"soundness_scale_add": ["soundness_copy_then_inplace"]},
+    )
+
+
+@ir.register_op(name="soundness_bad_functional")
+def bad_functional(x: Tensor) -> Tensor:
+    return x * 2
+
+
+@bad_functional.register_impl("soundness_writes_input")
+def _writes_its_input(x: Tensor) -> Tensor:
+    return x.mul_(2)
+
+
+def test_functional_impl_writing_its_input_is_an_error() -> None:
+    def f(x: Tensor) -> Tensor:
+        return bad_functional(x)
+
+    torch._dynamo.reset()
+    backend = ir.VllmIRBackend(priority={"soundness_bad_functional": ["soundness_writes_input"]})
+    with inductor_caches_off(), torch.no_grad(), pytest.raises(Exception, match="inplace=True"):
+        torch.compile(f, backend=backend)(arange(2, 3))
+
+
+# -- 9. an unwritten output, then donated -------------------------------------
+
+
+def unwritten_then_donated(a: Tensor, y: Tensor) -> Tensor:
+    x, s = acc(a, y)
+    return scale_add.maybe_inplace(x, s)
+
+
+def test_unwritten_output_then_donated_leaves_the_input() -> None:
+    backend = compare(
+        unwritten_then_donated,
+        [arange(2, 3), torch.ones(2, 3)],
+        {"soundness_acc": ["soundness_inplace"], **INPLACE},
+    )
+    assert backend.pass_contexts[0].clones_kept
+
+
+# -- what still goes: donation passes on through a chain ---------------------
+
+
+def test_a_chain_of_donations_needs_no_clones() -> None:
+    def chain(x: Tensor, y: Tensor) -> Tensor:
+        h = scale_add.maybe_inplace(x, y)
+        return scale_add.maybe_inplace(h, y)
+
+    backend = compare(chain, [arange(2, 3), torch.ones(2, 3)], INPLACE, donated=[0])
+    ctx = backend.pass_contexts[0]
+    assert ctx.clones_removed == ctx.clones_inserted == 2, ctx.clones_kept
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_priorities() -> Iterator[None]:
+    yield
+    torch._dynamo.reset()
