@@ -78,9 +78,7 @@ def fused_add_rms_norm_static_fp8_quant(
 # At most one FP8 step against native: exact for the elementwise ops and the
 # dynamic quant on kernels that follow native's arithmetic, one step where a norm
 # precedes the quantization (vllm_ir.tolerances explains both).
-_FP8_TOLERANCE = {
-    dtype: FP8_ONE_STEP for dtype in (torch.float32, torch.float16, torch.bfloat16)
-}
+_FP8_TOLERANCE = {dtype: FP8_ONE_STEP for dtype in (torch.float32, torch.float16, torch.bfloat16)}
 for _op in (
     static_scaled_fp8_quant,
     dynamic_per_token_fp8_quant,
