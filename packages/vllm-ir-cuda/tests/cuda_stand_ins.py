@@ -33,6 +33,12 @@ def _check_rows(op: str, *tensors: Tensor) -> None:
             raise RuntimeError(f"stand-in {op}: last dimension not contiguous: {t.stride()}")
 
 
+def _check_scale(op: str, scale: Tensor) -> None:
+    # the binding's contract: one float32 element
+    if scale.dtype != torch.float32 or scale.numel() != 1:
+        raise RuntimeError(f"stand-in {op}: scale {scale.dtype} {tuple(scale.shape)}")
+
+
 class StandInKernels:
     """CPU kernels for ``torch.ops.vllm_ir_cuda.*`` with the native semantics.
 
@@ -44,6 +50,11 @@ class StandInKernels:
         self.lib = Library(ops.NAMESPACE, "IMPL")
         self.lib.impl("rms_norm", self._rms_norm, "CPU")
         self.lib.impl("fused_add_rms_norm", self._fused_add_rms_norm, "CPU")
+        self.lib.impl("silu_and_mul", self._silu_and_mul, "CPU")
+        self.lib.impl("static_scaled_fp8_quant", self._static_quant, "CPU")
+        self.lib.impl("dynamic_per_token_fp8_quant", self._dynamic_quant, "CPU")
+        self.lib.impl("rms_norm_static_fp8_quant", self._rms_quant, "CPU")
+        self.lib.impl("fused_add_rms_norm_static_fp8_quant", self._fused_quant, "CPU")
 
     def _rms_norm(self, out: Tensor, x: Tensor, weight: Tensor | None, epsilon: float) -> None:
         self.calls["rms_norm"] += 1
@@ -57,6 +68,55 @@ class StandInKernels:
         _check_rows("fused_add_rms_norm", x, x_residual)
         x_residual.add_(x)  # rounded to the dtype, like the native x + x_residual
         x.copy_(ir.ops.rms_norm.native(x_residual, weight, epsilon))
+
+    def _silu_and_mul(self, out: Tensor, x: Tensor) -> None:
+        self.calls["silu_and_mul"] += 1
+        _check_rows("silu_and_mul", out, x)
+        out.copy_(ir.ops.silu_and_mul.native(x))
+
+    def _static_quant(self, out: Tensor, x: Tensor, scale: Tensor) -> None:
+        self.calls["static_scaled_fp8_quant"] += 1
+        _check_rows("static_scaled_fp8_quant", out, x)
+        _check_scale("static_scaled_fp8_quant", scale)
+        out.copy_(ir.ops.static_scaled_fp8_quant.native(x, scale))
+
+    def _dynamic_quant(
+        self, out: Tensor, scales: Tensor, x: Tensor, scale_ub: Tensor | None
+    ) -> None:
+        self.calls["dynamic_per_token_fp8_quant"] += 1
+        _check_rows("dynamic_per_token_fp8_quant", out, x)
+        if scale_ub is not None:
+            _check_scale("dynamic_per_token_fp8_quant", scale_ub)
+        q, s = ir.ops.dynamic_per_token_fp8_quant.native(x, scale_ub)
+        out.copy_(q)
+        scales.copy_(s)
+
+    def _rms_quant(
+        self, out: Tensor, x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor
+    ) -> None:
+        self.calls["rms_norm_static_fp8_quant"] += 1
+        _check_rows("rms_norm_static_fp8_quant", out, x)
+        _check_scale("rms_norm_static_fp8_quant", scale)
+        out.copy_(ir.ops.rms_norm_static_fp8_quant.native(x, weight, epsilon, scale))
+
+    def _fused_quant(
+        self,
+        out: Tensor,
+        x: Tensor,
+        x_residual: Tensor,
+        weight: Tensor | None,
+        epsilon: float,
+        scale: Tensor,
+    ) -> None:
+        self.calls["fused_add_rms_norm_static_fp8_quant"] += 1
+        _check_rows("fused_add_rms_norm_static_fp8_quant", out, x, x_residual)
+        _check_scale("fused_add_rms_norm_static_fp8_quant", scale)
+        x_residual.add_(x)
+        out.copy_(
+            ir.ops.static_scaled_fp8_quant.native(
+                ir.ops.rms_norm.native(x_residual, weight, epsilon), scale
+            )
+        )
 
     def close(self) -> None:
         self.lib._destroy()

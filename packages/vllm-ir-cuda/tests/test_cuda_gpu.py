@@ -51,8 +51,10 @@ def test_dispatch_selects_vllm_c_on_cuda() -> None:
     assert RMS.impls[PROVIDER].supported
     assert RMS.dispatch(x, w, 1e-6).provider == PROVIDER
     assert FUSED.dispatch(x, x.clone(), w, 1e-6).provider == PROVIDER
-    assert RMS.dispatch(x, w, 1e-6, 32).provider == "native"  # variance_size declined
-    assert RMS.dispatch(x.double(), None, 1e-6).provider == "native"
+    # native named next: other providers' CUDA defaults (e.g. triton) come after it
+    with RMS.set_priority([PROVIDER, "native"]):
+        assert RMS.dispatch(x, w, 1e-6, 32).provider == "native"  # variance_size declined
+        assert RMS.dispatch(x.double(), None, 1e-6).provider == "native"
 
 
 _KIT = [
@@ -333,3 +335,131 @@ def test_first_kernel_call_in_a_fresh_process_loads_the_kernels() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+# -- silu_and_mul and the FP8 ops ----------------------------------------------------
+
+_NEW_OPS = [
+    "silu_and_mul",
+    "static_scaled_fp8_quant",
+    "dynamic_per_token_fp8_quant",
+    "rms_norm_static_fp8_quant",
+    "fused_add_rms_norm_static_fp8_quant",
+]
+
+
+def _quant_args(name: str, rows: int, hidden: int, dtype: torch.dtype) -> tuple[object, ...]:
+    x, r, w = _inputs(rows, hidden, dtype)
+    scale = torch.tensor([0.02], device=DEVICE)
+    return {
+        "silu_and_mul": (x,),
+        "static_scaled_fp8_quant": (x, scale),
+        "dynamic_per_token_fp8_quant": (x,),
+        "rms_norm_static_fp8_quant": (x, w, 1e-6, scale),
+        "fused_add_rms_norm_static_fp8_quant": (x, r, w, 1e-6, scale),
+    }[name]
+
+
+def _compare(name: str, got: object, want: object, dtype: torch.dtype) -> None:
+    """The promises of vllm_ir.tolerances: bits for silu/static/dynamic, one FP8 step
+    after a norm (and only where the norm's result differs)."""
+    from vllm_ir.tolerances import fp8_steps_apart
+
+    gots = got if isinstance(got, tuple) else (got,)
+    wants = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(gots, wants, strict=True):
+        assert isinstance(g, torch.Tensor)
+        assert isinstance(w, torch.Tensor)
+        if g.dtype == torch.float8_e4m3fn:
+            steps = fp8_steps_apart(g, w)
+            limit = 1 if name.startswith(("rms_norm", "fused")) else 0
+            assert int(steps.max()) <= limit, (name, int((steps > 0).sum()))
+        elif name == "silu_and_mul":
+            tol = ir.ops.silu_and_mul.tolerance(dtype)
+            torch.testing.assert_close(g, w, atol=tol.atol, rtol=tol.rtol)
+        else:
+            assert torch.equal(g, w), name  # scales and the stored residual sum: exact
+
+
+@pytest.mark.parametrize("dtype", ops.DTYPES, ids=str)
+@pytest.mark.parametrize(("rows", "hidden"), [(1, 64), (7, 96), (33, 4096), (5, 4095), (2, 8192)])
+@pytest.mark.parametrize("name", _NEW_OPS)
+def test_new_ops_match_native(name: str, rows: int, hidden: int, dtype: torch.dtype) -> None:
+    op = ir.get_op(name)
+    args = _quant_args(name, rows, hidden, dtype)
+    with op.set_priority([PROVIDER]):
+        assert op.dispatch(*args).provider == PROVIDER
+        got = op(*args)
+    _compare(name, got, op.native(*args), dtype)
+
+
+@pytest.mark.parametrize("name", _NEW_OPS)
+def test_new_ops_conformance(name: str) -> None:
+    for check in ("correctness", "supports_args", "mutation", "opcheck"):
+        ConformanceCase(ir.get_op(name), PROVIDER, check, torch.bfloat16, DEVICE).check()
+
+
+def test_new_ops_binding_checks_arguments() -> None:
+    x, _, w = _inputs(4, 256, torch.bfloat16)
+    q = torch.empty(4, 256, device=DEVICE, dtype=torch.float8_e4m3fn)
+    s = torch.tensor([0.1], device=DEVICE)
+    with pytest.raises(RuntimeError, match="must be contiguous in its last dimension"):
+        ops.static_scaled_fp8_quant(q, x.t().contiguous().t(), s)
+    with pytest.raises(RuntimeError, match="out has dtype"):
+        ops.static_scaled_fp8_quant(torch.empty_like(x), x, s)
+    with pytest.raises(RuntimeError, match="scale must be one float32 element"):
+        ops.rms_norm_static_fp8_quant(q, x, w, 1e-6, s.double())
+    with pytest.raises(RuntimeError, match="must be even"):
+        ops.silu_and_mul(torch.empty(4, 128, device=DEVICE), x[:, :255].float())
+    with pytest.raises(RuntimeError, match="scales has shape"):
+        ops.dynamic_per_token_fp8_quant(q, torch.empty(4, device=DEVICE), x, None)
+
+
+# -- CUDA graphs: every impl captured, replays equal eager -----------------------------
+
+
+def _graph_args(name: str) -> tuple[object, ...]:
+    if name in ("rms_norm", "fused_add_rms_norm"):
+        x, r, w = _inputs(16, 4096, torch.bfloat16)
+        return (x, w, 1e-6) if name == "rms_norm" else (x, r, w, 1e-6)
+    return _quant_args(name, 16, 4096, torch.bfloat16)
+
+
+def _flat(out: object) -> list[torch.Tensor]:
+    return [t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)]
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "fused_add_rms_norm", *_NEW_OPS])
+def test_cuda_graph_replays_equal_eager(name: str) -> None:
+    op = ir.get_op(name)
+    args = _graph_args(name)
+    with op.set_priority([PROVIDER]):
+        want = [t.clone() for t in _flat(op(*args))]  # default overload: inputs untouched
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            op(*args)  # warm up (and build) outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = _flat(op(*args))
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, exp in zip(captured, want, strict=True):
+            assert torch.equal(got.view(torch.uint8), exp.view(torch.uint8)), name
+
+
+@pytest.mark.usefixtures("no_inductor_cache")
+def test_reduce_overhead_compile_runs_the_kernels() -> None:
+    torch._dynamo.reset()
+    model = Decoder(256, 2).to(DEVICE, torch.bfloat16).eval()
+    priority = {"rms_norm": [PROVIDER], "fused_add_rms_norm": [PROVIDER]}
+    with ir.IrOpPriorityConfig(**priority).scope():
+        compiled = torch.compile(model, backend="vllm_ir", mode="reduce-overhead", dynamic=False)
+        x = torch.randn(8, 256, device=DEVICE, dtype=torch.bfloat16)
+        with torch.no_grad():
+            eager = model(x.clone())
+            for _ in range(3):  # record, then replay the graph
+                got = compiled(x.clone())
+    _close(got, eager, torch.bfloat16)

@@ -150,7 +150,9 @@ def test_tracing_and_discovery_never_build(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(vllm_ir.extension, "build_extension", refuse)
     assert "vllm_c" in ir.ops.rms_norm.impls
-    ir.ops.rms_norm(torch.randn(2, 8), None, 1e-6)  # eager call on CPU: native
+    # eager call on CPU: native (pinned: an installed CPU provider would build its own kernels)
+    with ir.ops.rms_norm.set_priority(["native"]):
+        ir.ops.rms_norm(torch.randn(2, 8), None, 1e-6)
     mode = FakeTensorMode()
     x = _fake_cuda(mode, 4, 64, dtype=torch.float16)
     with mode:

@@ -14,7 +14,7 @@ import vllm_ir as ir
 import vllm_ir_cuda
 from torch._subclasses.fake_tensor import FakeTensorMode
 from vllm_ir import dispatch, priority
-from vllm_ir_cuda import layernorm
+from vllm_ir_cuda import layernorm, quant
 
 RMS = ir.ops.rms_norm
 FUSED = ir.ops.fused_add_rms_norm
@@ -59,8 +59,20 @@ def test_provider_spec() -> None:
     (defaults,) = spec.defaults
     assert defaults.platform == "cuda"
     assert defaults.rank == 100
-    assert dict(defaults.eager) == {"rms_norm": ["vllm_c"], "fused_add_rms_norm": ["vllm_c"]}
-    assert dict(defaults.compiled) == {"rms_norm": ["native"], "fused_add_rms_norm": ["native"]}
+    seven = {op.name for op in ir.ops.__dict__.values() if isinstance(op, ir.IrOp)}
+    assert set(defaults.eager) == set(defaults.compiled) == seven
+    assert len(seven) == 7
+    assert all(v == ["vllm_c"] for v in defaults.eager.values())
+    assert all(v == ["native"] for v in defaults.compiled.values())
+
+
+def test_every_core_op_has_a_batch_invariant_impl() -> None:
+    for name, impl_fn in quant.IMPLS.items():
+        impl = ir.get_op(name).impls[PROVIDER]
+        assert impl.impl_fn is impl_fn
+        assert impl.batch_invariant
+        assert impl.inplace == (name == "fused_add_rms_norm_static_fp8_quant")
+        assert impl.supported is layernorm.platform_supported()
 
 
 def test_entry_point_names_the_provider() -> None:

@@ -105,7 +105,11 @@ def test_cheap_import_and_cpu_without_interpreter_unsupported() -> None:
         "    'reason': support.unsupported_reason(), 'chosen': sel.impl.provider,\n"
         "    'why': sel.decisions[0].reason}))\n"
     )
-    proc = run_python(code, TRITON_INTERPRET=None, VLLM_IR_PLATFORM="cpu")
+    # only this provider: another one installed beside (e.g. vllm-ir-cpu) would be
+    # the CPU platform's default, chosen before native
+    proc = run_python(
+        code, TRITON_INTERPRET=None, VLLM_IR_PLATFORM="cpu", VLLM_IR_PROVIDERS="triton"
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["supported"] is False

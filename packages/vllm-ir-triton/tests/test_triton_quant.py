@@ -17,6 +17,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from triton_helpers import DEVICE, DTYPES
+from vllm_ir.tolerances import fp8_steps_apart
 from vllm_ir_triton import PROVIDER, launch
 
 FP8 = torch.float8_e4m3fn
@@ -98,6 +99,24 @@ def test_quant_ops_are_bit_exact_on_their_samples(dtype: torch.dtype) -> None:
             want_q, want_scales = DYNAMIC.native(*sample.args)
             _assert_bits_equal(q, want_q, sample.name)
             assert torch.equal(scales, want_scales), sample.name
+
+
+def test_dynamic_scale_is_natives_on_each_device() -> None:
+    """Native's ``amax / 448`` is IEEE division on CPU and ``amax * float32(1/448)`` on
+    CUDA (ATen multiplies by a scalar divisor's reciprocal): half the scales differ by
+    an ulp. The kernel follows the device; both variants run here, checked bit for bit."""
+    g = torch.Generator().manual_seed(7)
+    x = (torch.rand(64, 40, generator=g) * 10).to(DEVICE)
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    divided = amax / torch.tensor(448.0, device=DEVICE)  # a tensor divisor: IEEE everywhere
+    multiplied = amax * torch.tensor(launch.INV_FP8_MAX, device=DEVICE)
+    assert not torch.equal(divided, multiplied)  # the cases tell the two apart
+    for reciprocal, want in ((False, divided), (True, multiplied)):
+        q, scales = launch.dynamic_per_token_fp8_quant(x, None, reciprocal_scale=reciprocal)
+        assert torch.equal(scales, want), reciprocal
+        _assert_bits_equal(q, STATIC.native(x, want), f"reciprocal {reciprocal}")
+    _, scales = launch.dynamic_per_token_fp8_quant(x, None)
+    assert torch.equal(scales, DYNAMIC.native(x)[1])
 
 
 def _short_rows(samples: Iterator[ir.SampleInput]) -> Iterator[ir.SampleInput]:
@@ -191,13 +210,9 @@ def test_every_layout(dtype: torch.dtype) -> None:
             want_q, want_s = DYNAMIC.native(x)
             _assert_bits_equal(got_q, want_q, name)
             assert torch.equal(got_s, want_s), name
-            _close(
-                RMS_QUANT(x, w, EPS, scale).float(),
-                RMS_QUANT.native(x, w, EPS, scale).float(),
-                RMS_QUANT,
-                dtype,
-                name,
-            )
+            got, want = RMS_QUANT(x, w, EPS, scale), RMS_QUANT.native(x, w, EPS, scale)
+            _close(got.float(), want.float(), RMS_QUANT, dtype, name)
+            assert not (fp8_steps_apart(got, want) > 1).any(), name
             r = torch.randn(x.shape).to(dtype=dtype, device=DEVICE)
             q, res = FUSED_QUANT(x, r, w, EPS, scale)
             want_q, want_res = FUSED_QUANT.native(x, r, w, EPS, scale)
@@ -293,7 +308,8 @@ def test_declined_arguments_fall_back_to_native(
     op: ir.IrOp, args: tuple[Any, ...], why: str
 ) -> None:
     args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
-    with op.set_priority([PROVIDER]):
+    # native named next: installed providers' platform defaults come after it
+    with op.set_priority([PROVIDER, "native"]):
         selection = op.select(*args)
     assert selection.impl.provider == "native", why
     assert "supports_args returned False" in selection.decisions[0].reason

@@ -1,6 +1,7 @@
 """vllm-ir-cuda: CUDA kernels for vllm-ir, registered as provider ``vllm_c``.
 
-Impls of ``rms_norm`` and (in place) ``fused_add_rms_norm``, backed by the
+Impls of the seven core ops (``rms_norm``, ``silu_and_mul``, FP8 quantization
+alone and after a norm; ``fused_add_rms_norm`` and its FP8 variant in place), backed by the
 CUDA kernels in ``csrc/``. Importing this package only builds
 :data:`provider`: vllm-ir imports the impls through ``provider.register`` when
 it discovers installed providers, and the kernels are compiled on their first
@@ -25,15 +26,24 @@ PROVIDER = "vllm_c"
 API_VERSION = 1
 """The vllm-ir provider API this package was written against."""
 
-_OPS = ("rms_norm", "fused_add_rms_norm")
+_OPS = (
+    "rms_norm",
+    "fused_add_rms_norm",
+    "silu_and_mul",
+    "static_scaled_fp8_quant",
+    "dynamic_per_token_fp8_quant",
+    "rms_norm_static_fp8_quant",
+    "fused_add_rms_norm_static_fp8_quant",
+)
 
 
 def _register() -> None:
     # imported here, not at package import: registration runs only during
     # discovery, attributed to this package and rolled back if it fails
-    from vllm_ir_cuda.layernorm import register_kernels
+    from vllm_ir_cuda import layernorm, quant
 
-    register_kernels(PROVIDER)
+    layernorm.register_kernels(PROVIDER)
+    quant.register_kernels(PROVIDER, supported=layernorm.platform_supported())
 
 
 provider = ProviderSpec(

@@ -1,4 +1,4 @@
-"""The kernels as torch ops: ``torch.ops.vllm_ir_cuda.rms_norm`` and ``.fused_add_rms_norm``.
+"""The kernels as torch ops: ``torch.ops.vllm_ir_cuda.<name>`` for each of :data:`SCHEMAS`.
 
 Importing this module defines, with :mod:`torch.library`, the ops' schemas
 (arguments they write are ``Tensor(a!)``) and their fake impls: all that
@@ -25,7 +25,18 @@ from torch.library import Library
 
 from vllm_ir_cuda import _build
 
-__all__ = ["DTYPES", "NAMESPACE", "SCHEMAS", "fused_add_rms_norm", "rms_norm"]
+__all__ = [
+    "DTYPES",
+    "NAMESPACE",
+    "SCHEMAS",
+    "dynamic_per_token_fp8_quant",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_static_fp8_quant",
+    "rms_norm",
+    "rms_norm_static_fp8_quant",
+    "silu_and_mul",
+    "static_scaled_fp8_quant",
+]
 
 NAMESPACE = "vllm_ir_cuda"
 
@@ -34,6 +45,22 @@ SCHEMAS = {
     "fused_add_rms_norm": (
         "fused_add_rms_norm(Tensor(a!) x, Tensor(b!) x_residual, Tensor? weight, "
         "float epsilon) -> ()"
+    ),
+    "silu_and_mul": "silu_and_mul(Tensor(a!) out, Tensor x) -> ()",
+    "static_scaled_fp8_quant": (
+        "static_scaled_fp8_quant(Tensor(a!) out, Tensor x, Tensor scale) -> ()"
+    ),
+    "dynamic_per_token_fp8_quant": (
+        "dynamic_per_token_fp8_quant(Tensor(a!) out, Tensor(b!) scales, Tensor x, "
+        "Tensor? scale_ub) -> ()"
+    ),
+    "rms_norm_static_fp8_quant": (
+        "rms_norm_static_fp8_quant(Tensor(a!) out, Tensor x, Tensor? weight, float epsilon, "
+        "Tensor scale) -> ()"
+    ),
+    "fused_add_rms_norm_static_fp8_quant": (
+        "fused_add_rms_norm_static_fp8_quant(Tensor(a!) out, Tensor x, Tensor(b!) x_residual, "
+        "Tensor? weight, float epsilon, Tensor scale) -> ()"
     ),
 }
 """Schema of each op, as defined in the ``vllm_ir_cuda`` namespace."""
@@ -78,11 +105,68 @@ def _fused_add_rms_norm_fake(
     _check("fused_add_rms_norm", x, {"x_residual": x_residual, "weight": weight})
 
 
+def _check_fp8(op: str, x: Tensor, out: Tensor, scales: dict[str, Tensor | None]) -> None:
+    """The binding's checks of an FP8 output and float32 scales, at trace time."""
+    if out.dtype != torch.float8_e4m3fn:
+        raise RuntimeError(
+            f"vllm_ir_cuda::{op}: out has dtype {out.dtype}; it must be torch.float8_e4m3fn"
+        )
+    for name, t in {"out": out, **scales}.items():
+        if t is not None and t.device != x.device:
+            raise RuntimeError(
+                f"vllm_ir_cuda::{op}: {name} is on {t.device} but x is on {x.device}"
+            )
+    for name, t in scales.items():
+        if t is not None and t.dtype != torch.float32:
+            raise RuntimeError(
+                f"vllm_ir_cuda::{op}: {name} has dtype {t.dtype}; it must be float32"
+            )
+
+
+@torch.library.register_fake(f"{NAMESPACE}::silu_and_mul", lib=_lib)
+def _silu_and_mul_fake(out: Tensor, x: Tensor) -> None:
+    _check("silu_and_mul", x, {"out": out})
+
+
+@torch.library.register_fake(f"{NAMESPACE}::static_scaled_fp8_quant", lib=_lib)
+def _static_fake(out: Tensor, x: Tensor, scale: Tensor) -> None:
+    _check("static_scaled_fp8_quant", x, {})
+    _check_fp8("static_scaled_fp8_quant", x, out, {"scale": scale})
+
+
+@torch.library.register_fake(f"{NAMESPACE}::dynamic_per_token_fp8_quant", lib=_lib)
+def _dynamic_fake(out: Tensor, scales: Tensor, x: Tensor, scale_ub: Tensor | None) -> None:
+    _check("dynamic_per_token_fp8_quant", x, {})
+    _check_fp8("dynamic_per_token_fp8_quant", x, out, {"scales": scales, "scale_ub": scale_ub})
+
+
+@torch.library.register_fake(f"{NAMESPACE}::rms_norm_static_fp8_quant", lib=_lib)
+def _rms_quant_fake(
+    out: Tensor, x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor
+) -> None:
+    _check("rms_norm_static_fp8_quant", x, {"weight": weight})
+    _check_fp8("rms_norm_static_fp8_quant", x, out, {"scale": scale})
+
+
+@torch.library.register_fake(f"{NAMESPACE}::fused_add_rms_norm_static_fp8_quant", lib=_lib)
+def _fused_quant_fake(
+    out: Tensor,
+    x: Tensor,
+    x_residual: Tensor,
+    weight: Tensor | None,
+    epsilon: float,
+    scale: Tensor,
+) -> None:
+    op = "fused_add_rms_norm_static_fp8_quant"
+    _check(op, x, {"x_residual": x_residual, "weight": weight})
+    _check_fp8(op, x, out, {"scale": scale})
+
+
 def _build_on_first_call(name: str) -> Callable[..., None]:
     qualname = f"{NAMESPACE}::{name}"
 
     def first_call(*args: object) -> None:
-        device = args[0].device  # type: ignore[attr-defined]
+        device = args[0].device  # type: ignore[attr-defined]  # every op's first arg: a tensor
         if device.type != "cuda":
             raise RuntimeError(
                 f"torch.ops.{NAMESPACE}.{name} runs on CUDA tensors only, got tensors on "
@@ -109,3 +193,27 @@ rms_norm: torch._ops.OpOverload = torch.ops.vllm_ir_cuda.rms_norm.default
 fused_add_rms_norm: torch._ops.OpOverload = torch.ops.vllm_ir_cuda.fused_add_rms_norm.default
 """``fused_add_rms_norm(x, x_residual, weight, epsilon)``: in place, the sum into
 ``x_residual``, its normalization into ``x``."""
+
+silu_and_mul: torch._ops.OpOverload = torch.ops.vllm_ir_cuda.silu_and_mul.default
+"""``silu_and_mul(out, x)``: writes ``silu(x[..., :d]) * x[..., d:]`` into ``out``."""
+
+static_scaled_fp8_quant: torch._ops.OpOverload = (
+    torch.ops.vllm_ir_cuda.static_scaled_fp8_quant.default
+)
+"""``static_scaled_fp8_quant(out, x, scale)``: FP8 ``x / scale`` into ``out``."""
+
+dynamic_per_token_fp8_quant: torch._ops.OpOverload = (
+    torch.ops.vllm_ir_cuda.dynamic_per_token_fp8_quant.default
+)
+"""``dynamic_per_token_fp8_quant(out, scales, x, scale_ub)``: per-row scales and FP8 values."""
+
+rms_norm_static_fp8_quant: torch._ops.OpOverload = (
+    torch.ops.vllm_ir_cuda.rms_norm_static_fp8_quant.default
+)
+"""``rms_norm_static_fp8_quant(out, x, weight, epsilon, scale)``: FP8 of the norm into ``out``."""
+
+fused_add_rms_norm_static_fp8_quant: torch._ops.OpOverload = (
+    torch.ops.vllm_ir_cuda.fused_add_rms_norm_static_fp8_quant.default
+)
+"""``fused_add_rms_norm_static_fp8_quant(out, x, x_residual, weight, epsilon, scale)``: the sum
+into ``x_residual`` (in place), FP8 of its norm into ``out``; ``x`` is only read."""

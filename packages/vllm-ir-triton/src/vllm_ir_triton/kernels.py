@@ -307,7 +307,9 @@ def dynamic_per_token_fp8_quant_kernel(
     ub_ptr,
     n_cols,
     min_scale,
+    inv_fp8_max,
     HAS_UB: tl.constexpr,
+    RECIPROCAL_SCALE: tl.constexpr,
     BLOCK: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
 ):
@@ -316,6 +318,10 @@ def dynamic_per_token_fp8_quant_kernel(
 
     As torch: a NaN in the row (or a NaN ``ub``) makes the scale NaN. The
     maximum is exact, so the result does not depend on the block size.
+    ``amax / 448`` is computed as native computes it on the tensors' device
+    (``vllm_ir.tolerances.FP8_DYNAMIC_SCALE``): with ``RECIPROCAL_SCALE`` (CUDA)
+    as ``amax * inv_fp8_max``, the float32 reciprocal ATen multiplies by, else
+    with IEEE division (CPU, i.e. the interpreter).
     """
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
@@ -342,7 +348,10 @@ def dynamic_per_token_fp8_quant_kernel(
     if HAS_UB:
         ub = tl.load(ub_ptr)
         amax = tl.where((amax > ub) | (ub != ub), ub, amax)
-    scale = tl.math.div_rn(amax, FP8_MAX)
+    if RECIPROCAL_SCALE:  # noqa: SIM108 (a constexpr branch, resolved at compile time)
+        scale = amax * inv_fp8_max
+    else:
+        scale = tl.math.div_rn(amax, FP8_MAX)
     scale = tl.where(scale < min_scale, min_scale, scale)
     tl.store(scales_ptr + row, scale)
     if SINGLE_PASS:

@@ -62,6 +62,10 @@ MIN_SCALE = float(torch.tensor(1.0 / (torch.finfo(FP8).max * 512.0), dtype=torch
 """The lower bound of a dynamic scale, as float32 (native clamps its float32 scales
 with the Python float ``1 / (448 * 512)``, which torch rounds to the tensor's dtype)."""
 
+INV_FP8_MAX = float(torch.tensor(1.0, dtype=torch.float32) / torch.finfo(FP8).max)
+"""float32 ``1 / 448``: ATen's CUDA division by a Python scalar multiplies by this
+(so native's dynamic scales on CUDA are ``amax * INV_FP8_MAX``)."""
+
 MAX_FUSED_BYTES = 65536
 """The longest row (in bytes of input) read in a single block by the fast configuration."""
 
@@ -344,9 +348,16 @@ def static_scaled_fp8_quant(x: Tensor, scale: Tensor, *, max_block: int | None =
 
 
 def dynamic_per_token_fp8_quant(
-    x: Tensor, scale_ub: Tensor | None, *, max_block: int | None = None
+    x: Tensor,
+    scale_ub: Tensor | None,
+    *,
+    max_block: int | None = None,
+    reciprocal_scale: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Each row quantized with its own scale ``max(min(amax, scale_ub) / 448, MIN_SCALE)``.
+
+    ``amax / 448`` is computed as native does on ``x``'s device (CUDA: times
+    :data:`INV_FP8_MAX`); ``reciprocal_scale`` overrides that (tests).
 
     Returns ``(q, scales)``: a new ``float8_e4m3fn`` tensor of ``x``'s shape and
     the float32 scales of shape ``(..., 1)``. Rows must not be empty.
@@ -373,7 +384,11 @@ def dynamic_per_token_fp8_quant(
         scale_ub if scale_ub is not None else scales,
         hidden,
         MIN_SCALE,
+        INV_FP8_MAX,
         HAS_UB=scale_ub is not None,
+        RECIPROCAL_SCALE=(
+            x.device.type == "cuda" if reciprocal_scale is None else reciprocal_scale
+        ),
         BLOCK=cfg.block,
         SINGLE_PASS=cfg.single_pass,
         num_warps=cfg.num_warps,

@@ -174,9 +174,23 @@ class VllmIRBackend:
         return compiled
 
 
-def vllm_ir_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-    """The backend registered as ``torch.compile(..., backend="vllm_ir")``."""
-    return VllmIRBackend()(gm, example_inputs)
+def vllm_ir_backend(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    mode: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Any:
+    """The backend registered as ``torch.compile(..., backend="vllm_ir")``.
+
+    torch.compile hands a named backend its ``mode`` and ``options``: the mode
+    becomes Inductor's options for it (``"reduce-overhead"``: CUDA graphs), as
+    with ``backend="inductor"``; explicit ``options`` win.
+    """
+    from torch._inductor import list_mode_options
+
+    merged = {**list_mode_options(mode), **(options or {})} if mode else dict(options or {})
+    return VllmIRBackend(options=merged)(gm, example_inputs)
 
 
 def compile(

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from vllm_ir.op import register_op
 from vllm_ir.samples import SampleInput
+from vllm_ir.tolerances import NORM_TOLERANCES
 
 __all__ = ["fused_add_rms_norm", "rms_norm"]
 
@@ -49,6 +50,11 @@ def fused_add_rms_norm(
     """
     x_residual = x + x_residual
     return rms_norm.native(x_residual, weight, epsilon, variance_size), x_residual
+
+
+# two ulps of the dtype: the reasoning is in vllm_ir.tolerances
+for _op in (rms_norm, fused_add_rms_norm):
+    _op.tolerances.update(NORM_TOLERANCES)
 
 
 def _hidden(gen: torch.Generator, dtype: torch.dtype, device: torch.device, *shape: int) -> Tensor:

@@ -5,6 +5,12 @@
 //   vllm_ir_cuda::rms_norm(Tensor(a!) out, Tensor x, Tensor? weight, float epsilon) -> ()
 //   vllm_ir_cuda::fused_add_rms_norm(Tensor(a!) x, Tensor(b!) x_residual, Tensor? weight,
 //                                    float epsilon) -> ()
+//   and silu_and_mul, static_scaled_fp8_quant, dynamic_per_token_fp8_quant,
+//   rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant (ops.SCHEMAS).
+//
+// Every argument is checked (device, dtype, shape, the layout the kernels
+// address) before any work: bad input raises a RuntimeError naming the
+// argument, never reaches a kernel.
 //
 // This is the only source that includes torch headers; the kernels
 // (layernorm_kernels.cu) see raw pointers and strides only.
@@ -18,6 +24,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "layernorm.h"
 
@@ -39,6 +47,16 @@ DType kernel_dtype(at::ScalarType t) {
   return DType::kFloat32;
 }
 
+// "[a, b, c]", built by hand: error messages never depend on stream operators
+// of torch's array types.
+std::string dims(c10::IntArrayRef d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) {
+    s += (i == 0 ? "" : ", ") + std::to_string(d[i]);
+  }
+  return s + "]";
+}
+
 // x is the tensor every other argument is checked against.
 void check_x(const char* op, const at::Tensor& x) {
   TORCH_CHECK(x.is_cuda(), "vllm_ir_cuda::", op, ": x must be a CUDA tensor, got one on ",
@@ -55,14 +73,36 @@ void check_like_x(const char* op, const char* name, const at::Tensor& t, const a
   TORCH_CHECK(t.scalar_type() == x.scalar_type(), "vllm_ir_cuda::", op, ": ", name,
               " has dtype ", t.scalar_type(), " but x has dtype ", x.scalar_type());
   TORCH_CHECK(t.sizes() == x.sizes(), "vllm_ir_cuda::", op, ": ", name, " has shape ",
-              t.sizes(), " but x has shape ", x.sizes());
+              dims(t.sizes()), " but x has shape ", dims(x.sizes()));
+}
+
+// An FP8 (float8_e4m3fn) output of x's shape on x's device.
+void check_fp8_out(const char* op, const at::Tensor& out, const at::Tensor& x,
+                   c10::IntArrayRef shape) {
+  TORCH_CHECK(out.device() == x.device(), "vllm_ir_cuda::", op, ": out is on ", out.device(),
+              " but x is on ", x.device());
+  TORCH_CHECK(out.scalar_type() == at::kFloat8_e4m3fn, "vllm_ir_cuda::", op,
+              ": out has dtype ", out.scalar_type(), "; it must be Float8_e4m3fn");
+  TORCH_CHECK(out.sizes() == shape, "vllm_ir_cuda::", op, ": out has shape ", dims(out.sizes()),
+              " but must have shape ", dims(shape));
+}
+
+// A float32 tensor of one element on x's device (a static scale or scale_ub).
+void check_scale(const char* op, const char* name, const at::Tensor& s, const at::Tensor& x) {
+  TORCH_CHECK(s.device() == x.device(), "vllm_ir_cuda::", op, ": ", name, " is on ", s.device(),
+              " but x is on ", x.device());
+  TORCH_CHECK(s.scalar_type() == at::kFloat && s.numel() == 1, "vllm_ir_cuda::", op, ": ", name,
+              " must be one float32 element, got ", s.scalar_type(), " of shape ",
+              dims(s.sizes()));
 }
 
 // The kernels read rows of contiguous elements.
 void check_last_dim(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.dim() >= 1, "vllm_ir_cuda::", op, ": ", name,
+              " must have at least one dimension");
   TORCH_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, "vllm_ir_cuda::", op, ": ", name,
-              " must be contiguous in its last dimension, but its strides are ", t.strides(),
-              "; pass ", name, ".contiguous()");
+              " must be contiguous in its last dimension, but its strides are ",
+              dims(t.strides()), "; pass ", name, ".contiguous()");
 }
 
 void check_weight(const char* op, const std::optional<at::Tensor>& weight, const at::Tensor& x) {
@@ -76,9 +116,9 @@ void check_weight(const char* op, const std::optional<at::Tensor>& weight, const
               w.scalar_type(), " but x has dtype ", x.scalar_type());
   TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(-1), "vllm_ir_cuda::", op,
               ": weight must have shape [", x.size(-1), "] (x's last dimension), got ",
-              w.sizes());
+              dims(w.sizes()));
   TORCH_CHECK(w.is_contiguous(), "vllm_ir_cuda::", op,
-              ": weight must be contiguous, but its stride is ", w.strides(),
+              ": weight must be contiguous, but its stride is ", dims(w.strides()),
               "; pass weight.contiguous()");
 }
 
@@ -200,9 +240,188 @@ void fused_add_rms_norm_cuda(at::Tensor& x, at::Tensor& x_residual,
   }
 }
 
+// An output the kernels can write directly (its rows collapse into one
+// stride), else a contiguous temporary that `finish_out` copies back.
+at::Tensor out_rows_of(const at::Tensor& out) {
+  return row_stride(out).has_value() ? out : at::empty(out.sizes(), out.options());
+}
+
+void finish_out(at::Tensor& out, const at::Tensor& rows) {
+  if (!rows.is_same(out)) {
+    out.copy_(rows);
+  }
+}
+
+cudaStream_t stream_of(const at::Tensor& x) {
+  return c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+}
+
+void silu_and_mul_cuda(at::Tensor& out, const at::Tensor& x) {
+  constexpr const char* op = "silu_and_mul";
+  check_x(op, x);
+  check_last_dim(op, "x", x);
+  TORCH_CHECK(x.size(-1) % 2 == 0, "vllm_ir_cuda::", op, ": x's last dimension (", x.size(-1),
+              ") must be even: it holds the gate and the up projection");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() /= 2;
+  TORCH_CHECK(out.device() == x.device(), "vllm_ir_cuda::", op, ": out is on ", out.device(),
+              " but x is on ", x.device());
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(), "vllm_ir_cuda::", op, ": out has dtype ",
+              out.scalar_type(), " but x has dtype ", x.scalar_type());
+  TORCH_CHECK(out.sizes() == c10::IntArrayRef(shape), "vllm_ir_cuda::", op, ": out has shape ",
+              dims(out.sizes()), " but must have shape ", dims(shape));
+  check_last_dim(op, "out", out);
+  at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, x);
+  if (x.numel() == 0) {
+    return;
+  }
+  const Extent e = extent(op, x);
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const at::Tensor x_rows = as_rows(x);
+  at::Tensor out_rows = out_rows_of(out);
+  check_launch(op, vllm_ir_cuda::silu_and_mul(out_rows.mutable_data_ptr(), *row_stride(out_rows),
+                                              x_rows.const_data_ptr(), *row_stride(x_rows),
+                                              e.rows, e.hidden / 2,
+                                              kernel_dtype(x.scalar_type()), stream_of(x)));
+  finish_out(out, out_rows);
+}
+
+void static_scaled_fp8_quant_cuda(at::Tensor& out, const at::Tensor& x, const at::Tensor& scale) {
+  constexpr const char* op = "static_scaled_fp8_quant";
+  check_x(op, x);
+  check_last_dim(op, "x", x);
+  check_fp8_out(op, out, x, x.sizes());
+  check_last_dim(op, "out", out);
+  check_scale(op, "scale", scale, x);
+  at::assert_no_internal_overlap(out);
+  if (x.numel() == 0) {
+    return;
+  }
+  const Extent e = extent(op, x);
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const at::Tensor x_rows = as_rows(x);
+  at::Tensor out_rows = out_rows_of(out);
+  check_launch(op, vllm_ir_cuda::static_scaled_fp8_quant(
+                       out_rows.mutable_data_ptr(), *row_stride(out_rows),
+                       x_rows.const_data_ptr(), *row_stride(x_rows),
+                       scale.const_data_ptr<float>(), e.rows, e.hidden,
+                       kernel_dtype(x.scalar_type()), stream_of(x)));
+  finish_out(out, out_rows);
+}
+
+void dynamic_per_token_fp8_quant_cuda(at::Tensor& out, at::Tensor& scales, const at::Tensor& x,
+                                      const std::optional<at::Tensor>& scale_ub) {
+  constexpr const char* op = "dynamic_per_token_fp8_quant";
+  check_x(op, x);
+  check_last_dim(op, "x", x);
+  TORCH_CHECK(x.size(-1) > 0, "vllm_ir_cuda::", op, ": x's rows have no elements, so no amax");
+  check_fp8_out(op, out, x, x.sizes());
+  check_last_dim(op, "out", out);
+  std::vector<int64_t> scales_shape(x.sizes().begin(), x.sizes().end());
+  scales_shape.back() = 1;
+  TORCH_CHECK(scales.device() == x.device(), "vllm_ir_cuda::", op, ": scales is on ",
+              scales.device(), " but x is on ", x.device());
+  TORCH_CHECK(scales.scalar_type() == at::kFloat, "vllm_ir_cuda::", op, ": scales has dtype ",
+              scales.scalar_type(), "; it must be Float");
+  TORCH_CHECK(scales.sizes() == c10::IntArrayRef(scales_shape), "vllm_ir_cuda::", op,
+              ": scales has shape ", dims(scales.sizes()), " but must have shape ",
+              dims(scales_shape));
+  TORCH_CHECK(scales.is_contiguous(), "vllm_ir_cuda::", op,
+              ": scales must be contiguous, but its strides are ", dims(scales.strides()));
+  if (scale_ub.has_value()) {
+    check_scale(op, "scale_ub", *scale_ub, x);
+  }
+  at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, scales);
+  if (x.numel() == 0) {
+    return;
+  }
+  const Extent e = extent(op, x);
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const at::Tensor x_rows = as_rows(x);
+  at::Tensor out_rows = out_rows_of(out);
+  check_launch(op, vllm_ir_cuda::dynamic_per_token_fp8_quant(
+                       out_rows.mutable_data_ptr(), *row_stride(out_rows),
+                       scales.mutable_data_ptr<float>(), x_rows.const_data_ptr(),
+                       *row_stride(x_rows),
+                       scale_ub.has_value() ? scale_ub->const_data_ptr<float>() : nullptr,
+                       e.rows, e.hidden, kernel_dtype(x.scalar_type()), stream_of(x)));
+  finish_out(out, out_rows);
+}
+
+void rms_norm_static_fp8_quant_cuda(at::Tensor& out, const at::Tensor& x,
+                                    const std::optional<at::Tensor>& weight, double epsilon,
+                                    const at::Tensor& scale) {
+  constexpr const char* op = "rms_norm_static_fp8_quant";
+  check_x(op, x);
+  check_last_dim(op, "x", x);
+  check_fp8_out(op, out, x, x.sizes());
+  check_last_dim(op, "out", out);
+  check_weight(op, weight, x);
+  check_scale(op, "scale", scale, x);
+  at::assert_no_internal_overlap(out);
+  if (x.numel() == 0) {
+    return;
+  }
+  const Extent e = extent(op, x);
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const at::Tensor x_rows = as_rows(x);
+  at::Tensor out_rows = out_rows_of(out);
+  check_launch(op, vllm_ir_cuda::rms_norm_static_fp8_quant(
+                       out_rows.mutable_data_ptr(), *row_stride(out_rows),
+                       x_rows.const_data_ptr(), *row_stride(x_rows), weight_ptr(weight),
+                       scale.const_data_ptr<float>(), e.rows, e.hidden,
+                       static_cast<float>(epsilon), kernel_dtype(x.scalar_type()),
+                       stream_of(x)));
+  finish_out(out, out_rows);
+}
+
+void fused_add_rms_norm_static_fp8_quant_cuda(at::Tensor& out, const at::Tensor& x,
+                                              at::Tensor& x_residual,
+                                              const std::optional<at::Tensor>& weight,
+                                              double epsilon, const at::Tensor& scale) {
+  constexpr const char* op = "fused_add_rms_norm_static_fp8_quant";
+  check_x(op, x);
+  check_like_x(op, "x_residual", x_residual, x);
+  check_last_dim(op, "x", x);
+  check_last_dim(op, "x_residual", x_residual);
+  check_fp8_out(op, out, x, x.sizes());
+  check_last_dim(op, "out", out);
+  check_weight(op, weight, x);
+  check_scale(op, "scale", scale, x);
+  at::assert_no_internal_overlap(out);
+  at::assert_no_internal_overlap(x_residual);
+  at::assert_no_overlap(x, x_residual);
+  if (x.numel() == 0) {
+    return;
+  }
+  const Extent e = extent(op, x);
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const at::Tensor x_rows = as_rows(x);
+  at::Tensor residual_rows = as_rows(x_residual);
+  at::Tensor out_rows = out_rows_of(out);
+  check_launch(op, vllm_ir_cuda::fused_add_rms_norm_static_fp8_quant(
+                       out_rows.mutable_data_ptr(), *row_stride(out_rows),
+                       x_rows.const_data_ptr(), *row_stride(x_rows),
+                       residual_rows.mutable_data_ptr(), *row_stride(residual_rows),
+                       weight_ptr(weight), scale.const_data_ptr<float>(), e.rows, e.hidden,
+                       static_cast<float>(epsilon), kernel_dtype(x.scalar_type()),
+                       stream_of(x)));
+  finish_out(out, out_rows);
+  if (!residual_rows.is_same(x_residual)) {
+    x_residual.copy_(residual_rows);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vllm_ir_cuda, CUDA, m) {
   m.impl("rms_norm", &rms_norm_cuda);
   m.impl("fused_add_rms_norm", &fused_add_rms_norm_cuda);
+  m.impl("silu_and_mul", &silu_and_mul_cuda);
+  m.impl("static_scaled_fp8_quant", &static_scaled_fp8_quant_cuda);
+  m.impl("dynamic_per_token_fp8_quant", &dynamic_per_token_fp8_quant_cuda);
+  m.impl("rms_norm_static_fp8_quant", &rms_norm_static_fp8_quant_cuda);
+  m.impl("fused_add_rms_norm_static_fp8_quant", &fused_add_rms_norm_static_fp8_quant_cuda);
 }

@@ -1,4 +1,6 @@
-// Launchers of the RMSNorm kernels: plain C++ over raw pointers, no torch.
+// Launchers of the kernels (RMSNorm, alone and with FP8 quantization, in
+// layernorm_kernels.cu; silu_and_mul and FP8 quantization in
+// elementwise_kernels.cu): plain C++ over raw pointers, no torch.
 //
 // Every tensor is seen as `rows` rows of `hidden` contiguous elements; row r
 // of a tensor starts `r * row_stride` elements after its base pointer. All
@@ -43,5 +45,44 @@ cudaError_t rms_norm(void* out, int64_t out_row_stride, const void* x, int64_t x
 cudaError_t fused_add_rms_norm(void* x, int64_t x_row_stride, void* residual,
                                int64_t residual_row_stride, const void* weight, int64_t rows,
                                int64_t hidden, float epsilon, DType dtype, cudaStream_t stream);
+
+// out[r, :] = fp8(rms_norm(x[r, :]) / *scale): the value rms_norm stores,
+// divided by the float32 scale (a device pointer, one element), clamped to
+// +-448 and rounded to float8_e4m3fn bits (uint8 `out`, rows of `hidden` bytes
+// `out_row_stride` bytes apart).
+cudaError_t rms_norm_static_fp8_quant(void* out, int64_t out_row_stride, const void* x,
+                                      int64_t x_row_stride, const void* weight,
+                                      const float* scale, int64_t rows, int64_t hidden,
+                                      float epsilon, DType dtype, cudaStream_t stream);
+
+// For r < rows: residual[r, :] = x[r, :] + residual[r, :] (rounded, in place),
+// out[r, :] = fp8(rms_norm(residual[r, :]) / *scale) as above; x is only read.
+cudaError_t fused_add_rms_norm_static_fp8_quant(void* out, int64_t out_row_stride,
+                                                const void* x, int64_t x_row_stride,
+                                                void* residual, int64_t residual_row_stride,
+                                                const void* weight, const float* scale,
+                                                int64_t rows, int64_t hidden, float epsilon,
+                                                DType dtype, cudaStream_t stream);
+
+// -- elementwise_kernels.cu ---------------------------------------------------
+
+// out[r, :d] = round(round(silu(x[r, :d])) * x[r, d:2d]) with silu(g) = g / (1 + exp(-g))
+// in float32, each product rounded to the dtype, as torch computes
+// `F.silu(x[..., :d]) * x[..., d:]`.
+cudaError_t silu_and_mul(void* out, int64_t out_row_stride, const void* x, int64_t x_row_stride,
+                         int64_t rows, int64_t d, DType dtype, cudaStream_t stream);
+
+// out[r, :] = fp8(x[r, :] / *scale) (uint8 `out` as above).
+cudaError_t static_scaled_fp8_quant(void* out, int64_t out_row_stride, const void* x,
+                                    int64_t x_row_stride, const float* scale, int64_t rows,
+                                    int64_t hidden, DType dtype, cudaStream_t stream);
+
+// Per row: amax = max |x[r, :]| (NaN if the row holds one), bounded by *scale_ub
+// when not null; scales[r] = max(amax * float32(1/448), float32(1/(448*512))),
+// as native computes it on CUDA; out[r, :] = fp8(x[r, :] / scales[r]).
+cudaError_t dynamic_per_token_fp8_quant(void* out, int64_t out_row_stride, float* scales,
+                                        const void* x, int64_t x_row_stride,
+                                        const float* scale_ub, int64_t rows, int64_t hidden,
+                                        DType dtype, cudaStream_t stream);
 
 }  // namespace vllm_ir_cuda

@@ -11,10 +11,15 @@
 // and the scaling pass; longer rows are read a second time (from L1/L2).
 // The block size depends only on the row length and the dtype, never on the
 // number of rows, so a row's result does not depend on the batch it is in.
+//
+// With QUANT, the normalized row (the value the plain kernel would store) is
+// quantized to FP8 with a static scale (fp8.cuh) into a separate uint8 output
+// instead: rms_norm_static_fp8_quant and fused_add_rms_norm_static_fp8_quant.
 
 #include <cstdint>
 
 #include "dtype.cuh"
+#include "fp8.cuh"
 #include "layernorm.h"
 #include "reduce.cuh"
 
@@ -60,6 +65,31 @@ __device__ __forceinline__ Vec<T, N> normalize(const Vec<T, N>& v, float inv_rms
   return out;
 }
 
+// Stores a normalized vector: as T, or (QUANT) as FP8 bits of it divided by `scale`.
+template <bool QUANT, typename T, int N>
+__device__ __forceinline__ void store_out(void* out_row, int offset, const Vec<T, N>& v,
+                                          float scale) {
+  if constexpr (QUANT) {
+    Vec<uint8_t, N> q;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      q.data[j] = quantize_fp8(to_float(v.data[j]), scale);
+    }
+    store_vec(static_cast<uint8_t*>(out_row) + offset, q);
+  } else {
+    store_vec(static_cast<T*>(out_row) + offset, v);
+  }
+}
+
+template <bool QUANT, typename T>
+constexpr int64_t out_size() {
+  return QUANT ? 1 : static_cast<int64_t>(sizeof(T));
+}
+
+__device__ __forceinline__ float load_scale(const float* scale) {
+  return scale != nullptr ? *scale : 1.0f;
+}
+
 __device__ __forceinline__ float inverse_rms(float sum_sq, int hidden, float epsilon) {
   const float variance = block_sum(sum_sq) / static_cast<float>(hidden);
   return rsqrtf(variance + epsilon);
@@ -67,14 +97,16 @@ __device__ __forceinline__ float inverse_rms(float sum_sq, int hidden, float eps
 
 // `out` may alias `x` exactly: every element is read and then written by the
 // same thread, so neither pointer is __restrict__.
-template <typename T, int VEC, int CACHE>
+template <typename T, int VEC, int CACHE, bool QUANT>
 __global__ void __launch_bounds__(kMaxThreads)
-    rms_norm_kernel(T* out, int64_t out_stride, const T* x, int64_t x_stride,
-                    const T* __restrict__ weight, int hidden, float epsilon) {
+    rms_norm_kernel(void* out, int64_t out_stride, const T* x, int64_t x_stride,
+                    const T* __restrict__ weight, const float* __restrict__ scale_ptr,
+                    int hidden, float epsilon) {
   const int64_t row = blockIdx.x;
   const T* x_row = x + row * x_stride;
-  T* out_row = out + row * out_stride;
+  void* out_row = static_cast<char*>(out) + row * out_stride * out_size<QUANT, T>();
   const int num_vecs = hidden / VEC;
+  const float scale = load_scale(scale_ptr);
 
   float sum_sq = 0.0f;
   if constexpr (CACHE > 0) {
@@ -92,7 +124,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     for (int k = 0; k < CACHE; ++k) {
       const int i = threadIdx.x + k * blockDim.x;
       if (i < num_vecs) {
-        store_vec(out_row + i * VEC, normalize(cached[k], inv_rms, weight, i * VEC));
+        store_out<QUANT>(out_row, i * VEC, normalize(cached[k], inv_rms, weight, i * VEC),
+                         scale);
       }
     }
   } else {
@@ -102,7 +135,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const float inv_rms = inverse_rms(sum_sq, hidden, epsilon);
     for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
       const Vec<T, VEC> v = load_vec<T, VEC>(x_row + i * VEC);
-      store_vec(out_row + i * VEC, normalize(v, inv_rms, weight, i * VEC));
+      store_out<QUANT>(out_row, i * VEC, normalize(v, inv_rms, weight, i * VEC), scale);
     }
   }
 }
@@ -121,16 +154,21 @@ __device__ __forceinline__ Vec<T, VEC> add_residual(const T* x, T* residual) {
   return s;
 }
 
-// In place: the sum goes to `residual`, its normalization to `x`. The second
-// pass re-reads the stored (rounded) sum, written by the same thread.
-template <typename T, int VEC, int CACHE>
+// In place: the sum goes to `residual`, its normalization to `out` (`x`
+// itself unless QUANT; each element of x is read before the same thread
+// writes it). The second pass re-reads the stored (rounded) sum, written by
+// the same thread.
+template <typename T, int VEC, int CACHE, bool QUANT>
 __global__ void __launch_bounds__(kMaxThreads)
-    fused_add_rms_norm_kernel(T* x, int64_t x_stride, T* residual, int64_t residual_stride,
-                              const T* __restrict__ weight, int hidden, float epsilon) {
+    fused_add_rms_norm_kernel(void* out, int64_t out_stride, const T* x, int64_t x_stride,
+                              T* residual, int64_t residual_stride, const T* __restrict__ weight,
+                              const float* __restrict__ scale_ptr, int hidden, float epsilon) {
   const int64_t row = blockIdx.x;
-  T* x_row = x + row * x_stride;
+  const T* x_row = x + row * x_stride;
   T* residual_row = residual + row * residual_stride;
+  void* out_row = static_cast<char*>(out) + row * out_stride * out_size<QUANT, T>();
   const int num_vecs = hidden / VEC;
+  const float scale = load_scale(scale_ptr);
 
   float sum_sq = 0.0f;
   if constexpr (CACHE > 0) {
@@ -148,7 +186,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     for (int k = 0; k < CACHE; ++k) {
       const int i = threadIdx.x + k * blockDim.x;
       if (i < num_vecs) {
-        store_vec(x_row + i * VEC, normalize(cached[k], inv_rms, weight, i * VEC));
+        store_out<QUANT>(out_row, i * VEC, normalize(cached[k], inv_rms, weight, i * VEC),
+                         scale);
       }
     }
   } else {
@@ -158,7 +197,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const float inv_rms = inverse_rms(sum_sq, hidden, epsilon);
     for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
       const Vec<T, VEC> s = load_vec<T, VEC>(residual_row + i * VEC);
-      store_vec(x_row + i * VEC, normalize(s, inv_rms, weight, i * VEC));
+      store_out<QUANT>(out_row, i * VEC, normalize(s, inv_rms, weight, i * VEC), scale);
     }
   }
 }
@@ -206,97 +245,108 @@ bool can_vectorize(int64_t hidden, const void* a, int64_t a_stride, const void* 
          aligned16(b) && (weight == nullptr || aligned16(weight));
 }
 
-template <typename T, int VEC>
-void launch_rms_norm(const LaunchPlan& p, T* out, int64_t out_stride, const T* x,
-                     int64_t x_stride, const T* weight, int64_t rows, int hidden, float epsilon,
-                     cudaStream_t stream) {
+// One kernel template per (vector width, cache depth): the plan picks it.
+template <typename T, int VEC, bool QUANT>
+void launch_rms_norm(const LaunchPlan& p, void* out, int64_t out_stride, const T* x,
+                     int64_t x_stride, const T* weight, const float* scale, int64_t rows,
+                     int hidden, float epsilon, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(rows));
   const dim3 block(p.threads);
+#define VLLM_IR_RMS_NORM(CACHE)                                                           \
+  rms_norm_kernel<T, VEC, CACHE, QUANT><<<grid, block, 0, stream>>>(out, out_stride, x, \
+                                                                    x_stride, weight,   \
+                                                                    scale, hidden, epsilon)
   if constexpr (VEC > 1) {
     switch (p.cache) {
       case 1:
-        rms_norm_kernel<T, VEC, 1>
-            <<<grid, block, 0, stream>>>(out, out_stride, x, x_stride, weight, hidden, epsilon);
+        VLLM_IR_RMS_NORM(1);
         return;
       case 2:
-        rms_norm_kernel<T, VEC, 2>
-            <<<grid, block, 0, stream>>>(out, out_stride, x, x_stride, weight, hidden, epsilon);
+        VLLM_IR_RMS_NORM(2);
         return;
       case 4:
-        rms_norm_kernel<T, VEC, 4>
-            <<<grid, block, 0, stream>>>(out, out_stride, x, x_stride, weight, hidden, epsilon);
+        VLLM_IR_RMS_NORM(4);
         return;
       default:
         break;
     }
   }
-  rms_norm_kernel<T, VEC, 0>
-      <<<grid, block, 0, stream>>>(out, out_stride, x, x_stride, weight, hidden, epsilon);
+  VLLM_IR_RMS_NORM(0);
+#undef VLLM_IR_RMS_NORM
 }
 
-template <typename T, int VEC>
-void launch_fused(const LaunchPlan& p, T* x, int64_t x_stride, T* residual,
-                  int64_t residual_stride, const T* weight, int64_t rows, int hidden,
-                  float epsilon, cudaStream_t stream) {
+template <typename T, int VEC, bool QUANT>
+void launch_fused(const LaunchPlan& p, void* out, int64_t out_stride, const T* x,
+                  int64_t x_stride, T* residual, int64_t residual_stride, const T* weight,
+                  const float* scale, int64_t rows, int hidden, float epsilon,
+                  cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(rows));
   const dim3 block(p.threads);
+#define VLLM_IR_FUSED(CACHE)                                                         \
+  fused_add_rms_norm_kernel<T, VEC, CACHE, QUANT><<<grid, block, 0, stream>>>(     \
+      out, out_stride, x, x_stride, residual, residual_stride, weight, scale, hidden, \
+      epsilon)
   if constexpr (VEC > 1) {
     switch (p.cache) {
       case 1:
-        fused_add_rms_norm_kernel<T, VEC, 1><<<grid, block, 0, stream>>>(
-            x, x_stride, residual, residual_stride, weight, hidden, epsilon);
+        VLLM_IR_FUSED(1);
         return;
       case 2:
-        fused_add_rms_norm_kernel<T, VEC, 2><<<grid, block, 0, stream>>>(
-            x, x_stride, residual, residual_stride, weight, hidden, epsilon);
+        VLLM_IR_FUSED(2);
         return;
       case 4:
-        fused_add_rms_norm_kernel<T, VEC, 4><<<grid, block, 0, stream>>>(
-            x, x_stride, residual, residual_stride, weight, hidden, epsilon);
+        VLLM_IR_FUSED(4);
         return;
       default:
         break;
     }
   }
-  fused_add_rms_norm_kernel<T, VEC, 0><<<grid, block, 0, stream>>>(
-      x, x_stride, residual, residual_stride, weight, hidden, epsilon);
+  VLLM_IR_FUSED(0);
+#undef VLLM_IR_FUSED
 }
 
-template <typename T>
+// `out` holds T (or, QUANT, FP8 bytes): its alignment needs are those of
+// VEC of its elements; requiring 16 bytes for every pointer keeps one rule.
+template <typename T, bool QUANT>
 cudaError_t rms_norm_typed(void* out, int64_t out_stride, const void* x, int64_t x_stride,
-                           const void* weight, int64_t rows, int64_t hidden, float epsilon,
-                           cudaStream_t stream) {
+                           const void* weight, const float* scale, int64_t rows,
+                           int64_t hidden, float epsilon, cudaStream_t stream) {
   constexpr int kVec = kVecWidth<T>;
   const bool vectorized = can_vectorize<T>(hidden, out, out_stride, x, x_stride, weight);
   const LaunchPlan p = plan(vectorized ? hidden / kVec : hidden, vectorized);
-  auto* o = static_cast<T*>(out);
   const auto* in = static_cast<const T*>(x);
   const auto* w = static_cast<const T*>(weight);
   const int h = static_cast<int>(hidden);
   if (vectorized) {
-    launch_rms_norm<T, kVec>(p, o, out_stride, in, x_stride, w, rows, h, epsilon, stream);
+    launch_rms_norm<T, kVec, QUANT>(p, out, out_stride, in, x_stride, w, scale, rows, h,
+                                    epsilon, stream);
   } else {
-    launch_rms_norm<T, 1>(p, o, out_stride, in, x_stride, w, rows, h, epsilon, stream);
+    launch_rms_norm<T, 1, QUANT>(p, out, out_stride, in, x_stride, w, scale, rows, h,
+                                 epsilon, stream);
   }
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t fused_typed(void* x, int64_t x_stride, void* residual, int64_t residual_stride,
-                        const void* weight, int64_t rows, int64_t hidden, float epsilon,
+template <typename T, bool QUANT>
+cudaError_t fused_typed(void* out, int64_t out_stride, const void* x, int64_t x_stride,
+                        void* residual, int64_t residual_stride, const void* weight,
+                        const float* scale, int64_t rows, int64_t hidden, float epsilon,
                         cudaStream_t stream) {
   constexpr int kVec = kVecWidth<T>;
   const bool vectorized =
-      can_vectorize<T>(hidden, x, x_stride, residual, residual_stride, weight);
+      can_vectorize<T>(hidden, x, x_stride, residual, residual_stride, weight) &&
+      can_vectorize<T>(hidden, out, out_stride, x, x_stride, weight);
   const LaunchPlan p = plan(vectorized ? hidden / kVec : hidden, vectorized);
-  auto* xs = static_cast<T*>(x);
+  const auto* xs = static_cast<const T*>(x);
   auto* rs = static_cast<T*>(residual);
   const auto* w = static_cast<const T*>(weight);
   const int h = static_cast<int>(hidden);
   if (vectorized) {
-    launch_fused<T, kVec>(p, xs, x_stride, rs, residual_stride, w, rows, h, epsilon, stream);
+    launch_fused<T, kVec, QUANT>(p, out, out_stride, xs, x_stride, rs, residual_stride, w,
+                                 scale, rows, h, epsilon, stream);
   } else {
-    launch_fused<T, 1>(p, xs, x_stride, rs, residual_stride, w, rows, h, epsilon, stream);
+    launch_fused<T, 1, QUANT>(p, out, out_stride, xs, x_stride, rs, residual_stride, w, scale,
+                              rows, h, epsilon, stream);
   }
   return cudaGetLastError();
 }
@@ -305,52 +355,99 @@ bool valid_extent(int64_t rows, int64_t hidden) {
   return rows >= 0 && hidden >= 0 && rows <= kMaxRows && hidden <= kMaxHidden;
 }
 
+template <bool QUANT>
+cudaError_t rms_norm_dispatch(void* out, int64_t out_row_stride, const void* x,
+                              int64_t x_row_stride, const void* weight, const float* scale,
+                              int64_t rows, int64_t hidden, float epsilon, DType dtype,
+                              cudaStream_t stream) {
+  if (!valid_extent(rows, hidden)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0 || hidden == 0) {
+    return cudaSuccess;
+  }
+  switch (dtype) {
+    case DType::kFloat32:
+      return rms_norm_typed<float, QUANT>(out, out_row_stride, x, x_row_stride, weight, scale,
+                                          rows, hidden, epsilon, stream);
+    case DType::kFloat16:
+      return rms_norm_typed<__half, QUANT>(out, out_row_stride, x, x_row_stride, weight,
+                                           scale, rows, hidden, epsilon, stream);
+    case DType::kBFloat16:
+      return rms_norm_typed<__nv_bfloat16, QUANT>(out, out_row_stride, x, x_row_stride,
+                                                  weight, scale, rows, hidden, epsilon,
+                                                  stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <bool QUANT>
+cudaError_t fused_dispatch(void* out, int64_t out_row_stride, const void* x,
+                           int64_t x_row_stride, void* residual, int64_t residual_row_stride,
+                           const void* weight, const float* scale, int64_t rows,
+                           int64_t hidden, float epsilon, DType dtype, cudaStream_t stream) {
+  if (!valid_extent(rows, hidden)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0 || hidden == 0) {
+    return cudaSuccess;
+  }
+  switch (dtype) {
+    case DType::kFloat32:
+      return fused_typed<float, QUANT>(out, out_row_stride, x, x_row_stride, residual,
+                                       residual_row_stride, weight, scale, rows, hidden,
+                                       epsilon, stream);
+    case DType::kFloat16:
+      return fused_typed<__half, QUANT>(out, out_row_stride, x, x_row_stride, residual,
+                                        residual_row_stride, weight, scale, rows, hidden,
+                                        epsilon, stream);
+    case DType::kBFloat16:
+      return fused_typed<__nv_bfloat16, QUANT>(out, out_row_stride, x, x_row_stride, residual,
+                                               residual_row_stride, weight, scale, rows,
+                                               hidden, epsilon, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 cudaError_t rms_norm(void* out, int64_t out_row_stride, const void* x, int64_t x_row_stride,
                      const void* weight, int64_t rows, int64_t hidden, float epsilon,
                      DType dtype, cudaStream_t stream) {
-  if (!valid_extent(rows, hidden)) {
-    return cudaErrorInvalidValue;
-  }
-  if (rows == 0 || hidden == 0) {
-    return cudaSuccess;
-  }
-  switch (dtype) {
-    case DType::kFloat32:
-      return rms_norm_typed<float>(out, out_row_stride, x, x_row_stride, weight, rows, hidden,
-                                   epsilon, stream);
-    case DType::kFloat16:
-      return rms_norm_typed<__half>(out, out_row_stride, x, x_row_stride, weight, rows, hidden,
-                                    epsilon, stream);
-    case DType::kBFloat16:
-      return rms_norm_typed<__nv_bfloat16>(out, out_row_stride, x, x_row_stride, weight, rows,
-                                           hidden, epsilon, stream);
-  }
-  return cudaErrorInvalidValue;
+  return rms_norm_dispatch<false>(out, out_row_stride, x, x_row_stride, weight, nullptr, rows,
+                                  hidden, epsilon, dtype, stream);
 }
 
 cudaError_t fused_add_rms_norm(void* x, int64_t x_row_stride, void* residual,
                                int64_t residual_row_stride, const void* weight, int64_t rows,
                                int64_t hidden, float epsilon, DType dtype, cudaStream_t stream) {
-  if (!valid_extent(rows, hidden)) {
+  return fused_dispatch<false>(x, x_row_stride, x, x_row_stride, residual, residual_row_stride,
+                               weight, nullptr, rows, hidden, epsilon, dtype, stream);
+}
+
+cudaError_t rms_norm_static_fp8_quant(void* out, int64_t out_row_stride, const void* x,
+                                      int64_t x_row_stride, const void* weight,
+                                      const float* scale, int64_t rows, int64_t hidden,
+                                      float epsilon, DType dtype, cudaStream_t stream) {
+  if (scale == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (rows == 0 || hidden == 0) {
-    return cudaSuccess;
+  return rms_norm_dispatch<true>(out, out_row_stride, x, x_row_stride, weight, scale, rows,
+                                 hidden, epsilon, dtype, stream);
+}
+
+cudaError_t fused_add_rms_norm_static_fp8_quant(void* out, int64_t out_row_stride,
+                                                const void* x, int64_t x_row_stride,
+                                                void* residual, int64_t residual_row_stride,
+                                                const void* weight, const float* scale,
+                                                int64_t rows, int64_t hidden, float epsilon,
+                                                DType dtype, cudaStream_t stream) {
+  if (scale == nullptr) {
+    return cudaErrorInvalidValue;
   }
-  switch (dtype) {
-    case DType::kFloat32:
-      return fused_typed<float>(x, x_row_stride, residual, residual_row_stride, weight, rows,
-                                hidden, epsilon, stream);
-    case DType::kFloat16:
-      return fused_typed<__half>(x, x_row_stride, residual, residual_row_stride, weight, rows,
-                                 hidden, epsilon, stream);
-    case DType::kBFloat16:
-      return fused_typed<__nv_bfloat16>(x, x_row_stride, residual, residual_row_stride, weight,
-                                        rows, hidden, epsilon, stream);
-  }
-  return cudaErrorInvalidValue;
+  return fused_dispatch<true>(out, out_row_stride, x, x_row_stride, residual,
+                              residual_row_stride, weight, scale, rows, hidden, epsilon, dtype,
+                              stream);
 }
 
 }  // namespace vllm_ir_cuda

@@ -1,0 +1,51 @@
+// FP8 (float8_e4m3fn) quantization as the native functions do it:
+// `(float(x) / scale).clamp(-448, 448).to(float8_e4m3fn)`.
+//
+// The rounding is torch's own (c10::Float8_e4m3fn's fp8e4m3fn_from_fp32_value)
+// in integer arithmetic: round to nearest even, NaN (0x7F) from 480 up, so the
+// bits equal torch's on every GPU, including sm_80, which has no FP8
+// conversion instruction.
+
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace vllm_ir_cuda {
+
+constexpr float kFp8Max = 448.0f;
+
+// float32 1/448 as ATen computes it when a CUDA tensor is divided by a Python
+// scalar (it multiplies by the scalar's reciprocal): native's dynamic scales
+// on CUDA are `amax * kInvFp8Max`, not `amax / 448`.
+constexpr float kInvFp8Max = 1.0f / 448.0f;
+
+// The smallest dynamic scale, float32(1 / (448 * 512)) as native clamps to.
+constexpr float kMinDynamicScale = 1.0f / (448.0f * 512.0f);
+
+// An already-clamped float32 -> e4m3fn bits.
+__device__ __forceinline__ uint8_t fp8_bits_of(float v) {
+  const uint32_t bits = __float_as_uint(v);
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  const uint32_t mag = bits & 0x7FFFFFFFu;
+  uint32_t out;
+  if (mag >= 0x43F00000u) {  // 480.0 and up, inf, NaN
+    out = 0x7Fu;
+  } else if (mag < 0x3C800000u) {  // below 2**-6: round to a multiple of 2**-9 via 2**14
+    out = __float_as_uint(__uint_as_float(mag) + 16384.0f) - 0x46800000u;
+  } else {  // rebias the exponent (127 -> 7), round the 20 dropped bits to nearest even
+    out = (mag - 0x3C000000u + 0x7FFFFu + ((mag >> 20) & 1u)) >> 20;
+  }
+  return static_cast<uint8_t>(out | sign);
+}
+
+// `x / scale` (IEEE division, whatever the flags), clamped to +-448 (NaN
+// stays NaN), as FP8 bits.
+__device__ __forceinline__ uint8_t quantize_fp8(float x, float scale) {
+  float v = __fdiv_rn(x, scale);
+  v = v > kFp8Max ? kFp8Max : (v < -kFp8Max ? -kFp8Max : v);
+  return fp8_bits_of(v);
+}
+
+}  // namespace vllm_ir_cuda
