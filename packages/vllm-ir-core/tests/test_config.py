@@ -19,7 +19,7 @@ def with_kernel() -> ir.IrOp:
             return op.native(x, weight, epsilon, variance_size)
 
     yield op
-    op._unregister_impl("cfg_kernel")
+    op.unregister_impl("cfg_kernel")
 
 
 def test_cli_dotted_form_repeatable(with_kernel: ir.IrOp) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Iterator
+from typing import Any
 from importlib import metadata
 
 import pytest
@@ -19,21 +20,25 @@ from vllm_ir import priority, providers
 def fresh_discovery(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
     """Discovery state reset, and a fake entry-point table the test fills in."""
     table: dict[str, object] = {}
+    real = metadata.entry_points
 
-    def entry_points(group: str) -> list[metadata.EntryPoint]:
-        assert group == providers.ENTRY_POINT_GROUP
+    def entry_points(**params: Any) -> Any:
+        # importlib.metadata is shared: other libraries (triton) keep their entry points
+        if params.get("group") != providers.ENTRY_POINT_GROUP:
+            return real(**params)
         eps = []
         for name, obj in table.items():
             module = types.ModuleType(f"fake_provider_{name}")
             module.provider = obj  # type: ignore[attr-defined]
             monkeypatch.setitem(sys.modules, module.__name__, module)
-            eps.append(metadata.EntryPoint(name, f"{module.__name__}:provider", group))
+            eps.append(metadata.EntryPoint(name, f"{module.__name__}:provider", providers.ENTRY_POINT_GROUP))
         return eps
 
     monkeypatch.setattr(providers.metadata, "entry_points", entry_points)
     monkeypatch.setattr(providers, "_loaded_once", False)
     monkeypatch.setattr(providers, "_loaded", {})
     monkeypatch.setattr(providers, "_errors", {})
+    monkeypatch.setattr(providers, "_registrations", {})
     yield table
     for name in table:
         priority.remove_platform_defaults(f"fake_provider_{name}")
@@ -72,7 +77,7 @@ def test_provider_loads_with_defaults_and_attribution(fresh_discovery) -> None: 
         assert ir.ops.rms_norm.get_priority() == [name, "native"]
         assert ir.ops.rms_norm.dispatch(torch.ones(2, 4), None, 1e-6).provider == name
     finally:
-        ir.ops.rms_norm._unregister_impl(name)
+        ir.ops.rms_norm.unregister_impl(name)
 
 
 def test_spec_factory_function_is_accepted(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
@@ -81,7 +86,7 @@ def test_spec_factory_function_is_accepted(fresh_discovery) -> None:  # type: ig
     try:
         assert name in ir.loaded_providers()
     finally:
-        ir.ops.rms_norm._unregister_impl(name)
+        ir.ops.rms_norm.unregister_impl(name)
 
 
 def test_failing_provider_is_skipped_and_rolled_back(fresh_discovery, caplog) -> None:  # type: ignore[no-untyped-def]
@@ -99,7 +104,7 @@ def test_failing_provider_is_skipped_and_rolled_back(fresh_discovery, caplog) ->
         assert f"provider {bad!r}" in caplog.text
         assert "kernel library missing" in caplog.text
     finally:
-        ir.ops.rms_norm._unregister_impl(good)
+        ir.ops.rms_norm.unregister_impl(good)
 
 
 def test_incompatible_api_version_is_refused(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
@@ -128,7 +133,7 @@ def test_allow_list(fresh_discovery, monkeypatch, caplog) -> None:  # type: igno
         assert "'typo_provider', but no such provider is installed" in caplog.text
         assert skipped not in ir.ops.rms_norm.impls
     finally:
-        ir.ops.rms_norm._unregister_impl(kept)
+        ir.ops.rms_norm.unregister_impl(kept)
 
 
 def test_provider_registering_a_new_op_is_rolled_back(fresh_discovery) -> None:  # type: ignore[no-untyped-def]

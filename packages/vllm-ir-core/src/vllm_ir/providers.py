@@ -138,8 +138,8 @@ def _check_defaults_name_known_ops(spec: ProviderSpec, package: str) -> None:
                         f"{', '.join(sorted(IrOp.registry))}"
                     )
                 unknown = [p for p in providers if p not in op._impls]
-                if unknown:  # may come from a package loaded later: not an error
-                    logger.warning(
+                if unknown:  # another package's provider, maybe not installed: not an error
+                    logger.debug(
                         "provider %r (%s): %s %s defaults of op %r name provider(s) %s, which "
                         "no loaded package registered (yet); known: %s",
                         spec.name,
