@@ -53,7 +53,7 @@ def test_failed_build_publishes_nothing(tmp_path: Path) -> None:
     ("damage", "reason"),
     [
         (lambda entry: os.truncate(entry / "lib.so", 2), "truncated"),
-        (lambda entry: (entry / "lib.so").write_bytes(b"evil-bytes!!!!")  # same size, "sha256"),
+        (lambda entry: (entry / "lib.so").write_bytes(b"evil-bytes!!!!"), "sha256"),
         (lambda entry: (entry / MARKER).unlink(), "no completion marker"),
         (lambda entry: (entry / MARKER).write_text("{"), "unreadable"),
     ],
