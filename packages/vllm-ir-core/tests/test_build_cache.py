@@ -29,10 +29,13 @@ def test_build_publishes_once_then_loads_from_cache(tmp_path: Path) -> None:
     cache = BuildCache(tmp_path / "cache")
     loaded: list[Path] = []
     path, built = cache.get_or_build("k", "lib.so", _writer(b"v1"), loaded.append)
-    assert built and path.read_bytes() == b"v1" and not loaded
+    assert built
+    assert path.read_bytes() == b"v1"
+    assert not loaded
     assert (path.parent / MARKER).exists()
     again, built = cache.get_or_build("k", "lib.so", _writer(b"v2"), loaded.append)
-    assert (again, built) == (path, False) and loaded == [path]
+    assert (again, built) == (path, False)
+    assert loaded == [path]
     assert again.read_bytes() == b"v1"
     assert oct((tmp_path / "cache").stat().st_mode & 0o777) == oct(0o700)
 
@@ -65,9 +68,11 @@ def test_damaged_entry_is_quarantined_and_rebuilt(tmp_path: Path, caplog, damage
     loaded: list[Path] = []
     with caplog.at_level(logging.WARNING, logger="vllm_ir"):
         again, built = cache.get_or_build("k", "lib.so", _writer(b"rebuilt-bytes"), loaded.append)
-    assert built and not loaded  # the damaged file was never handed to load
+    assert built
+    assert not loaded
     assert again.read_bytes() == b"rebuilt-bytes"
-    assert reason in caplog.text and "moved to" in caplog.text
+    assert reason in caplog.text
+    assert "moved to" in caplog.text
     assert len(list((tmp_path / ".quarantine").iterdir())) == 1
 
 
@@ -78,7 +83,9 @@ def test_planted_file_without_marker_is_never_loaded(tmp_path: Path) -> None:
     (entry / "lib.so").write_bytes(b"planted")
     loaded: list[Path] = []
     path, built = BuildCache(tmp_path).get_or_build("k", "lib.so", _writer(b"ours"), loaded.append)
-    assert built and not loaded and path.read_bytes() == b"ours"
+    assert built
+    assert not loaded
+    assert path.read_bytes() == b"ours"
 
 
 @pytest.mark.parametrize("where", ["root", "entry", "file"])
@@ -90,7 +97,9 @@ def test_writable_by_others_is_refused(tmp_path: Path, where: str) -> None:
     with pytest.raises(UnsafeCacheError) as info:
         cache.get_or_build("k", "lib.so", _writer(b"y"), lambda p: pytest.fail("loaded"))
     message = str(info.value)
-    assert str(target) in message and "chmod go-w" in message and "VLLM_IR_CACHE_DIR" in message
+    assert str(target) in message
+    assert "chmod go-w" in message
+    assert "VLLM_IR_CACHE_DIR" in message
     assert "\n" not in message
 
 
@@ -118,7 +127,8 @@ def test_lock_wait_is_bounded_and_names_the_lock(tmp_path: Path) -> None:
         [sys.executable, "-c", _HOLD_LOCK, str(tmp_path)], stdout=subprocess.PIPE, text=True
     )
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(BuildCacheError, match=f"lock {tmp_path / 'k.lock'}"):
             cache.get_or_build("k", "lib.so", _writer(b"x"))
     finally:
@@ -169,7 +179,8 @@ def test_build_killed_mid_way_does_not_block_or_poison_the_next_process(tmp_path
         text=True,
         start_new_session=True,
     )
-    assert build.stdout is not None and build.stdout.readline().strip() == "building"
+    assert build.stdout is not None
+    assert build.stdout.readline().strip() == "building"
     os.killpg(build.pid, signal.SIGKILL)
     build.wait()
     assert list(tmp_path.glob(".building-k-*")), "the killed build left its directory"
@@ -203,10 +214,12 @@ def test_reader_waits_for_a_build_in_progress(tmp_path: Path) -> None:
     builder = subprocess.Popen(
         [sys.executable, "-c", slow, str(tmp_path)], stdout=subprocess.PIPE, text=True
     )
-    assert builder.stdout is not None and builder.stdout.readline().strip() == "building"
+    assert builder.stdout is not None
+    assert builder.stdout.readline().strip() == "building"
     loaded: list[bytes] = []
-    path, built = BuildCache(tmp_path).get_or_build(
+    _path, built = BuildCache(tmp_path).get_or_build(
         "k", "lib.so", _writer(b"second"), lambda p: loaded.append(p.read_bytes())
     )
     builder.wait(timeout=30)
-    assert not built and loaded == [b"complete"]
+    assert not built
+    assert loaded == [b"complete"]

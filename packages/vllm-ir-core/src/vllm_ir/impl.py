@@ -11,6 +11,7 @@ import keyword
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 __all__ = [
@@ -140,7 +141,7 @@ def resolved_signature(fn: Callable[..., Any], *, strict: bool = False) -> inspe
 
 def _caller_locals() -> dict[str, Any]:
     """Locals of the nearest frame outside vllm-ir: where the decorator was applied."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_globals.get("__name__", "").startswith("vllm_ir."):
         frame = frame.f_back
     return dict(frame.f_locals) if frame is not None else {}

@@ -13,7 +13,8 @@ Tests use the same scope to register freely and undo it all afterwards:
 >>> import torch, vllm_ir as ir
 >>> with ir.recording_registrations("doc") as log:
 ...     @ir.ops.rms_norm.register_impl("doc_kernel")
-...     def doc_kernel(x, weight, epsilon, variance_size=None):
+...     def doc_kernel(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
+...                    variance_size: int | None = None) -> torch.Tensor:
 ...         return ir.ops.rms_norm.native(x, weight, epsilon, variance_size)
 >>> "doc_kernel" in ir.ops.rms_norm.impls
 True
@@ -222,13 +223,11 @@ def recording_registrations(package: str | None = None) -> Iterator[Registration
     try:
         yield log
     except BaseException:
-        _current.reset(token)
-        token = None
+        _current.reset(token)  # undo outside the scope: nothing is recorded twice
         log.remove()
         restored = snapshot.restore()
         if restored:
             logger.debug("rolled back for %s: %s", package, ", ".join(restored))
         raise
-    finally:
-        if token is not None:
-            _current.reset(token)
+    else:
+        _current.reset(token)
