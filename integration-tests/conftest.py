@@ -12,9 +12,12 @@ FIXTURE_DISTRIBUTIONS = (
     "vllm-ir-example-provider",
     "vllm-ir-broken-provider",
     "vllm-ir-incompatible-provider",
+    "vllm-ir-hostile-provider",
 )
 
-IN_PROCESS_PROVIDERS = "example,broken,incompatible"
+HOSTILE_PROVIDERS = ("hostile_defaults", "hostile_exit", "hostile_partial", "hostile_signature")
+
+IN_PROCESS_PROVIDERS = ",".join(("example", "broken", "incompatible", *HOSTILE_PROVIDERS))
 """The allow-list of the in-process tests: whatever other provider packages
 ``packages/`` holds, the priorities and selections they assert stay exact.
 The subprocess tests cover the other providers being installed alongside."""

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import sys
+import types
 from collections.abc import Callable, Iterator
+from importlib import metadata
+from typing import Any
 
 import pytest
 import torch
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir import dispatch, priority
+from vllm_ir import dispatch, priority, providers
 
 _counter = itertools.count()
 
@@ -71,3 +75,35 @@ def inplace_op(make_op: Callable[..., ir.IrOp]) -> ir.IrOp:
         return x, x_other
 
     return op
+
+
+@pytest.fixture
+def fresh_discovery(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
+    """Discovery state reset, and a fake entry-point table the test fills in."""
+    table: dict[str, object] = {}
+    real = metadata.entry_points
+
+    def entry_points(**params: Any) -> Any:
+        # importlib.metadata is shared: other libraries (triton) keep their entry points
+        if params.get("group") != providers.ENTRY_POINT_GROUP:
+            return real(**params)
+        eps = []
+        for name, obj in table.items():
+            module = types.ModuleType(f"fake_provider_{name}")
+            module.provider = obj  # type: ignore[attr-defined]
+            monkeypatch.setitem(sys.modules, module.__name__, module)
+            eps.append(
+                metadata.EntryPoint(
+                    name, f"{module.__name__}:provider", providers.ENTRY_POINT_GROUP
+                )
+            )
+        return eps
+
+    monkeypatch.setattr(providers.metadata, "entry_points", entry_points)
+    monkeypatch.setattr(providers, "_loaded_once", False)
+    monkeypatch.setattr(providers, "_loaded", {})
+    monkeypatch.setattr(providers, "_errors", {})
+    monkeypatch.setattr(providers, "_registrations", {})
+    yield table
+    for name in table:
+        priority.remove_platform_defaults(f"fake_provider_{name}")

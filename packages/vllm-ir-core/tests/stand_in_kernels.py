@@ -70,8 +70,8 @@ def register() -> None:
 
 
 def unregister() -> None:
-    ir.ops.fused_add_rms_norm._unregister_impl(INPLACE)
-    ir.ops.rms_norm._unregister_impl(OPAQUE)
+    ir.ops.fused_add_rms_norm.unregister_impl(INPLACE)
+    ir.ops.rms_norm.unregister_impl(OPAQUE)
 
 
 @torch.library.custom_op("vllm_ir_test::scale_", mutates_args=("x",))

@@ -179,7 +179,7 @@ def test_supports_args_guarding_on_batch_size_is_refused() -> None:
         with pytest.raises(Exception, match=r"returned SymBool.*would guard the compiled graph"):
             fn(torch.randn(4, HIDDEN))
     finally:
-        op._unregister_impl("batch_guard")
+        op.unregister_impl("batch_guard")
 
 
 def test_donated_input_read_after_is_a_compile_error() -> None:

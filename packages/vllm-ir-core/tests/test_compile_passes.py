@@ -311,4 +311,4 @@ def test_impls_that_allocate_trace_in_the_fake_mode() -> None:
         x, _, w = inputs()
         torch.testing.assert_close(gm(x, w), op.native(x, w, 1e-6))
     finally:
-        op._unregister_impl("allocating")
+        op.unregister_impl("allocating")

@@ -19,7 +19,7 @@ def with_kernel() -> ir.IrOp:
             return op.native(x, weight, epsilon, variance_size)
 
     yield op
-    op._unregister_impl("cfg_kernel")
+    op.unregister_impl("cfg_kernel")
 
 
 def test_cli_dotted_form_repeatable(with_kernel: ir.IrOp) -> None:
@@ -104,3 +104,45 @@ def test_merged_overrides_per_op(with_kernel: ir.IrOp) -> None:
     merged = base.merged(ir.IrOpPriorityConfig(rms_norm=["cfg_kernel"]))
     assert merged.to_dict() == {"rms_norm": ["cfg_kernel"], "fused_add_rms_norm": ["native"]}
     assert "rms_norm=['cfg_kernel']" in repr(merged)
+
+
+# -- hostile input: one-line errors, bounded work, values cut short ------------
+
+
+def test_deeply_nested_json_is_a_one_line_error_not_recursion() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(ValueError, match="nests deeper than") as info:
+        ir.parse_ir_op_priority_args(["--ir-op-priority", deep])
+    assert "\n" not in str(info.value)
+    assert len(str(info.value)) < 400
+
+
+def test_huge_invalid_json_is_not_echoed_whole() -> None:
+    with pytest.raises(ValueError, match="is not valid JSON") as info:
+        ir.parse_ir_op_priority_args(["--ir-op-priority", "{" + "x" * 5_000_000])
+    assert len(str(info.value)) < 400
+    assert "(5000003 chars)" in str(info.value)
+
+
+def test_json_naming_an_op_twice_is_an_error() -> None:
+    with pytest.raises(ValueError, match="names op 'rms_norm' twice"):
+        ir.parse_ir_op_priority_args(
+            ["--ir-op-priority", '{"rms_norm": ["bogus"], "rms_norm": ["native"]}']
+        )
+
+
+def test_flag_value_is_not_taken_from_the_next_flag() -> None:
+    with pytest.raises(ValueError, match="expects a value, got the next flag '--verbose'"):
+        ir.parse_ir_op_priority_args(["--ir-op-priority.rms_norm", "--verbose"])
+
+
+def test_non_string_keys_are_a_clear_error() -> None:
+    with pytest.raises(TypeError, match="keys must be op names, got 1"):
+        ir.IrOpPriorityConfig.from_dict({1: ["native"]})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="ir_passes must map IR pass names to bools"):
+        ir.KernelConfig(ir_passes=["fuse_norm_quant"])  # type: ignore[arg-type]
+
+
+def test_iterator_of_providers_is_read_once_not_emptied() -> None:
+    config = ir.IrOpPriorityConfig(rms_norm=iter(["native"]))
+    assert config.to_dict() == {"rms_norm": ["native"]}

@@ -25,7 +25,7 @@ def registered() -> Iterator[list[tuple[ir.IrOp, str]]]:
     made: list[tuple[ir.IrOp, str]] = []
     yield made
     for op, provider in made:
-        op._unregister_impl(provider)
+        op.unregister_impl(provider)
 
 
 def _rms(provider: str, fn, made, **kwargs) -> None:  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from vllm_ir import extension
+from vllm_ir.build_cache import BuildCache
 
 
 @pytest.fixture(autouse=True)
@@ -20,9 +21,14 @@ def test_a_cached_build_loads_without_a_toolchain(monkeypatch, tmp_path: Path) -
     source = tmp_path / "k.cpp"
     source.write_text("// kernel\n")
     key = f"k-0-torch{torch.__version__}-{extension.machine()}-{extension._digest([source], [])}"
-    library = tmp_path / "cache" / "extensions" / key / "k.so"
-    library.parent.mkdir(parents=True)
-    library.write_bytes(b"")
+    # a complete entry, as an earlier process published it (with its marker)
+    cache = BuildCache(tmp_path / "cache" / "extensions")
+
+    def build(directory: Path) -> Path:
+        (directory / "k.so").write_bytes(b"")
+        return directory / "k.so"
+
+    library, _ = cache.get_or_build(key, "k.so", build)
     monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
     loaded = []
     monkeypatch.setattr(torch.ops, "load_library", loaded.append)

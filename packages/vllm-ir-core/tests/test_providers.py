@@ -4,39 +4,13 @@ from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Iterator
 from importlib import metadata
 
-import pytest
 import torch
 import vllm_ir as ir
 from conftest import unique
 from torch import Tensor
-from vllm_ir import priority, providers
-
-
-@pytest.fixture
-def fresh_discovery(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
-    """Discovery state reset, and a fake entry-point table the test fills in."""
-    table: dict[str, object] = {}
-
-    def entry_points(group: str) -> list[metadata.EntryPoint]:
-        assert group == providers.ENTRY_POINT_GROUP
-        eps = []
-        for name, obj in table.items():
-            module = types.ModuleType(f"fake_provider_{name}")
-            module.provider = obj  # type: ignore[attr-defined]
-            monkeypatch.setitem(sys.modules, module.__name__, module)
-            eps.append(metadata.EntryPoint(name, f"{module.__name__}:provider", group))
-        return eps
-
-    monkeypatch.setattr(providers.metadata, "entry_points", entry_points)
-    monkeypatch.setattr(providers, "_loaded_once", False)
-    monkeypatch.setattr(providers, "_loaded", {})
-    monkeypatch.setattr(providers, "_errors", {})
-    yield table
-    for name in table:
-        priority.remove_platform_defaults(f"fake_provider_{name}")
+from vllm_ir import providers
 
 
 def _rms_impl(
@@ -72,7 +46,7 @@ def test_provider_loads_with_defaults_and_attribution(fresh_discovery) -> None: 
         assert ir.ops.rms_norm.get_priority() == [name, "native"]
         assert ir.ops.rms_norm.dispatch(torch.ones(2, 4), None, 1e-6).provider == name
     finally:
-        ir.ops.rms_norm._unregister_impl(name)
+        ir.ops.rms_norm.unregister_impl(name)
 
 
 def test_spec_factory_function_is_accepted(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
@@ -81,7 +55,7 @@ def test_spec_factory_function_is_accepted(fresh_discovery) -> None:  # type: ig
     try:
         assert name in ir.loaded_providers()
     finally:
-        ir.ops.rms_norm._unregister_impl(name)
+        ir.ops.rms_norm.unregister_impl(name)
 
 
 def test_failing_provider_is_skipped_and_rolled_back(fresh_discovery, caplog) -> None:  # type: ignore[no-untyped-def]
@@ -99,7 +73,7 @@ def test_failing_provider_is_skipped_and_rolled_back(fresh_discovery, caplog) ->
         assert f"provider {bad!r}" in caplog.text
         assert "kernel library missing" in caplog.text
     finally:
-        ir.ops.rms_norm._unregister_impl(good)
+        ir.ops.rms_norm.unregister_impl(good)
 
 
 def test_incompatible_api_version_is_refused(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
@@ -128,7 +102,7 @@ def test_allow_list(fresh_discovery, monkeypatch, caplog) -> None:  # type: igno
         assert "'typo_provider', but no such provider is installed" in caplog.text
         assert skipped not in ir.ops.rms_norm.impls
     finally:
-        ir.ops.rms_norm._unregister_impl(kept)
+        ir.ops.rms_norm.unregister_impl(kept)
 
 
 def test_provider_registering_a_new_op_is_rolled_back(fresh_discovery) -> None:  # type: ignore[no-untyped-def]

@@ -199,3 +199,71 @@ def test_unknown_op_lists_known_ones() -> None:
         ir.get_op("no_such_op")
     with pytest.raises(AttributeError, match="unknown IR op 'no_such_op'"):
         ir.ops.no_such_op
+
+
+# -- registration errors a new provider author meets --------------------------
+
+
+def test_impl_with_local_imports_under_future_annotations_registers() -> None:
+    import textwrap
+
+    source = textwrap.dedent(
+        """
+        from __future__ import annotations
+        import vllm_ir as ir
+
+        def register(name):
+            from torch import Tensor
+
+            @ir.ops.rms_norm.register_impl(name)
+            def impl(x: Tensor, weight: Tensor | None, epsilon: float,
+                     variance_size: int | None = None) -> Tensor:
+                return ir.ops.rms_norm.native(x, weight, epsilon, variance_size)
+        """
+    )
+    namespace: dict[str, object] = {"__name__": "acme_kernels"}
+    exec(compile(source, "acme_kernels.py", "exec"), namespace)
+    name = unique("local_import")
+    namespace["register"](name)  # type: ignore[operator]
+    try:
+        assert name in ir.ops.rms_norm.impls
+    finally:
+        ir.ops.rms_norm.unregister_impl(name)
+
+
+def test_unevaluable_annotation_is_named() -> None:
+    def impl(x: Tensr, weight, epsilon, variance_size=None):  # type: ignore[no-untyped-def,name-defined]  # noqa: F821
+        return x
+
+    with pytest.raises(TypeError, match=r"annotation 'Tensr' of parameter 'x' .* could not be"):
+        ir.ops.rms_norm.register_impl(unique("typo"))(impl)
+
+
+@pytest.mark.parametrize(
+    ("params", "difference"),
+    [
+        ("x, weight, eps, variance_size=None", "parameter 3 is named 'eps', the op's is 'epsilon'"),
+        ("x, weight, epsilon", "it lacks the op's parameter(s) 'variance_size'"),
+        ("x, weight, epsilon, variance_size=1", "parameter 'variance_size' has default 1"),
+    ],
+)
+def test_signature_mismatch_names_the_parameter(params: str, difference: str) -> None:
+    annotations = {
+        "x": "Tensor",
+        "weight": "Tensor | None",
+        "eps": "float",
+        "epsilon": "float",
+        "variance_size": "int | None",
+    }
+    rendered = ", ".join(
+        f"{p.split('=')[0]}: {annotations[p.split('=')[0]]}"
+        + (f"={p.split('=')[1]}" if "=" in p else "")
+        for p in (q.strip() for q in params.split(","))
+    )
+    namespace: dict[str, object] = {"Tensor": Tensor}
+    exec(f"def impl({rendered}) -> Tensor:\n    return x\n", namespace)
+    with pytest.raises(TypeError) as info:
+        ir.ops.rms_norm.register_impl(unique("mismatch"))(namespace["impl"])  # type: ignore[arg-type]
+    message = str(info.value)
+    assert difference in message
+    assert "\n" not in message

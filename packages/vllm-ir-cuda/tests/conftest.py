@@ -53,5 +53,5 @@ def standin(cpu_kernels: StandInKernels) -> Iterator[StandInKernels]:
         layernorm.fused_add_rms_norm
     )
     yield cpu_kernels
-    ir.ops.rms_norm._unregister_impl(STANDIN)
-    ir.ops.fused_add_rms_norm._unregister_impl(STANDIN)
+    ir.ops.rms_norm.unregister_impl(STANDIN)
+    ir.ops.fused_add_rms_norm.unregister_impl(STANDIN)

@@ -117,7 +117,7 @@ def test_registered_unsupported_here_with_the_reason_logged(
     from vllm_ir_rocm import layernorm
 
     for op in (ir.ops.rms_norm, ir.ops.fused_add_rms_norm):
-        op._unregister_impl("aiter")
+        op.unregister_impl("aiter")
     with caplog.at_level("INFO", logger="vllm_ir.providers.aiter"):
         found = layernorm.register_kernels()
     assert not found.supported

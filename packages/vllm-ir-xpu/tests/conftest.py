@@ -33,7 +33,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _register_again() -> availability.Availability:
     for op in OPS:
-        op._unregister_impl(PROVIDER)
+        op.unregister_impl(PROVIDER)
     return layernorm.register_kernels(PROVIDER)
 
 

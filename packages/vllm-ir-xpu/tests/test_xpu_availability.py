@@ -136,7 +136,7 @@ def test_registered_unsupported_here_with_the_reason_logged(
     from vllm_ir_xpu import layernorm
 
     for op in (ir.ops.rms_norm, ir.ops.fused_add_rms_norm):
-        op._unregister_impl("xpu_kernels")
+        op.unregister_impl("xpu_kernels")
     with caplog.at_level("INFO", logger="vllm_ir.providers.xpu_kernels"):
         found = layernorm.register_kernels()
     assert not found.supported

@@ -26,6 +26,7 @@ from vllm_ir.op import IrOp, IrOpInplaceOverload, get_op, register_op
 from vllm_ir.platform import current_platform
 from vllm_ir.priority import PlatformDefaults, PriorityEntry, compiled_selection
 from vllm_ir.providers import ProviderSpec, load_errors, loaded_providers
+from vllm_ir.registration import RegistrationHandle, RegistrationLog, recording_registrations
 from vllm_ir.samples import SampleInput
 from vllm_ir.tolerances import Tolerance
 
@@ -55,6 +56,8 @@ __all__ = [
     "PlatformDefaults",
     "PriorityEntry",
     "ProviderSpec",
+    "RegistrationHandle",
+    "RegistrationLog",
     "SampleInput",
     "Selection",
     "Tolerance",
@@ -70,5 +73,6 @@ __all__ = [
     "loaded_providers",
     "ops",
     "parse_ir_op_priority_args",
+    "recording_registrations",
     "register_op",
 ]

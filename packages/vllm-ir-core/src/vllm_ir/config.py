@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,23 @@ __all__ = [
 
 CLI_FLAG = "--ir-op-priority"
 
+_MAX_JSON_DEPTH = 32  # a priority map nests two levels; deeper input is not a priority map
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: errors stay one readable line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text)} chars)"
+
+
+def _provider_list(op_name: str, providers: object) -> Sequence[str]:
+    """Materialize ``providers`` once: an iterator would be empty after validation."""
+    if isinstance(providers, (str, bytes, Mapping)) or not isinstance(providers, Iterable):
+        raise TypeError(
+            f"priority of op {op_name!r} must be a list of provider names, got {_short(providers)}"
+        )
+    return list(providers)
+
 
 class IrOpPriorityConfig:
     """Per-op priority lists, e.g. ``IrOpPriorityConfig(rms_norm=["vllm_c", "native"])``.
@@ -49,15 +66,18 @@ class IrOpPriorityConfig:
                 op: IrOp = get_op(op_name)
             except KeyError as e:
                 raise ValueError(e.args[0]) from None
-            checked[op_name] = op.check_providers(providers)
+            checked[op_name] = op.check_providers(_provider_list(op_name, providers))
         self._priorities = checked
 
     @classmethod
     def from_dict(cls, priorities: Mapping[str, Sequence[str]]) -> IrOpPriorityConfig:
         if not isinstance(priorities, Mapping):
             raise TypeError(
-                f"ir_op_priority must map op names to provider lists, got {priorities!r}"
+                f"ir_op_priority must map op names to provider lists, got {_short(priorities)}"
             )
+        for op_name in priorities:
+            if not isinstance(op_name, str):
+                raise TypeError(f"ir_op_priority keys must be op names, got {_short(op_name)}")
         return cls(**priorities)
 
     @classmethod
@@ -198,6 +218,13 @@ class KernelConfig:
         if not isinstance(self.ir_op_priority, IrOpPriorityConfig):
             self.ir_op_priority = IrOpPriorityConfig.from_dict(self.ir_op_priority)
         if not isinstance(self.ir_passes, IrPassConfig):
+            if not isinstance(self.ir_passes, Mapping) or not all(
+                isinstance(k, str) for k in self.ir_passes
+            ):
+                raise TypeError(
+                    "ir_passes must map IR pass names to bools, e.g. "
+                    f"{{'fuse_norm_quant': False}}, got {_short(self.ir_passes)}"
+                )
             self.ir_passes = IrPassConfig(**self.ir_passes)
 
     @property
@@ -230,20 +257,60 @@ def _parse_providers(op_name: str, value: str) -> list[str]:
 
 
 def _parse_json(value: str) -> dict[str, Any]:
+    if _nesting_depth(value) > _MAX_JSON_DEPTH:  # json recurses: deep input is a RecursionError
+        raise ValueError(
+            f"{CLI_FLAG} {_short(value)} nests deeper than {_MAX_JSON_DEPTH} levels; "
+            'expected e.g. \'{"rms_norm": ["vllm_c", "native"]}\''
+        )
     try:
-        parsed = json.loads(value)
+        parsed = json.loads(value, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as e:
         raise ValueError(
-            f"{CLI_FLAG} {value!r} is not valid JSON ({e.msg} at column {e.colno}); "
+            f"{CLI_FLAG} {_short(value)} is not valid JSON ({e.msg} at column {e.colno}); "
             'expected e.g. \'{"rms_norm": ["vllm_c", "native"]}\''
         ) from None
     if not isinstance(parsed, dict) or not all(
         isinstance(v, list) and all(isinstance(p, str) for p in v) for v in parsed.values()
     ):
         raise ValueError(
-            f"{CLI_FLAG} JSON must map op names to lists of provider names, got {value!r}"
+            f"{CLI_FLAG} JSON must map op names to lists of provider names, got {_short(value)}"
         )
     return parsed
+
+
+def _nesting_depth(text: str) -> int:
+    """The deepest bracket nesting of ``text`` (ignoring strings): a cheap pre-check."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > _MAX_JSON_DEPTH:
+                    break
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A key given twice is a mistake; silently keeping the last one hides it."""
+    result: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in result:
+            raise ValueError(f"{CLI_FLAG} JSON names op {key!r} twice; give each op once")
+        result[key] = item
+    return result
 
 
 def parse_ir_op_priority_args(
@@ -276,6 +343,8 @@ def parse_ir_op_priority_args(
             if i >= len(args):
                 raise ValueError(f"{flag} expects a value")
             value = args[i]
+            if value.startswith("--"):  # provider lists never start so: a missing value
+                raise ValueError(f"{flag} expects a value, got the next flag {_short(value)}")
             i += 1
         if flag == CLI_FLAG:
             priorities.update(_parse_json(value))

@@ -13,11 +13,13 @@ __all__ = [
     "VLLM_BATCH_INVARIANT",
     "VLLM_IR_PLATFORM",
     "VLLM_IR_PROVIDERS",
+    "VLLM_IR_PROVIDER_LOAD_WARN_S",
     "VLLM_LOGGING_LEVEL",
     "batch_invariant",
     "logging_level",
     "platform_override",
     "provider_allow_list",
+    "provider_load_warn_s",
 ]
 
 VLLM_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
@@ -26,6 +28,9 @@ VLLM_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 VLLM_IR_PROVIDERS = "VLLM_IR_PROVIDERS"
 """Comma-separated allow-list of provider entry points to load; unset loads all,
 ``none`` loads none."""
+
+VLLM_IR_PROVIDER_LOAD_WARN_S = "VLLM_IR_PROVIDER_LOAD_WARN_S"
+"""Seconds a provider may take to load before a warning names it (default 5; 0: never)."""
 
 VLLM_LOGGING_LEVEL = "VLLM_LOGGING_LEVEL"
 """Level of the ``vllm_ir`` logger; ``DEBUG`` logs every selection and rejection."""
@@ -57,3 +62,17 @@ def logging_level() -> str | None:
 def platform_override() -> str | None:
     raw = os.environ.get(VLLM_IR_PLATFORM)
     return raw.strip().lower() if raw and raw.strip() else None
+
+
+def provider_load_warn_s() -> float:
+    raw = os.environ.get(VLLM_IR_PROVIDER_LOAD_WARN_S, "").strip()
+    if not raw:
+        return 5.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{VLLM_IR_PROVIDER_LOAD_WARN_S}={raw[:40]!r} is not a number of seconds; "
+            "set it to e.g. 5, or 0 to never warn"
+        ) from None
+    return max(value, 0.0)

@@ -4,8 +4,11 @@ Provider packages ship sources and call :func:`build_extension` on first use
 (or ahead of time, from their ``python -m <package> build`` command). The
 shared library lands in a cache directory keyed by the package, its version,
 torch's version and a hash of the sources and flags, so an upgrade never
-loads a stale build. A file lock serializes concurrent builds of the same
-key across processes; the second process waits, then loads the result.
+loads a stale build. The cache (:mod:`vllm_ir.build_cache`) builds in a
+private directory and publishes atomically under a lock the kernel releases
+if its holder dies; it checks each entry (size and sha256) before loading it,
+rebuilds a damaged one, and refuses directories or files that anyone but the
+current user could have written.
 
 The library registers its ops with ``TORCH_LIBRARY``; it is loaded with
 ``torch.ops.load_library``.
@@ -23,6 +26,7 @@ from platform import machine
 
 import torch
 
+from vllm_ir.build_cache import BuildCache, BuildCacheError, ensure_private_dir
 from vllm_ir.logger import get_logger
 
 __all__ = ["CACHE_ENV", "ExtensionBuildError", "build_extension", "cache_root"]
@@ -112,58 +116,33 @@ def build_extension(
     flags = [*extra_cflags, *extra_cuda_cflags, *extra_ldflags]
     # the machine is in the key; instruction-set flags (e.g. -mavx512f) are in the digest
     key = f"{name}-{version}-torch{torch.__version__}-{machine()}-{_digest(sources, flags)}"
-    build_dir = cache_root() / "extensions" / key
-    library = build_dir / f"{name}.so"
-    if not library.exists():  # a cached build loads without compiler or ninja
-        _build(
-            name,
-            sources,
-            build_dir,
-            library,
-            extra_cflags,
-            extra_cuda_cflags,
-            extra_ldflags,
-            with_cuda,
-            verbose,
+
+    def build(directory: Path) -> Path:
+        _check_toolchain(name, with_cuda)
+        logger.info("building %s for %s (first use; cached afterwards)", name, key)
+        from torch.utils import cpp_extension
+
+        # torch's own lock (FileBaton) lives in this private directory: uncontended
+        built = cpp_extension.load(
+            name=name,
+            sources=[str(s) for s in sources],
+            extra_cflags=list(extra_cflags),
+            extra_cuda_cflags=list(extra_cuda_cflags),
+            extra_ldflags=list(extra_ldflags),
+            build_directory=str(directory),
+            with_cuda=with_cuda,
+            is_python_module=False,
+            verbose=verbose,
         )
-    torch.ops.load_library(str(library))
-    return library
+        return Path(str(built))
 
-
-def _build(
-    name: str,
-    sources: Sequence[Path],
-    build_dir: Path,
-    library: Path,
-    extra_cflags: Sequence[str],
-    extra_cuda_cflags: Sequence[str],
-    extra_ldflags: Sequence[str],
-    with_cuda: bool,
-    verbose: bool,
-) -> None:
-    from filelock import FileLock, Timeout
-    from torch.utils import cpp_extension
-
-    _check_toolchain(name, with_cuda)
-    build_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(build_dir / "build.lock"), timeout=_LOCK_TIMEOUT_S)
     try:
-        with lock:
-            if not library.exists():  # another process may have built it meanwhile
-                logger.info("building %s in %s (first use; cached afterwards)", name, build_dir)
-                cpp_extension.load(
-                    name=name,
-                    sources=[str(s) for s in sources],
-                    extra_cflags=list(extra_cflags),
-                    extra_cuda_cflags=list(extra_cuda_cflags),
-                    extra_ldflags=list(extra_ldflags),
-                    build_directory=str(build_dir),
-                    with_cuda=with_cuda,
-                    is_python_module=False,
-                    verbose=verbose,
-                )
-    except Timeout:
-        raise ExtensionBuildError(
-            f"waited {_LOCK_TIMEOUT_S} s for another process building {name} in {build_dir}; "
-            f"if no build is running, delete {lock.lock_file}"
-        ) from None
+        ensure_private_dir(cache_root(), follow_symlinks=True)
+        cache = BuildCache(cache_root() / "extensions", lock_timeout_s=_LOCK_TIMEOUT_S)
+        # a cached build loads without compiler or ninja; a fresh one was loaded by build()
+        library, _built = cache.get_or_build(
+            key, f"{name}.so", build, lambda path: torch.ops.load_library(str(path))
+        )
+    except BuildCacheError as e:
+        raise ExtensionBuildError(str(e)) from e
+    return library

@@ -11,6 +11,7 @@ import keyword
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "check_provider_name",
     "check_supports_args_signature",
     "resolved_signature",
+    "signature_difference",
 ]
 
 NATIVE = "native"
@@ -89,16 +91,105 @@ def check_provider_name(op_name: str, provider: object) -> str:
     return provider
 
 
-def resolved_signature(fn: Callable[..., Any]) -> inspect.Signature:
-    """``fn``'s signature with string annotations evaluated where possible."""
+def resolved_signature(fn: Callable[..., Any], *, strict: bool = False) -> inspect.Signature:
+    """``fn``'s signature with string annotations evaluated in ``fn``'s own namespace.
+
+    String annotations (``from __future__ import annotations``) are evaluated
+    with ``fn``'s globals, the variables its closure captured, and the locals
+    of the code that applied the decorator: a function defined inside
+    another one, after a local ``from torch import Tensor``, resolves like
+    one at module level. An annotation that still cannot be evaluated stays a
+    string, or with ``strict=True`` raises ``TypeError`` saying which one.
+    """
+    sig = inspect.signature(fn)
+    if not any(
+        isinstance(a, str)
+        for a in (sig.return_annotation, *(p.annotation for p in sig.parameters.values()))
+    ):
+        return sig
+    fn = inspect.unwrap(fn)
+    globals_ = dict(getattr(fn, "__globals__", {}))
     try:
-        return inspect.signature(fn, eval_str=True)
-    except (NameError, TypeError, SyntaxError):
-        return inspect.signature(fn)
+        captured = dict(inspect.getclosurevars(fn).nonlocals)
+    except (TypeError, ValueError):
+        captured = {}
+    localns = {**_caller_locals(), **captured}
+
+    def evaluate(annotation: Any, what: str) -> Any:
+        if not isinstance(annotation, str):
+            return annotation
+        try:
+            return eval(annotation, globals_, localns)  # what typing.get_type_hints does
+        except Exception as e:
+            if not strict:
+                return annotation
+            name = getattr(fn, "__qualname__", repr(fn))
+            raise TypeError(
+                f"the annotation {annotation!r} of {what} of {name} could not be evaluated "
+                f"({type(e).__name__}: {e}); import the names it uses at module level of "
+                f"{getattr(fn, '__module__', 'its module')}"
+            ) from None
+
+    params = [
+        p.replace(annotation=evaluate(p.annotation, f"parameter {p.name!r}"))
+        for p in sig.parameters.values()
+    ]
+    return sig.replace(
+        parameters=params, return_annotation=evaluate(sig.return_annotation, "the return")
+    )
+
+
+def _caller_locals() -> dict[str, Any]:
+    """Locals of the nearest frame outside vllm-ir: where the decorator was applied."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("vllm_ir."):
+        frame = frame.f_back
+    return dict(frame.f_locals) if frame is not None else {}
 
 
 def _without_return(sig: inspect.Signature) -> inspect.Signature:
     return sig.replace(return_annotation=inspect.Signature.empty)
+
+
+def _fmt(annotation: Any) -> str:
+    return (
+        "no annotation"
+        if annotation is inspect.Parameter.empty
+        else (inspect.formatannotation(annotation))
+    )
+
+
+def signature_difference(given: inspect.Signature, native: inspect.Signature) -> str:
+    """The first way ``given`` differs from ``native``, in words (``""``: equal)."""
+    gp, np_ = list(given.parameters.values()), list(native.parameters.values())
+    for i, (g, n) in enumerate(zip(gp, np_, strict=False)):
+        if g.name != n.name:
+            return f"parameter {i + 1} is named {g.name!r}, the op's is {n.name!r}"
+        if g.kind != n.kind:
+            return f"parameter {g.name!r} is {g.kind.description}, the op's is {n.kind.description}"
+        if g.annotation != n.annotation:
+            return (
+                f"parameter {g.name!r} is annotated {_fmt(g.annotation)}, "
+                f"the op's {_fmt(n.annotation)}"
+            )
+        if g.default is not n.default and g.default != n.default:
+
+            def show(d: Any) -> str:
+                return "no default" if d is inspect.Parameter.empty else f"default {d!r}"
+
+            return f"parameter {g.name!r} has {show(g.default)}, the op's has {show(n.default)}"
+    if len(gp) < len(np_):
+        missing = ", ".join(repr(p.name) for p in np_[len(gp) :])
+        return f"it lacks the op's parameter(s) {missing}"
+    if len(gp) > len(np_):
+        extra = ", ".join(repr(p.name) for p in gp[len(np_) :])
+        return f"it has extra parameter(s) {extra}"
+    if given.return_annotation != native.return_annotation:
+        return (
+            f"it returns {_fmt(given.return_annotation)}, "
+            f"the op returns {_fmt(native.return_annotation)}"
+        )
+    return ""
 
 
 def check_impl_signature(
@@ -107,12 +198,16 @@ def check_impl_signature(
     """Raise ``TypeError`` unless ``impl_fn`` has exactly the native signature."""
     if not callable(impl_fn):
         raise TypeError(f"impl {provider!r} of op {op_name!r} must be callable, got {impl_fn!r}")
-    impl = resolved_signature(impl_fn)
-    if impl != native:
+    try:
+        impl = resolved_signature(impl_fn, strict=True)
+    except TypeError as e:
+        raise TypeError(f"impl {provider!r} of op {op_name!r}: {e}") from None
+    difference = signature_difference(impl, native)
+    if difference:
+        name = getattr(impl_fn, "__name__", "impl")
         raise TypeError(
-            f"impl {provider!r} of op {op_name!r} has signature {impl_fn.__name__}{impl}, "
-            f"but the op's native signature is {op_name}{native}; parameter names, "
-            "kinds, defaults and annotations must match exactly"
+            f"impl {provider!r} of op {op_name!r}: {difference}; the impl is {name}{impl}, "
+            f"the op is {op_name}{native} (names, kinds, defaults and annotations must match)"
         )
 
 

@@ -10,13 +10,11 @@ or autograd go through ``torch.ops.vllm_ir.<name>`` so tracers see one node.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import inspect
 import keyword
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, overload
 
@@ -41,6 +39,7 @@ from vllm_ir.priority import (
     scoped_state_var,
     selection_mode,
 )
+from vllm_ir.registration import RegistrationHandle, current_registration_log, record
 from vllm_ir.samples import SampleInput, SampleInputGenerator
 from vllm_ir.tolerances import Tolerance, tolerance_for
 
@@ -51,37 +50,6 @@ NAMESPACE = "vllm_ir"
 
 _grad_enabled = torch.is_grad_enabled
 _scoped_get = scoped_state_var().get
-
-
-@dataclass
-class _ProviderLoad:
-    """Registrations made while one provider package loads, for attribution and rollback."""
-
-    package: str
-    impls: list[tuple[IrOp, str]] = field(default_factory=list)
-    ops: list[IrOp] = field(default_factory=list)
-
-
-_provider_load: contextvars.ContextVar[_ProviderLoad | None] = contextvars.ContextVar(
-    "vllm_ir_provider_load", default=None
-)
-
-
-@contextlib.contextmanager
-def recording_registrations(package: str) -> Iterator[_ProviderLoad]:
-    """Attribute registrations to ``package``; undo them all if the block raises."""
-    load = _ProviderLoad(package)
-    token = _provider_load.set(load)
-    try:
-        yield load
-    except BaseException:
-        for op, provider in reversed(load.impls):
-            op._unregister_impl(provider)
-        for op in reversed(load.ops):
-            op._unregister()
-        raise
-    finally:
-        _provider_load.reset(token)
 
 
 def _ensure_providers_loaded() -> None:
@@ -389,7 +357,7 @@ class IrOp:
             check_impl_signature(self.name, provider, self.signature, impl_fn)
             if provider in self._impls:  # registered between call and decoration
                 raise ValueError(f"op {self.name!r} already has an impl from {provider!r}")
-            load = _provider_load.get()
+            load = current_registration_log()
             self._impls[provider] = IrOpImpl(
                 self.name,
                 provider,
@@ -402,16 +370,49 @@ class IrOp:
                 distribution=load.package if load else None,
                 unsupported_reason="" if supported else (unsupported_reason or ""),
             )
-            if load is not None:
-                load.impls.append((self, provider))
+            impl = self._impls[provider]
+            record(
+                RegistrationHandle(
+                    f"impl {provider!r} of op {self.name!r}",
+                    lambda: self._unregister_impl(provider, impl),
+                )
+            )
             _dispatch.invalidate_caches()
             return impl_fn
 
         return decorator
 
-    def _unregister_impl(self, provider: str) -> None:
-        if provider != NATIVE and self._impls.pop(provider, None) is not None:
-            _dispatch.invalidate_caches()
+    def unregister_impl(self, provider: str) -> None:
+        """Remove ``provider``'s impl of this op (``native`` cannot be removed).
+
+        Selections cached under it are dropped. A provider's registrations are
+        also undone together by :meth:`vllm_ir.RegistrationLog.remove`.
+
+        >>> import torch, vllm_ir as ir
+        >>> @ir.ops.rms_norm.register_impl("doc_tmp")
+        ... def doc_tmp(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
+        ...             variance_size: int | None = None) -> torch.Tensor:
+        ...     return ir.ops.rms_norm.native(x, weight, epsilon, variance_size)
+        >>> ir.ops.rms_norm.unregister_impl("doc_tmp")
+        >>> "doc_tmp" in ir.ops.rms_norm.impls
+        False
+        """
+        if provider == NATIVE:
+            raise ValueError(f"the {NATIVE!r} impl of op {self.name!r} cannot be unregistered")
+        if provider not in self._impls:
+            raise KeyError(
+                f"op {self.name!r} has no impl from provider {provider!r}; registered: "
+                f"{', '.join(sorted(self._impls))}"
+            )
+        self._unregister_impl(provider)
+
+    def _unregister_impl(self, provider: str, impl: IrOpImpl | None = None) -> None:
+        # ``impl``: remove only that registration, not a later one under the same name
+        current = self._impls.get(provider)
+        if provider == NATIVE or current is None or (impl is not None and current is not impl):
+            return
+        del self._impls[provider]
+        _dispatch.invalidate_caches()
 
     def _unregister(self) -> None:
         """Remove this op entirely (rollback of a failed provider load; tests)."""
@@ -469,7 +470,13 @@ class IrOp:
 
     def register_input_generator(self, generator: SampleInputGenerator) -> SampleInputGenerator:
         """Decorator: the op's sample inputs, used by tests and benchmarks."""
-        self._input_generator = generator
+        previous, self._input_generator = self._input_generator, generator
+
+        def undo() -> None:
+            if self._input_generator is generator:
+                self._input_generator = previous
+
+        record(RegistrationHandle(f"input generator of op {self.name!r}", undo))
         return generator
 
     def sample_inputs(
@@ -688,9 +695,7 @@ def register_op(
         ops_module = sys.modules.get("vllm_ir.ops")
         if ops_module is not None:
             setattr(ops_module, op.name, op)
-        load = _provider_load.get()
-        if load is not None:
-            load.ops.append(op)
+        record(RegistrationHandle(f"IR op {op.name!r}", op._unregister))
         return op
 
     if f is not None:

@@ -19,7 +19,7 @@ import contextlib
 import contextvars
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -36,6 +36,7 @@ __all__ = [
     "current_state",
     "effective_priority",
     "platform_default_contributions",
+    "process_priorities",
     "remove_platform_defaults",
     "scoped_priority",
     "selection_mode",
@@ -75,18 +76,42 @@ class PlatformDefaults:
     rank: int = 0
 
     def __post_init__(self) -> None:
-        if self.platform not in PLATFORMS:
+        # checked here, not at selection: a malformed entry would otherwise
+        # break every call of the ops it names, in every thread
+        where = f"PlatformDefaults({self.platform!r})"
+        if not isinstance(self.platform, str) or self.platform not in PLATFORMS:
             raise ValueError(
                 f"PlatformDefaults.platform must be one of {', '.join(PLATFORMS)}, "
-                f"got {self.platform!r}"
+                f"got {_short(self.platform)}"
             )
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int):
+            raise TypeError(f"{where}.rank must be an int, got {_short(self.rank)}")
         for mode in MODES:
-            for op_name, providers in getattr(self, mode).items():
-                if isinstance(providers, str) or not all(isinstance(p, str) for p in providers):
+            table = getattr(self, mode)
+            if not isinstance(table, Mapping):
+                raise TypeError(
+                    f"{where}.{mode} must map op names to lists of provider names, "
+                    f"got {_short(table)}"
+                )
+            checked: dict[str, list[str]] = {}
+            for op_name, providers in table.items():
+                if not isinstance(op_name, str):
+                    raise TypeError(f"{where}.{mode} keys must be op names, got {_short(op_name)}")
+                if isinstance(providers, (str, bytes, Mapping)) or not isinstance(
+                    providers, Iterable
+                ):
                     raise TypeError(
-                        f"PlatformDefaults({self.platform!r}).{mode}[{op_name!r}] must be a "
-                        f"list of provider names, got {providers!r}"
+                        f"{where}.{mode}[{op_name!r}] must be a list of provider names, "
+                        f"got {_short(providers)}"
                     )
+                listed = list(providers)  # an iterator is read once, here
+                if not all(isinstance(p, str) for p in listed):
+                    raise TypeError(
+                        f"{where}.{mode}[{op_name!r}] must be a list of provider names, "
+                        f"got {_short(listed)}"
+                    )
+                checked[op_name] = listed
+            object.__setattr__(self, mode, checked)
 
     def for_mode(self, mode: Mode) -> Mapping[str, Sequence[str]]:
         return self.eager if mode == "eager" else self.compiled
@@ -191,6 +216,11 @@ def set_process_priority(priorities: Mapping[str, Sequence[str]], *, replace: bo
     _invalidate()
 
 
+def process_priorities() -> Mapping[str, tuple[str, ...]]:
+    """The process-wide user lists (op name -> providers) set with ``apply()``."""
+    return _process_state.priorities
+
+
 def selection_mode() -> Mode:
     """``compiled`` while the lowering pass selects impls, else ``eager``."""
     return _mode.get()
@@ -207,9 +237,39 @@ def compiled_selection() -> Iterator[None]:
 
 
 def add_platform_defaults(source: str, defaults: Sequence[PlatformDefaults]) -> None:
-    """Record the default priorities contributed by provider package ``source``."""
-    _defaults[source] = tuple(defaults)
+    """Record the default priorities contributed by provider package ``source``.
+
+    Undone with the rest of a provider's registrations if its load fails.
+    """
+    from vllm_ir.registration import RegistrationHandle, record
+
+    defaults = tuple(defaults)
+    for d in defaults:
+        if not isinstance(d, PlatformDefaults):
+            raise TypeError(
+                f"platform defaults of {source!r} must be vllm_ir.PlatformDefaults, got {_short(d)}"
+            )
+    previous = _defaults.get(source)
+    _defaults[source] = defaults
     _invalidate()
+
+    def undo() -> None:
+        if _defaults.get(source) is defaults:
+            if previous is None:
+                remove_platform_defaults(source)
+            else:
+                _defaults[source] = previous
+                _invalidate()
+
+    record(RegistrationHandle(f"platform defaults of {source!r}", undo))
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, with its type: for one-line errors."""
+    text = repr(value)
+    if len(text) > limit:
+        text = f"{text[: limit - 3]}... ({len(text)} chars)"
+    return f"{type(value).__name__} {text}"
 
 
 def remove_platform_defaults(source: str) -> None:

@@ -8,23 +8,30 @@ A provider package declares, in its ``pyproject.toml``::
 where ``provider`` is a :class:`ProviderSpec` (or a function returning one).
 Discovery runs lazily, once per process, on the first selection or listing.
 ``VLLM_IR_PROVIDERS`` limits it to the named entry points. A provider that
-fails to load — an import error, an incompatible API version, an exception in
-its ``register`` — is logged with its name and cause, its registrations are
-rolled back, and the rest of vllm-ir keeps working.
+fails to load — an import error, a malformed spec, an incompatible API
+version, anything raised by its import or its ``register`` (``SystemExit``
+included; only ``KeyboardInterrupt`` propagates) — is logged with its name and
+cause, everything it registered is rolled back (see
+:mod:`vllm_ir.registration`), and the rest of vllm-ir keeps working. A
+provider still loading after ``VLLM_IR_PROVIDER_LOAD_WARN_S`` seconds is named
+in a warning; it cannot be interrupted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 
 from vllm_ir import envs
 from vllm_ir._version import API_VERSION, __version__
 from vllm_ir.logger import get_logger
-from vllm_ir.priority import PlatformDefaults, add_platform_defaults
+from vllm_ir.priority import MODES, PlatformDefaults, add_platform_defaults
+from vllm_ir.registration import RegistrationLog, recording_registrations
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -62,6 +69,88 @@ class ProviderSpec:
     register: Callable[[], object] = field(repr=False)
     defaults: Sequence[PlatformDefaults] = ()
 
+    def __post_init__(self) -> None:
+        # a malformed spec must fail here, in the provider's own import, and
+        # never reach selection, where it would break every caller of its ops
+        if not isinstance(self.defaults, (str, bytes, Mapping)) and isinstance(
+            self.defaults, Iterable
+        ):
+            object.__setattr__(self, "defaults", tuple(self.defaults))  # read an iterator once
+        check_spec(self)
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, with its type: for one-line errors."""
+    text = repr(value)
+    if len(text) > limit:
+        text = f"{text[: limit - 3]}... ({len(text)} chars)"
+    return f"{type(value).__name__} {text}"
+
+
+_VALID = object()
+
+
+def check_spec(spec: ProviderSpec) -> None:
+    """Raise ``TypeError`` / ``ValueError`` with a one-line reason if ``spec`` is malformed."""
+    name = spec.name
+    if not isinstance(name, str) or not name.isidentifier():
+        raise TypeError(
+            f"ProviderSpec.name must be a provider name such as 'acme_kernels', got {_short(name)}"
+        )
+    where = f"ProviderSpec {name!r}"
+    if isinstance(spec.api_version, bool) or not isinstance(spec.api_version, int):
+        raise TypeError(
+            f"{where}: api_version must be an int (vllm_ir.API_VERSION), "
+            f"got {_short(spec.api_version)}"
+        )
+    if not callable(spec.register):
+        raise TypeError(
+            f"{where}: register must be a function that registers the impls, "
+            f"got {_short(spec.register)}"
+        )
+    defaults = spec.defaults
+    # __post_init__ made any iterable a tuple: anything else is the wrong kind
+    bad: object = defaults
+    if isinstance(defaults, tuple):
+        bad = next((d for d in defaults if not isinstance(d, PlatformDefaults)), _VALID)
+    if bad is not _VALID:
+        raise TypeError(
+            f"{where}: defaults must be a sequence of vllm_ir.PlatformDefaults, e.g. "
+            f"(PlatformDefaults('cuda', eager={{'rms_norm': [{name!r}]}}),), got {_short(bad)}"
+        )
+    for d in defaults:
+        # PlatformDefaults checks itself when built; this catches one altered since
+        PlatformDefaults(d.platform, d.eager, d.compiled, d.rank)
+
+
+def _check_defaults_name_known_ops(spec: ProviderSpec, package: str) -> None:
+    """Defaults naming an op that does not exist would silently never apply."""
+    from vllm_ir.op import IrOp
+
+    for d in spec.defaults:
+        for mode in MODES:
+            for op_name, providers in d.for_mode(mode).items():
+                op = IrOp.registry.get(op_name)
+                if op is None:
+                    raise ValueError(
+                        f"ProviderSpec {spec.name!r} ({package}): {d.platform} {mode} defaults "
+                        f"name unknown IR op {op_name!r}; known ops: "
+                        f"{', '.join(sorted(IrOp.registry))}"
+                    )
+                unknown = [p for p in providers if p not in op._impls]
+                if unknown:  # another package's provider, maybe not installed: not an error
+                    logger.debug(
+                        "provider %r (%s): %s %s defaults of op %r name provider(s) %s, which "
+                        "no loaded package registered (yet); known: %s",
+                        spec.name,
+                        package,
+                        d.platform,
+                        mode,
+                        op_name,
+                        ", ".join(map(repr, unknown)),
+                        ", ".join(sorted(op._impls)),
+                    )
+
 
 @dataclass(frozen=True)
 class LoadedProvider:
@@ -87,6 +176,53 @@ _loaded_once = False
 _loading = False
 _loaded: dict[str, LoadedProvider] = {}
 _errors: dict[str, ProviderLoadError] = {}
+_registrations: dict[str, RegistrationLog] = {}
+_in_progress: tuple[str, str, float] | None = None  # entry point, package, start time
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    """``Type: message`` on one line, cut to ``limit`` characters."""
+    text = " ".join(str(e).split()) or repr(e)
+    if len(text) > limit:
+        text = f"{text[: limit - 3]}..."
+    return f"{type(e).__name__}: {text}"
+
+
+@contextlib.contextmanager
+def _warn_if_slow(entry_point: str, package: str) -> Iterator[None]:
+    """A provider still loading after a few seconds is named in a warning.
+
+    Python cannot interrupt a thread, so a hanging provider still blocks
+    discovery; the warning says which one it is and how to skip it.
+    """
+    global _in_progress
+    delay = envs.provider_load_warn_s()
+    start = time.monotonic()
+    _in_progress = (entry_point, package, start)
+    timer = None
+    if delay > 0:
+        timer = threading.Timer(
+            delay,
+            lambda: logger.warning(
+                "provider %r (%s) is still loading after %.0f s; every thread's first "
+                "vllm-ir call waits for it; leave it out of %s to skip it",
+                entry_point,
+                package,
+                delay,
+                envs.VLLM_IR_PROVIDERS,
+            ),
+        )
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        _in_progress = None
+        if timer is not None:
+            timer.cancel()
+        elapsed = time.monotonic() - start
+        if 0 < delay <= elapsed:
+            logger.warning("provider %r (%s) took %.1f s to load", entry_point, package, elapsed)
 
 
 def _package_of(ep: metadata.EntryPoint) -> str:
@@ -115,11 +251,10 @@ def load_provider(entry_point: str, package: str, obj: object) -> LoadedProvider
     imported are attributed and rolled back like those of its ``register``.
     Exposed for tests and for embedding a provider without installing it.
     """
-    from vllm_ir.op import recording_registrations
-
-    with recording_registrations(package):
+    with recording_registrations(package) as log:
         loaded = _load_and_register(entry_point, package, obj)
     _loaded[entry_point] = loaded
+    _registrations[entry_point] = log
     return loaded
 
 
@@ -127,6 +262,7 @@ def _load_and_register(entry_point: str, package: str, obj: object) -> LoadedPro
     if isinstance(obj, _Loader):
         obj = obj.load()
     spec = _resolve_spec(entry_point, obj)
+    check_spec(spec)  # again: it may have been altered since it was built
     if spec.api_version != API_VERSION:
         raise RuntimeError(
             f"provider {spec.name!r} ({package}) was written for vllm-ir provider API "
@@ -135,6 +271,7 @@ def _load_and_register(entry_point: str, package: str, obj: object) -> LoadedPro
             f"vllm-ir-core {__version__}, or a vllm-ir-core that provides API {spec.api_version}"
         )
     spec.register()
+    _check_defaults_name_known_ops(spec, package)
     add_platform_defaults(package.split()[0], spec.defaults)
     return LoadedProvider(entry_point, package, spec)
 
@@ -168,13 +305,15 @@ def _discover() -> None:
         if ep.name in _loaded:
             continue
         package = _package_of(ep)
+        logger.debug("loading provider %r from package %s (%s)", ep.name, package, ep.value)
         try:
-            load_provider(ep.name, package, _Loader(ep))
+            with _warn_if_slow(ep.name, package):
+                load_provider(ep.name, package, _Loader(ep))
             logger.debug("provider %r loaded from %s", ep.name, package)
-        except Exception as e:
-            error = ProviderLoadError(
-                ep.name, package, f"{type(e).__name__}: {e}", traceback.format_exc()
-            )
+        except KeyboardInterrupt:  # the user's, not the provider's: stop, rolled back
+            raise
+        except BaseException as e:  # SystemExit from a provider's argparse, too
+            error = ProviderLoadError(ep.name, package, _one_line(e), traceback.format_exc())
             _errors[ep.name] = error
             logger.warning(
                 "provider %r (%s) failed to load and is skipped: %s",
@@ -189,7 +328,18 @@ def ensure_loaded() -> None:
     global _loaded_once, _loading
     if _loaded_once:
         return
-    with _lock:
+    delay = envs.provider_load_warn_s()
+    if not _lock.acquire(timeout=delay) if delay > 0 else not _lock.acquire():
+        busy = _in_progress
+        if busy is not None:
+            logger.warning(
+                "waiting for provider %r (%s), loading in another thread for %.0f s",
+                busy[0],
+                busy[1],
+                time.monotonic() - busy[2],
+            )
+        _lock.acquire()
+    try:
         if _loaded_once or _loading:  # _loading: a provider's register() re-entered
             return
         _loading = True
@@ -198,6 +348,8 @@ def ensure_loaded() -> None:
         finally:
             _loading = False
             _loaded_once = True
+    finally:
+        _lock.release()
     from vllm_ir import dispatch
 
     dispatch.invalidate_caches()

@@ -1,0 +1,12 @@
+"""Platform defaults given as a plain dict: refused by ``ProviderSpec`` itself."""
+
+from __future__ import annotations
+
+import vllm_ir as ir
+
+provider = ir.ProviderSpec(
+    name="hostile_defaults",
+    api_version=ir.API_VERSION,
+    register=lambda: None,
+    defaults={"cpu": {"rms_norm": ["hostile_defaults"]}},  # type: ignore[arg-type]
+)

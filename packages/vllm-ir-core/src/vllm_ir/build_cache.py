@@ -1,0 +1,261 @@
+"""A crash-safe, owner-checked cache of built files, one entry per key.
+
+Layout under the cache directory (created ``0700``)::
+
+    <key>/                     a published entry: the file and its marker
+    <key>/COMPLETE.json        written before publishing: file name, size, sha256
+    <key>.lock                 held (``flock``) while an entry is checked, built or loaded
+    .building-<key>-*/         private directories of builds in progress
+    .quarantine/<key>-<time>/  entries that failed their check, kept for inspection
+
+Why each piece:
+
+- A build writes into a private temporary directory and is published with one
+  ``os.replace`` of that directory, its marker already inside: a process killed
+  at any point leaves either no entry or a complete one, never a half-written
+  file that a later process would ``dlopen`` (and die of ``SIGBUS``).
+- The lock is ``fcntl.flock``, which the kernel releases when its holder dies,
+  so a killed build never blocks later processes; the lock file is opened
+  close-on-exec, so a compiler left running does not hold it either. The
+  existence check runs under the lock, so a reader waits for a build in
+  progress instead of racing it.
+- An entry whose file does not match its marker (truncated, replaced, or left
+  by an older vllm-ir without markers) is moved to ``.quarantine`` and rebuilt,
+  with a warning.
+- Loading a library runs its code: every directory and file used must belong
+  to the current user and be writable by nobody else, or the cache is refused
+  with an error that names the path and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from vllm_ir.logger import get_logger
+
+__all__ = [
+    "MARKER",
+    "BuildCache",
+    "BuildCacheError",
+    "UnsafeCacheError",
+    "check_private",
+    "ensure_private_dir",
+]
+
+MARKER = "COMPLETE.json"
+"""The completion marker inside a published entry."""
+
+logger = get_logger(__name__)
+
+
+class BuildCacheError(RuntimeError):
+    """The cache cannot be used as asked; the message says why and what to do."""
+
+
+class UnsafeCacheError(BuildCacheError):
+    """A cache path that someone else could have written; nothing was loaded from it."""
+
+
+def check_private(path: Path, *, follow_symlinks: bool = False) -> os.stat_result:
+    """Raise :class:`UnsafeCacheError` unless ``path`` is ours and writable only by us."""
+    st = os.stat(path) if follow_symlinks else os.lstat(path)
+    fix = "or set VLLM_IR_CACHE_DIR to a directory only you can write"
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeCacheError(
+            f"refusing build cache path {path}: it is a symbolic link; remove it, {fix}"
+        )
+    if st.st_uid != os.getuid():
+        raise UnsafeCacheError(
+            f"refusing build cache path {path}: it is owned by uid {st.st_uid}, not by you "
+            f"(uid {os.getuid()}), and loading from it would run their code; remove it, {fix}"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeCacheError(
+            f"refusing build cache path {path}: it is writable by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):o}), so anyone could plant code in it; "
+            f"`chmod go-w {path}` if its contents are trusted, else remove it, {fix}"
+        )
+    return st
+
+
+def ensure_private_dir(path: Path, *, follow_symlinks: bool = False) -> Path:
+    """Create ``path`` (mode ``0700``) if missing, then :func:`check_private` it."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise BuildCacheError(
+            f"cannot create build cache directory {path}: {e.strerror}; "
+            "set VLLM_IR_CACHE_DIR to a writable directory"
+        ) from None
+    st = check_private(path, follow_symlinks=follow_symlinks)
+    if not stat.S_ISDIR(st.st_mode):
+        raise BuildCacheError(f"build cache path {path} is not a directory; remove it")
+    return path
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class BuildCache:
+    """Entries built at most once per key, published atomically, checked before use.
+
+    ``root`` is created ``0700``; an existing one must be the current
+    user's and writable by nobody else. ``lock_timeout_s`` bounds the wait for
+    another process building the same key (a dead one never holds the lock).
+    """
+
+    def __init__(self, root: Path, *, lock_timeout_s: float = 30 * 60) -> None:
+        self.root = Path(root)
+        self.lock_timeout_s = lock_timeout_s
+
+    @contextlib.contextmanager
+    def locked(self, key: str) -> Iterator[None]:
+        """Hold ``<key>.lock``: a kernel ``flock``, released if this process dies."""
+        path = self.root / f"{key}.lock"
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        try:
+            deadline = time.monotonic() + self.lock_timeout_s
+            waited = False
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise BuildCacheError(
+                            f"waited {self.lock_timeout_s:.0f} s for the lock {path}, held by "
+                            f"another live process building {key}; if that build hangs, "
+                            "stop it (a lock of a dead process is released automatically)"
+                        ) from None
+                    if not waited:
+                        logger.info("waiting for another process building %s (%s)", key, path)
+                        waited = True
+                    time.sleep(0.1)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
+
+    def get_or_build(
+        self,
+        key: str,
+        filename: str,
+        build: Callable[[Path], Path],
+        load: Callable[[Path], None] | None = None,
+    ) -> tuple[Path, bool]:
+        """The checked entry's file for ``key``, building and publishing it if needed.
+
+        ``build(directory)`` writes the file into a fresh private directory and
+        returns its path (it may also load it). ``load(path)`` is called, under
+        the lock, for an entry found in the cache. Returns ``(path, built)``.
+        """
+        if "/" in key or key.startswith("."):
+            raise ValueError(f"build cache key must be a plain name, got {key!r}")
+        ensure_private_dir(self.root, follow_symlinks=True)
+        entry = self.root / key
+        with self.locked(key):
+            problem = self._problem(entry, filename)
+            if problem is None:
+                path = entry / filename
+                if load is not None:
+                    load(path)
+                return path, False
+            if entry.exists() or entry.is_symlink():
+                self._quarantine(entry, problem)
+            self._remove_stale_builds(key)
+            return self._build_and_publish(key, entry, filename, build), True
+
+    def _problem(self, entry: Path, filename: str) -> str | None:
+        """Why ``entry`` cannot be used (``None``: it can); unsafe paths raise."""
+        if not entry.exists() and not entry.is_symlink():
+            return "missing"
+        check_private(entry)
+        marker = entry / MARKER
+        if not marker.exists():
+            return "it has no completion marker (an interrupted or older build)"
+        check_private(marker)
+        try:
+            record = json.loads(marker.read_text())
+            size, digest = int(record["size"]), str(record["sha256"])
+            recorded_name = str(record["file"])
+        except (ValueError, KeyError, TypeError):
+            return "its completion marker is unreadable"
+        if recorded_name != filename:
+            return f"its marker names {recorded_name!r}, not {filename!r}"
+        path = entry / filename
+        if not path.exists():
+            return f"{filename} is missing"
+        st = check_private(path)
+        if not stat.S_ISREG(st.st_mode):
+            return f"{filename} is not a regular file"
+        if st.st_size != size:
+            return f"{filename} has {st.st_size} bytes, its marker says {size} (truncated?)"
+        if _sha256(path) != digest:
+            return f"{filename} does not match the sha256 in its marker"
+        return None
+
+    def _quarantine(self, entry: Path, problem: str) -> None:
+        quarantine = ensure_private_dir(self.root / ".quarantine")
+        target = quarantine / f"{entry.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        os.replace(entry, target)
+        logger.warning(
+            "build cache entry %s is unusable (%s): moved to %s and rebuilding",
+            entry,
+            problem,
+            target,
+        )
+
+    def _remove_stale_builds(self, key: str) -> None:
+        # we hold the key's lock: a build directory of this key is a dead process's
+        for stale in self.root.glob(f".building-{key}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def _build_and_publish(
+        self, key: str, entry: Path, filename: str, build: Callable[[Path], Path]
+    ) -> Path:
+        workdir = Path(tempfile.mkdtemp(prefix=f".building-{key}-", dir=self.root))  # 0700
+        try:
+            built = Path(build(workdir))
+            if built.parent != workdir:
+                raise BuildCacheError(f"build of {key} wrote {built}, outside {workdir}")
+            if built.name != filename:
+                os.replace(built, workdir / filename)
+            path = workdir / filename
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            record = {"file": filename, "size": path.stat().st_size, "sha256": _sha256(path)}
+            marker = workdir / MARKER
+            with open(marker, "w") as f:
+                json.dump(record, f)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(workdir)
+            os.replace(workdir, entry)  # the publication: atomic, marker included
+            _fsync_dir(self.root)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        return entry / filename

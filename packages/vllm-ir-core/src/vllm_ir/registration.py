@@ -1,0 +1,233 @@
+"""Registrations as undoable handles, and recording them to roll a provider back.
+
+Every registration vllm-ir offers (an op, an impl, an input generator, platform
+defaults) records a :class:`RegistrationHandle` in the active
+:func:`recording_registrations` scope. Provider discovery loads each provider
+inside such a scope; if the load fails, everything it registered is undone, in
+reverse order, together with the state it may have changed directly (tolerance
+tables, process-wide priorities, ``torch.library`` definitions), which is
+snapshotted when the scope opens and restored where it differs.
+
+Tests use the same scope to register freely and undo it all afterwards:
+
+>>> import torch, vllm_ir as ir
+>>> with ir.recording_registrations("doc") as log:
+...     @ir.ops.rms_norm.register_impl("doc_kernel")
+...     def doc_kernel(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
+...                    variance_size: int | None = None) -> torch.Tensor:
+...         return ir.ops.rms_norm.native(x, weight, epsilon, variance_size)
+>>> "doc_kernel" in ir.ops.rms_norm.impls
+True
+>>> log.remove()
+>>> "doc_kernel" in ir.ops.rms_norm.impls
+False
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import gc
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vllm_ir.logger import get_logger
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "RegistrationHandle",
+    "RegistrationLog",
+    "current_registration_log",
+    "record",
+    "recording_registrations",
+]
+
+logger = get_logger(__name__)
+
+
+class RegistrationHandle:
+    """Undoes one registration: :meth:`remove` (alias :meth:`destroy`), once.
+
+    Modelled on ``torch.library``'s ``RegistrationHandle`` and pluggy's
+    ``unregister``: whoever registered something can take it back without
+    knowing how it is stored.
+    """
+
+    __slots__ = ("_lock", "_undo", "description")
+
+    def __init__(self, description: str, undo: Callable[[], None]) -> None:
+        self.description = description
+        self._undo: Callable[[], None] | None = undo
+        self._lock = threading.Lock()
+
+    @property
+    def removed(self) -> bool:
+        return self._undo is None
+
+    def remove(self) -> None:
+        """Undo the registration; later calls do nothing."""
+        with self._lock:
+            undo, self._undo = self._undo, None
+        if undo is not None:
+            undo()
+
+    destroy = remove  # torch's spelling
+
+    def __repr__(self) -> str:
+        state = "removed" if self.removed else "active"
+        return f"RegistrationHandle({self.description}, {state})"
+
+
+@dataclass
+class _Snapshot:
+    """State that code can change without a registration call, as it was before a load."""
+
+    tolerances: dict[str, dict[torch.dtype, Any]]
+    default_tolerances: dict[torch.dtype, Any]
+    process_priorities: Mapping[str, tuple[str, ...]]
+    torch_defs: frozenset[str]
+    torch_impls: frozenset[str]
+
+    @classmethod
+    def take(cls) -> _Snapshot:
+        import torch.library
+
+        from vllm_ir.op import IrOp
+        from vllm_ir.priority import process_priorities
+        from vllm_ir.tolerances import DEFAULT_TOLERANCES
+
+        return cls(
+            tolerances={name: dict(op.tolerances) for name, op in IrOp.registry.items()},
+            default_tolerances=dict(DEFAULT_TOLERANCES),
+            process_priorities=process_priorities(),
+            torch_defs=frozenset(torch.library._defs),
+            torch_impls=frozenset(torch.library._impls),
+        )
+
+    def restore(self) -> list[str]:
+        """Put back what changed since :meth:`take`; returns what was restored."""
+        import torch.library
+
+        from vllm_ir.op import IrOp
+        from vllm_ir.priority import process_priorities, set_process_priority
+        from vllm_ir.tolerances import DEFAULT_TOLERANCES
+
+        restored: list[str] = []
+        for name, before in self.tolerances.items():
+            op = IrOp.registry.get(name)
+            if op is not None and op.tolerances != before:
+                op.tolerances.clear()
+                op.tolerances.update(before)
+                restored.append(f"tolerances of {name}")
+        if self.default_tolerances != DEFAULT_TOLERANCES:
+            DEFAULT_TOLERANCES.clear()
+            DEFAULT_TOLERANCES.update(self.default_tolerances)
+            restored.append("default tolerances")
+        now = process_priorities()
+        if now != self.process_priorities:
+            # only the ops whose lists changed: another thread's settings stay
+            merged = dict(now)
+            for op_name in {*now, *self.process_priorities}:
+                if now.get(op_name) != self.process_priorities.get(op_name):
+                    merged.pop(op_name, None)
+                    if op_name in self.process_priorities:
+                        merged[op_name] = self.process_priorities[op_name]
+            set_process_priority(merged, replace=True)
+            restored.append("process-wide priorities")
+        new_defs = set(torch.library._defs) - self.torch_defs
+        new_impls = set(torch.library._impls) - self.torch_impls
+        if new_defs or new_impls:
+            restored += _destroy_torch_libraries(new_defs, new_impls)
+        return restored
+
+
+def _destroy_torch_libraries(defs: set[str], impls: set[str]) -> list[str]:
+    """Destroy the ``torch.library.Library`` objects that made ``defs`` / ``impls``.
+
+    torch keeps no registry of Library objects, so they are found by a heap
+    scan; this runs only when a provider failed to load.
+    """
+    import torch.library
+    from torch._library import custom_ops
+
+    destroyed: list[str] = []
+    for obj in gc.get_objects():
+        # type(), not isinstance(): some objects warn when their __class__ is read
+        if not issubclass(type(obj), torch.library.Library) or getattr(obj, "m", None) is None:
+            continue  # not a library, or one already destroyed
+        mine = (set(obj._op_defs) & defs) | (set(obj._op_impls) & impls)
+        if mine:
+            obj._destroy()
+            destroyed.append(f"torch.library {obj.ns} ({', '.join(sorted(mine))})")
+    # _destroy leaves the names behind, which would block defining them again
+    torch.library._defs.difference_update(defs)
+    for qualname in defs:
+        custom_ops.OPDEFS.pop(qualname, None)
+        custom_ops.OPDEF_TO_LIB.pop(qualname, None)
+    return destroyed
+
+
+@dataclass
+class RegistrationLog:
+    """The handles recorded in one :func:`recording_registrations` scope."""
+
+    package: str | None
+    handles: list[RegistrationHandle] = field(default_factory=list)
+
+    def remove(self) -> None:
+        """Undo every recorded registration, newest first; keeps going past failures."""
+        for handle in reversed(self.handles):
+            try:
+                handle.remove()
+            except Exception as e:  # one failed undo must not leave the rest in place
+                logger.warning("undoing %s failed: %s: %s", handle.description, type(e).__name__, e)
+
+
+_current: contextvars.ContextVar[RegistrationLog | None] = contextvars.ContextVar(
+    "vllm_ir_registration_log", default=None
+)
+
+
+def current_registration_log() -> RegistrationLog | None:
+    """The log of the innermost open :func:`recording_registrations` scope."""
+    return _current.get()
+
+
+def record(handle: RegistrationHandle) -> RegistrationHandle:
+    """Add ``handle`` to the active scope's log (if any); returns it."""
+    log = _current.get()
+    if log is not None:
+        log.handles.append(handle)
+    return handle
+
+
+@contextlib.contextmanager
+def recording_registrations(package: str | None = None) -> Iterator[RegistrationLog]:
+    """Record the registrations made in this block (this thread / task only).
+
+    ``package`` (``"name version"``) is credited as the origin of the impls
+    registered in the block. If the block raises anything — ``SystemExit``
+    and ``KeyboardInterrupt`` included — every recorded registration is
+    undone, as is any change to the tolerance tables, the process-wide
+    priorities and ``torch.library`` made meanwhile; then the exception
+    propagates. On success the log is kept, so its registrations can be
+    undone later with :meth:`RegistrationLog.remove`.
+    """
+    log = RegistrationLog(package)
+    snapshot = _Snapshot.take()
+    token = _current.set(log)
+    try:
+        yield log
+    except BaseException:
+        _current.reset(token)  # undo outside the scope: nothing is recorded twice
+        log.remove()
+        restored = snapshot.restore()
+        if restored:
+            logger.debug("rolled back for %s: %s", package, ", ".join(restored))
+        raise
+    else:
+        _current.reset(token)
