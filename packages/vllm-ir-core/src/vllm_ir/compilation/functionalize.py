@@ -83,7 +83,7 @@ class InplaceFunctionalizationPass(VllmIRPass):
 
 def input_signature(graph: fx.Graph) -> InputSignature:
     """(kind, dtype, rank) of each graph input, in order."""
-    signature = []
+    signature: list[tuple[str, object, int]] = []
     for node in graph.find_nodes(op="placeholder"):
         value = node.meta.get("val", node.meta.get("example_value"))
         if isinstance(value, torch.Tensor):
