@@ -153,7 +153,9 @@ class LoweringPass:
         # The clones must survive tracing: no no-op removal for inplace impls.
         # In the arguments' fake mode, tensors an impl allocates are fake too.
         fake_mode = detect_fake_mode([fake_args[i] for i in tensor_pos])
-        traced = call if impl.inplace else _functionalized(call, op, impl)
+        names = list(op.signature.parameters)
+        tensor_names = [names[i] for i in tensor_pos]
+        traced = call if impl.inplace else _functionalized(call, op, impl, tensor_names)
         with fake_mode if fake_mode is not None else contextlib.nullcontext():
             gm = fwd_only(traced, [fake_args[i] for i in tensor_pos], run_functional_passes=False)
         if not impl.inplace:
@@ -187,14 +189,13 @@ def _metadata(value: Any) -> Any:
     return (type(value), repr(value))
 
 
-def _functionalized(fn: Any, op: IrOp, impl: IrOpImpl) -> Any:
+def _functionalized(fn: Any, op: IrOp, impl: IrOpImpl, tensor_names: Sequence[str]) -> Any:
     """``fn`` traced through functionalization, as AOTAutograd traces a model.
 
     An impl declared functional that writes one of its arguments breaks its
     contract; it is an error here rather than a write that the functional
     graph silently drops.
     """
-    names = list(op.signature.parameters)
 
     def run(*tensors: torch.Tensor) -> Any:
         mode = FunctionalTensorMode()
@@ -204,13 +205,12 @@ def _functionalized(fn: Any, op: IrOp, impl: IrOpImpl) -> Any:
         with guard, mode:
             wrapped = [FunctionalTensor.to_functional(t) for t in tensors]
             out = fn(*wrapped)
-            for position, arg in enumerate(wrapped):
+            for name, arg in zip(tensor_names, wrapped, strict=True):
                 torch._sync(arg)
                 if torch._functionalize_has_data_mutation(arg.elem):  # type: ignore[attr-defined]
                     raise RuntimeError(
                         f"{op.name}: impl {impl.provider!r} is registered as functional but "
-                        f"writes its tensor argument #{position} "
-                        f"(of {', '.join(names)}); register it with inplace=True, "
+                        f"writes its argument {name!r}; register it with inplace=True, "
                         "or write into a tensor it allocates"
                     )
 
