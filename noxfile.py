@@ -152,7 +152,7 @@ def lint(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks; JSON results land in benchmarks/results/."""
     _install(session, *PACKAGES, extras="")
-    for script in sorted((ROOT / "benchmarks").glob("*.py")):
+    for script in sorted((ROOT / "benchmarks").glob("[!_]*.py")):  # _*.py: shared modules
         session.run("python", str(script), *session.posargs, env=ENV)
 
 
