@@ -154,6 +154,9 @@ def bench(session: nox.Session) -> None:
     _install(session, *PACKAGES, extras="")
     for script in sorted((ROOT / "benchmarks").glob("[!_]*.py")):  # _*.py: shared modules
         session.run("python", str(script), *session.posargs, env=ENV)
+    # the GPU benchmarks' code paths at tiny sizes on the CPU; on a GPU: benchmarks/gpu/run.sh
+    session.install("-c", CONSTRAINTS, "pytest")
+    session.run("pytest", "-q", "benchmarks/tests", env=ENV)
 
 
 @nox.session
