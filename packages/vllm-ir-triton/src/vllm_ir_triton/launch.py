@@ -32,7 +32,9 @@ import torch
 import triton
 from torch import Tensor
 
+from vllm_ir_triton.direct import Launcher
 from vllm_ir_triton.kernels import (
+    INTERPRETED,
     dynamic_per_token_fp8_quant_kernel,
     fused_add_rms_norm_kernel,
     rms_norm_kernel,
@@ -90,8 +92,22 @@ def launch_config(
     """The configuration for rows of ``hidden`` elements of ``element_size`` bytes.
 
     Depends on the row, never on the number of rows. ``max_block`` caps the
-    block (tests use it to exercise the loop on short rows).
+    block (tests use it to exercise the loop on short rows). Computed once
+    per argument tuple (the hot path looks it up in a dict).
     """
+    key = (hidden, element_size, batch_invariant, max_block)
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        cfg = _CONFIGS[key] = _launch_config(hidden, element_size, batch_invariant, max_block)
+    return cfg
+
+
+_CONFIGS: dict[tuple[int, int, bool, int | None], LaunchConfig] = {}
+
+
+def _launch_config(
+    hidden: int, element_size: int, batch_invariant: bool, max_block: int | None
+) -> LaunchConfig:
     if batch_invariant:
         block = BATCH_INVARIANT_BLOCK if max_block is None else max_block
         return LaunchConfig(block, hidden <= block, BATCH_INVARIANT_WARPS)
@@ -99,6 +115,16 @@ def launch_config(
     block = min(triton.next_power_of_2(max(hidden, 1)), cap)
     num_warps = min(max(block // 256, 1), 8)
     return LaunchConfig(block, hidden <= block, num_warps)
+
+
+_rms_norm = Launcher(rms_norm_kernel, interpreted=INTERPRETED)
+_fused_add_rms_norm = Launcher(fused_add_rms_norm_kernel, interpreted=INTERPRETED)
+_silu_and_mul = Launcher(silu_and_mul_kernel, interpreted=INTERPRETED)
+_static_scaled_fp8_quant = Launcher(static_scaled_fp8_quant_kernel, interpreted=INTERPRETED)
+_dynamic_per_token_fp8_quant = Launcher(dynamic_per_token_fp8_quant_kernel, interpreted=INTERPRETED)
+"""One :class:`~vllm_ir_triton.direct.Launcher` per kernel: after a kernel's first call
+with given dtypes, alignments, strides and row length, the same call relaunches the
+compiled kernel without Triton's per-call binding (:mod:`vllm_ir_triton.direct`)."""
 
 
 _MAX_COLUMN_OFFSET = 2**31 - 1
@@ -184,7 +210,9 @@ def rms_norm(
     cfg = launch_config(
         hidden, x.element_size(), batch_invariant=batch_invariant, max_block=max_block
     )
-    rms_norm_kernel[(rows.shape[0],)](
+    _rms_norm(
+        rows.shape[0],
+        cfg.num_warps,
         rows,
         rows.stride(0),
         rows.stride(1),
@@ -196,11 +224,10 @@ def rms_norm(
         scale if scale is not None else rows,
         hidden,
         epsilon,
-        HAS_WEIGHT=weight is not None,
-        QUANT=quant,
-        BLOCK=cfg.block,
-        SINGLE_PASS=cfg.single_pass,
-        num_warps=cfg.num_warps,
+        weight is not None,
+        quant,
+        cfg.block,
+        cfg.single_pass,
     )
     return out
 
@@ -269,7 +296,9 @@ def _fused_add(
     cfg = launch_config(
         hidden, x.element_size(), batch_invariant=batch_invariant, max_block=max_block
     )
-    fused_add_rms_norm_kernel[(x_rows.shape[0],)](
+    _fused_add_rms_norm(
+        x_rows.shape[0],
+        cfg.num_warps,
         x_rows,
         x_rows.stride(0),
         x_rows.stride(1),
@@ -284,11 +313,10 @@ def _fused_add(
         scale if scale is not None else x_rows,
         hidden,
         epsilon,
-        HAS_WEIGHT=weight is not None,
-        QUANT=q is not None,
-        BLOCK=cfg.block,
-        SINGLE_PASS=cfg.single_pass,
-        num_warps=cfg.num_warps,
+        weight is not None,
+        q is not None,
+        cfg.block,
+        cfg.single_pass,
     )
     if copy_back:
         if q is None:
@@ -309,7 +337,9 @@ def silu_and_mul(x: Tensor, *, max_block: int | None = None) -> Tensor:
     rows = _input_rows(x)
     out_rows = out.view(-1, d)
     cfg = launch_config(d, x.element_size(), batch_invariant=False, max_block=max_block)
-    silu_and_mul_kernel[(rows.shape[0],)](
+    _silu_and_mul(
+        rows.shape[0],
+        cfg.num_warps,
         rows,
         rows.stride(0),
         rows.stride(1),
@@ -317,8 +347,7 @@ def silu_and_mul(x: Tensor, *, max_block: int | None = None) -> Tensor:
         out_rows.stride(0),
         out_rows.stride(1),
         d,
-        BLOCK=cfg.block,
-        num_warps=cfg.num_warps,
+        cfg.block,
     )
     return out
 
@@ -332,7 +361,9 @@ def static_scaled_fp8_quant(x: Tensor, scale: Tensor, *, max_block: int | None =
     hidden = x.shape[-1]
     rows, q_rows = _input_rows(x), _fp8_rows(q)
     cfg = launch_config(hidden, x.element_size(), batch_invariant=False, max_block=max_block)
-    static_scaled_fp8_quant_kernel[(rows.shape[0],)](
+    _static_scaled_fp8_quant(
+        rows.shape[0],
+        cfg.num_warps,
         rows,
         rows.stride(0),
         rows.stride(1),
@@ -341,8 +372,7 @@ def static_scaled_fp8_quant(x: Tensor, scale: Tensor, *, max_block: int | None =
         q_rows.stride(1),
         scale,
         hidden,
-        BLOCK=cfg.block,
-        num_warps=cfg.num_warps,
+        cfg.block,
     )
     return q
 
@@ -373,7 +403,9 @@ def dynamic_per_token_fp8_quant(
         return q, scales
     rows, q_rows = _input_rows(x), _fp8_rows(q)
     cfg = launch_config(hidden, x.element_size(), batch_invariant=False, max_block=max_block)
-    dynamic_per_token_fp8_quant_kernel[(rows.shape[0],)](
+    _dynamic_per_token_fp8_quant(
+        rows.shape[0],
+        cfg.num_warps,
         rows,
         rows.stride(0),
         rows.stride(1),
@@ -385,12 +417,9 @@ def dynamic_per_token_fp8_quant(
         hidden,
         MIN_SCALE,
         INV_FP8_MAX,
-        HAS_UB=scale_ub is not None,
-        RECIPROCAL_SCALE=(
-            x.device.type == "cuda" if reciprocal_scale is None else reciprocal_scale
-        ),
-        BLOCK=cfg.block,
-        SINGLE_PASS=cfg.single_pass,
-        num_warps=cfg.num_warps,
+        scale_ub is not None,
+        (x.device.type == "cuda" if reciprocal_scale is None else reciprocal_scale),
+        cfg.block,
+        cfg.single_pass,
     )
     return q, scales
