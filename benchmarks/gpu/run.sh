@@ -13,6 +13,8 @@
 # benchmarks print that they skipped and write nothing.
 set -u
 export PYTHONUNBUFFERED=1
+# the Triton direct relaunch is opt-in until this run has checked it on the GPU's Triton
+export VLLM_IR_TRITON_DIRECT_LAUNCH=${VLLM_IR_TRITON_DIRECT_LAUNCH:-1}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$root/benchmarks/results}
 mkdir -p "$OUT"

@@ -19,9 +19,12 @@ the launch hooks), with the arguments in signature order (constexprs
 included, as Triton 3.3 and later pass them). The number of rows is only the
 grid, never part of the key.
 
-The first call of a key (and any call once :data:`MAX_ENTRIES` keys are
-cached, or under Triton's interpreter, or with
-``VLLM_IR_TRITON_DIRECT_LAUNCH=0``) goes through ``kernel[grid]`` as usual.
+Opt-in (``VLLM_IR_TRITON_DIRECT_LAUNCH=1``) until the GPU run
+(``benchmarks/gpu/run.sh``, which turns it on) has checked it against
+``kernel[grid]`` on every supported Triton version: it relies on how
+``JITFunction.run`` launches, which Triton does not promise to keep. When off,
+for the first call of a key, once :data:`MAX_ENTRIES` keys are cached, and
+under Triton's interpreter, calls go through ``kernel[grid]`` as usual.
 """
 
 from __future__ import annotations
@@ -34,14 +37,14 @@ from torch import Tensor
 
 __all__ = ["ENABLED", "MAX_ENTRIES", "Launcher", "specialization_key"]
 
-ENABLED: bool = os.environ.get("VLLM_IR_TRITON_DIRECT_LAUNCH", "1").strip().lower() not in (
+ENABLED: bool = os.environ.get("VLLM_IR_TRITON_DIRECT_LAUNCH", "0").strip().lower() not in (
     "0",
     "false",
     "off",
     "no",
 )
 """Whether kernels compiled once are relaunched directly (``VLLM_IR_TRITON_DIRECT_LAUNCH``,
-read at import; on by default)."""
+read at import; off by default)."""
 
 MAX_ENTRIES = 64
 """Compiled kernels cached per JIT kernel; further keys take Triton's own path."""
