@@ -44,6 +44,7 @@ class _Jit:
 
 
 def _launcher(jit: _Jit, **kwargs: Any) -> direct.Launcher:
+    kwargs.setdefault("enabled", True)  # opt-in in production; these tests exercise it
     launcher = direct.Launcher(jit, interpreted=kwargs.pop("interpreted", False), **kwargs)
     launcher._driver = (lambda: 0, lambda device: 1000 + device, lambda: ("enter", "exit"))
     return launcher
