@@ -23,8 +23,10 @@ from importlib import metadata
 
 from vllm_ir import envs
 from vllm_ir._version import API_VERSION, __version__
+from vllm_ir.cache import invalidate_caches
 from vllm_ir.logger import get_logger
 from vllm_ir.priority import PlatformDefaults, add_platform_defaults
+from vllm_ir.registrations import recording_registrations
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -115,8 +117,6 @@ def load_provider(entry_point: str, package: str, obj: object) -> LoadedProvider
     imported are attributed and rolled back like those of its ``register``.
     Exposed for tests and for embedding a provider without installing it.
     """
-    from vllm_ir.op import recording_registrations
-
     with recording_registrations(package):
         loaded = _load_and_register(entry_point, package, obj)
     _loaded[entry_point] = loaded
@@ -198,9 +198,7 @@ def ensure_loaded() -> None:
         finally:
             _loading = False
             _loaded_once = True
-    from vllm_ir import dispatch
-
-    dispatch.invalidate_caches()
+    invalidate_caches()
 
 
 def loaded_providers() -> dict[str, LoadedProvider]:
