@@ -21,13 +21,16 @@ never tensors.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
     "MAX_ENTRIES",
     "generation",
     "invalidate_caches",
+    "invalidating",
     "register_cache",
     "release_cache",
     "store",
@@ -66,6 +69,18 @@ def invalidate_caches() -> None:
     """Forget every cached selection, and re-read ``VLLM_BATCH_INVARIANT`` and
     ``VLLM_IR_PLATFORM`` at the next selection (call after changing them)."""
     with _lock:
+        _generation[0] += 1
+        for cache in _caches:
+            cache.clear()
+
+
+@contextlib.contextmanager
+def invalidating() -> Iterator[None]:
+    """Change selection inputs (priorities, registrations) in the block, then
+    invalidate: atomic with respect to :func:`store`, so no thread sees the
+    new inputs under the old generation."""
+    with _lock:
+        yield
         _generation[0] += 1
         for cache in _caches:
             cache.clear()

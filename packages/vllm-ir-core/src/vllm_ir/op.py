@@ -26,7 +26,7 @@ from vllm_ir import providers
 from vllm_ir._hotpath import compile_source, make_needs_grad_fn, make_route_fn
 from vllm_ir.arguments import make_argument_check
 from vllm_ir.autograd import NativeGradient
-from vllm_ir.cache import generation, invalidate_caches, register_cache, release_cache, store
+from vllm_ir.cache import generation, invalidating, register_cache, release_cache, store
 from vllm_ir.dispatch import Selection, describe, select
 from vllm_ir.dispatch_key import key_is_cacheable, make_key_fn
 from vllm_ir.eager import EagerCall
@@ -337,7 +337,7 @@ class IrOp:
             if provider in self._impls:  # registered between call and decoration
                 raise ValueError(f"op {self.name!r} already has an impl from {provider!r}")
             load = current_load()
-            self._impls[provider] = IrOpImpl(
+            impl = IrOpImpl(
                 self.name,
                 provider,
                 impl_fn,
@@ -349,16 +349,18 @@ class IrOp:
                 distribution=load.package if load else None,
                 unsupported_reason="" if supported else (unsupported_reason or ""),
             )
+            with invalidating():
+                self._impls[provider] = impl
             if load is not None:
                 load.undo.append(functools.partial(self._unregister_impl, provider))
-            invalidate_caches()
             return impl_fn
 
         return decorator
 
     def _unregister_impl(self, provider: str) -> None:
-        if provider != NATIVE and self._impls.pop(provider, None) is not None:
-            invalidate_caches()
+        if provider != NATIVE and provider in self._impls:
+            with invalidating():
+                self._impls.pop(provider, None)
 
     def _unregister(self) -> None:
         """Remove this op entirely (rollback of a failed provider load; tests)."""

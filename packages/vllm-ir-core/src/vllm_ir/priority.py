@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from vllm_ir.cache import invalidate_caches
+from vllm_ir.cache import invalidating
 from vllm_ir.impl import NATIVE
 from vllm_ir.platform import PLATFORMS, current_platform
 
@@ -193,10 +193,11 @@ def set_process_priority(priorities: Mapping[str, Sequence[str]], *, replace: bo
     global _process_state
     base = {} if replace else dict(_process_state.priorities)
     base.update({op: tuple(p) for op, p in priorities.items()})
-    _process_state = PriorityState(base, "user (process-wide)")
-    # after the assignment: a selection that read the generation before this
-    # bump may have seen the old state, and store() will refuse it
-    invalidate_caches()
+    state = PriorityState(base, "user (process-wide)")
+    # a selection that read the generation before this may see either state;
+    # store() refuses it either way
+    with invalidating():
+        _process_state = state
 
 
 def selection_mode() -> Mode:
@@ -234,13 +235,14 @@ def compiled_selection() -> Iterator[None]:
 
 def add_platform_defaults(source: str, defaults: Sequence[PlatformDefaults]) -> None:
     """Record the default priorities contributed by provider package ``source``."""
-    _defaults[source] = tuple(defaults)
-    invalidate_caches()
+    with invalidating():
+        _defaults[source] = tuple(defaults)
 
 
 def remove_platform_defaults(source: str) -> None:
-    if _defaults.pop(source, None) is not None:
-        invalidate_caches()
+    if source in _defaults:
+        with invalidating():
+            _defaults.pop(source, None)
 
 
 def platform_default_contributions(
