@@ -33,6 +33,7 @@ __all__ = [
     "invalidating",
     "register_cache",
     "release_cache",
+    "holds",
     "store",
 ]
 
@@ -96,3 +97,10 @@ def store(cache: dict[Any, Any], key: Any, value: Any, since: int) -> bool:
             del cache[next(iter(cache))]
         cache[key] = value
         return True
+
+
+def holds(cache: dict[Any, Any], key: Any, value: Any, since: int) -> bool:
+    """Whether ``cache`` still maps ``key`` to ``value`` in generation ``since``
+    (waits for a change in progress, so it never sees its inputs half-updated)."""
+    with _lock:
+        return _generation[0] == since and key in cache and cache[key] is value

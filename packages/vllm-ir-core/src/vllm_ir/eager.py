@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from vllm_ir import envs
 from vllm_ir._hotpath import make_eager_call
-from vllm_ir.cache import generation, register_cache, store
+from vllm_ir.cache import generation, holds, register_cache, store
 from vllm_ir.dispatch import describe
 from vllm_ir.dispatch_key import key_is_cacheable
 from vllm_ir.impl import IrOpImpl
@@ -48,6 +48,9 @@ class SelectingOp(Protocol):
     def _fast_key(self, *args: Any) -> Any: ...
     def _select_impl(self, args: tuple[Any, ...]) -> IrOpImpl: ...
     def _clone_activations(self, args: tuple[Any, ...]) -> tuple[Any, ...]: ...
+
+    @property
+    def _impls(self) -> dict[str, IrOpImpl]: ...
 
 
 _check: list[bool | None] = [None]  # None: follow VLLM_IR_CHECK_DISPATCH
@@ -143,23 +146,20 @@ class EagerCall:
         """Check mode: ``fn`` (a cache hit) must be what an uncached selection runs."""
         op = self.op
         since = generation()
-        expected = self.fn_for(op._select_impl(args))
+        expected_impl = op._select_impl(args)
+        expected = self.fn_for(expected_impl)
         if fn is expected:
             return fn
         try:
             key = op._fast_key(*args)
         except Exception:
-            key = None
-        if generation() != since or self.calls.get(key) is not fn:
-            return expected  # the caches were invalidated concurrently: not a mismatch
+            return expected  # such a call is never cached: fn came from a concurrent change
+        if not holds(self.calls, key, fn, since):
+            return expected  # the priorities changed concurrently: not a mismatch
+        cached = next((p for p, i in op._impls.items() if self.fn_for(i) is fn), repr(fn))
         raise DispatchMismatch(
             f"{envs.VLLM_IR_CHECK_DISPATCH}: the eager cache of op {op.name!r} runs "
-            f"{_name(fn)} for {describe(args)}, but select() chooses {_name(expected)}. "
-            "A supports_args reads a fact the dispatch key does not hold (see "
-            "vllm_ir.dispatch_key); make it a function of the key's facts."
+            f"{cached!r} for {describe(args)}, but select() chooses "
+            f"{expected_impl.provider!r}. A supports_args reads a fact the dispatch key "
+            "does not hold (see vllm_ir.dispatch_key); make it a function of the key's facts."
         )
-
-
-def _name(fn: Callable[..., Any]) -> str:
-    inner = fn.args[0] if isinstance(fn, functools.partial) else fn
-    return f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', inner)!s}"
