@@ -236,7 +236,9 @@ def test_sequence_first_batch_1_rows_are_accepted(aiter: StandInAiter) -> None:
     # dimension's stride is S * H, and .view(-1, H) works
     x = _rows(1, 16, 64).transpose(0, 1)
     r = _rows(1, 16, 64).transpose(0, 1)
-    assert x.shape == (16, 1, 64) and x.stride() == (64, 1024, 1) and x.is_contiguous()
+    assert x.shape == (16, 1, 64)
+    assert x.stride() == (64, 1024, 1)
+    assert x.is_contiguous()
     w = _rows(64)
     with ir.ops.rms_norm.set_priority([PROVIDER]):
         assert ir.ops.rms_norm.select(x, w, 1e-6).impl.provider == PROVIDER

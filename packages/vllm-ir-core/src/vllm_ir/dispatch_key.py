@@ -57,7 +57,7 @@ __all__ = [
 ALIGNMENT = 16
 """The key holds ``data_ptr() % ALIGNMENT``: predicates may test alignment up to 16 bytes."""
 
-BATCH_CLASS = {(0,): 0, (1,): 1}
+BATCH_CLASS: dict[tuple[int, ...], int] = {(0,): 0, (1,): 1}
 """``shape[:1]`` -> batch class; anything else (rank 0, or a batch of 2 or more) is 2."""
 
 
@@ -80,7 +80,7 @@ def tensor_facts(t: torch.Tensor) -> tuple[Any, ...]:
     """
     shape = t.shape
     first = shape[:1]
-    batch: Any = BATCH_CLASS.get(first, 2) if all(type(s) is int for s in first) else first
+    batch: Any = BATCH_CLASS.get(tuple(first), 2) if all(type(s) is int for s in first) else first
     align = None if is_fake(t) else t.data_ptr() % ALIGNMENT
     return (t.dtype, t.device, t.stride(), shape[t.dim() > 1 :], batch, align)
 

@@ -65,6 +65,10 @@ _grad_enabled = torch.is_grad_enabled
 _scoped_get = scoped_state_var().get
 
 
+def _module_of(op: IrOp) -> str:
+    return str(getattr(op.native, "__module__", "?"))
+
+
 def _ops_module_names() -> set[str]:
     ops_module = sys.modules.get("vllm_ir.ops")
     return set(vars(ops_module)) if ops_module is not None else set()
@@ -95,7 +99,7 @@ class IrOp:
     ) -> None:
         check_op_name(
             name,
-            {n: op.native.__module__ for n, op in IrOp._registry.items()},
+            {n: _module_of(op) for n, op in IrOp._registry.items()},
             _ops_module_names(),
         )
         self.name = name
@@ -370,8 +374,10 @@ class IrOp:
             if ops_module is not None and getattr(ops_module, self.name, None) is self:
                 delattr(ops_module, self.name)
         self._lib._destroy()
-        calls = [self._calls] + ([self._maybe_inplace._calls] if self._maybe_inplace else [])
-        for cache in [*self._caches.values(), *calls]:
+        caches: list[dict[Any, Any]] = [*self._caches.values(), self._calls]
+        if self._maybe_inplace is not None:
+            caches.append(self._maybe_inplace._calls)
+        for cache in caches:
             release_cache(cache)
 
     # -- priority ---------------------------------------------------------
