@@ -2,7 +2,8 @@
 
 The eager fast path is a cache of :meth:`IrOp.select`: for any arguments it
 must run exactly the impl ``select()`` returns. It can only do so if every
-``supports_args`` answer is a function of the key. The key holds:
+``supports_args`` answer is a function of the key. The *selection key*
+(:func:`make_key_fn` with ``fast=False``, ``IrOp._key``) holds:
 
 * the scoped priority state and selection mode (one context-variable read;
   process-wide priorities invalidate the caches instead);
@@ -29,8 +30,13 @@ arguments that share the key and differ elsewhere, and
 ``VLLM_IR_CHECK_DISPATCH=1`` re-validates every cached call against
 ``select()``.
 
-Costs (per tensor, measured by ``benchmarks/dispatch_overhead.py``, see
-``docs/design.md``): each fact is one attribute read or call on the tensor.
+The eager fast path keys its cache on the *exact* facts instead
+(``fast=True``): per tensor ``dtype``, ``device``, the whole ``shape``,
+``stride()`` and the alignment — a superset, so every hit is still a
+selection-key hit, and each fact is one cheap attribute read (slicing a
+``torch.Size`` costs several times more). A batch size it has not seen
+misses once and finds the selection through the selection key, without
+calling ``supports_args`` again.
 """
 
 from __future__ import annotations
@@ -61,27 +67,26 @@ BATCH_CLASS: dict[tuple[int, ...], int] = {(0,): 0, (1,): 1}
 """``shape[:1]`` -> batch class; anything else (rank 0, or a batch of 2 or more) is 2."""
 
 
-def _tensor_facts_source(name: str) -> str:
-    """Inline source of one tensor's facts (the order of :func:`tensor_facts`)."""
-    # ``shape[dim() > 1:]``: a bool slices off the batch dim only for rank >= 2
+def _exact_facts_source(name: str) -> str:
+    """Inline source of one tensor's exact facts, for the eager fast path."""
     return (
-        f"{name}.dtype, {name}.device, {name}.stride(), {name}.shape[{name}.dim() > 1:], "
-        f"_BATCH_CLASS.get({name}.shape[:1], 2), {name}.data_ptr() % {ALIGNMENT}"
+        f"{name}.dtype, {name}.device, {name}.shape, {name}.stride(), "
+        f"{name}.data_ptr() % {ALIGNMENT}"
     )
 
 
 def tensor_facts(t: torch.Tensor) -> tuple[Any, ...]:
     """One tensor's key facts, for any tensor, without guards.
 
-    Equal to the fast path's inline facts on real tensors. On a FakeTensor
-    the alignment is ``None`` (it has no data), and symbolic sizes stay
-    SymInts: such a key is unhashable, so it is never cached, and building it
-    adds no guard.
+    On a FakeTensor the alignment is ``None`` (it has no data), and symbolic
+    sizes stay SymInts: such a key is unhashable, so it is never cached, and
+    building it adds no guard.
     """
     shape = t.shape
-    first = shape[:1]
-    batch: Any = BATCH_CLASS.get(tuple(first), 2) if all(type(s) is int for s in first) else first
+    first = tuple(shape[:1])
+    batch: Any = BATCH_CLASS.get(first, 2) if all(type(s) is int for s in first) else first
     align = None if is_fake(t) else t.data_ptr() % ALIGNMENT
+    # a bool slices off the batch dim only for rank >= 2
     return (t.dtype, t.device, t.stride(), shape[t.dim() > 1 :], batch, align)
 
 
@@ -94,24 +99,34 @@ def _generic_facts(value: Any) -> Any:
     return value
 
 
+def _generic_exact_facts(value: Any) -> Any:
+    """:func:`_generic_facts` with the fast path's exact tensor facts."""
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, value.device, value.shape, value.stride(), value.data_ptr() % 16)
+    if isinstance(value, (list, tuple)):
+        return tuple(_generic_exact_facts(v) for v in value)
+    return value
+
+
 def _param_expression(p: inspect.Parameter, fast: bool) -> str:
     kind = tensor_kind(p.annotation)
     n = p.name
     if kind == "tensor":
-        return _tensor_facts_source(n) if fast else f"*_tensor_facts({n})"
+        return _exact_facts_source(n) if fast else f"*_tensor_facts({n})"
     if kind == "optional":
-        facts = f"({_tensor_facts_source(n)})" if fast else f"_tensor_facts({n})"
+        facts = f"({_exact_facts_source(n)})" if fast else f"_tensor_facts({n})"
         return f"None if {n} is None else {facts}"
     if is_scalar_annotation(p.annotation):
         return n
-    return f"_generic_facts({n})"
+    return f"_generic_exact_facts({n})" if fast else f"_generic_facts({n})"
 
 
 def key_expression(sig: inspect.Signature, *, fast: bool = True) -> str:
     """Source of the key tuple over the signature's parameter names.
 
-    ``fast``: inline attribute reads, for real tensors on the eager fast path;
-    otherwise through :func:`tensor_facts`, safe on FakeTensors.
+    ``fast``: the exact facts, inline, for real tensors on the eager fast
+    path; otherwise the selection key, through :func:`tensor_facts`, safe on
+    FakeTensors.
     """
     items = ["_scoped_get()"] + [_param_expression(p, fast) for p in sig.parameters.values()]
     return f"({', '.join(items)},)"
@@ -124,6 +139,7 @@ def key_namespace(scoped_get: Callable[[], Any]) -> dict[str, Any]:
         "_BATCH_CLASS": BATCH_CLASS,
         "_tensor_facts": tensor_facts,
         "_generic_facts": _generic_facts,
+        "_generic_exact_facts": _generic_exact_facts,
     }
 
 

@@ -47,6 +47,7 @@ class SelectingOp(Protocol):
     def _route(self, *args: Any) -> bool: ...
     def _fast_key(self, *args: Any) -> Any: ...
     def _select_impl(self, args: tuple[Any, ...]) -> IrOpImpl: ...
+    def _cached_select(self, args: tuple[Any, ...]) -> IrOpImpl: ...
     def _clone_activations(self, args: tuple[Any, ...]) -> tuple[Any, ...]: ...
 
     @property
@@ -133,7 +134,8 @@ class EagerCall:
             # semantics, uncached, so no key keeps it alive
             return self.torch_op
         since = generation()
-        fn = self.fn_for(op._select_impl(args))
+        # through the selection cache: a new batch size selects nothing anew
+        fn = self.fn_for(op._cached_select(args))
         try:
             key = op._fast_key(*args)
         except Exception:  # e.g. a tensor without strides: not cached

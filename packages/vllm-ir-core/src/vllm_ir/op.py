@@ -112,8 +112,8 @@ class IrOp:
             name, self.signature, activations, allow_inplace
         )
         self._activation_idx = frozenset(self._param_names.index(a) for a in self.activations)
-        # _key is safe on FakeTensors (dispatch(), the lowering pass); _fast_key is
-        # the eager fast path's own expression, for its miss path
+        # _key: the selection key, safe on FakeTensors (dispatch(), the lowering
+        # pass); _fast_key: the eager fast path's exact key, for its miss path
         self._key = make_key_fn(self.signature, _scoped_get, compile_source, fast=False)
         self._fast_key = make_key_fn(self.signature, _scoped_get, compile_source, fast=True)
         self._route = make_route_fn(self.signature)
@@ -222,6 +222,10 @@ class IrOp:
         """
         if kwargs:
             args = self._bind(args, kwargs)
+        return self._cached_select(args)
+
+    def _cached_select(self, args: tuple[Any, ...]) -> IrOpImpl:
+        """:meth:`dispatch` for positional ``args``: the selection cache, or a selection."""
         try:
             return self._caches[selection_mode()][self._key(*args)]
         except Exception:  # a miss, an unhashable key, or arguments of the wrong shape
