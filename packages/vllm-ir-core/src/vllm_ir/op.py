@@ -297,6 +297,15 @@ class IrOp:
         Arguments are validated here and the signature at decoration; a
         rejected registration registers nothing. Returns the function unchanged.
 
+        ``supports_args`` takes the op's parameters and returns a plain bool.
+        Its answer is cached on the dispatch key (:mod:`vllm_ir.dispatch_key`),
+        so it may read only the key's facts: of every tensor argument the
+        dtype, device, strides (contiguity, :mod:`vllm_ir.layout`), the sizes
+        but the batch size (``shape[1:]`` from rank 2), whether the batch size
+        is 0, 1 or more, and ``data_ptr() % 16``; non-tensor arguments by
+        value. Never the batch size itself, the storage offset or values: the
+        eager cache would run the impl for calls ``select()`` rejects.
+
         >>> import torch, vllm_ir as ir
         >>> @ir.register_op
         ... def doc_scale(x: torch.Tensor, factor: float) -> torch.Tensor:
