@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -190,6 +191,8 @@ def main() -> None:
         "machine": platform.machine(),
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
+        # a shared machine: the load during the run says how far to trust it
+        "load_average_1_5_15min": [round(v, 2) for v in os.getloadavg()],
         "providers": _providers(),
         "results": results,
     }
