@@ -1,16 +1,20 @@
 """Eager dispatch overhead of an IR op, side by side in one process.
 
 For a decode-sized (1 x 4096) and a prefill-sized (256 x 4096) input this
-times, round-robin so drift hits every variant alike:
+times, round-robin so drift hits every variant alike, all running the *same*
+impl — the one ``ir.ops.rms_norm`` selects with the installed providers
+(both recorded in the JSON):
 
-* ``direct``     — the native function called as a plain Python function,
+* ``direct``     — the selected impl called as a plain Python function,
 * ``ir.ops``     — ``ir.ops.rms_norm(...)`` (cached selection, eager fast path),
 * ``torch.ops``  — ``torch.ops.vllm_ir.rms_norm.default(...)`` (through the dispatcher),
-* ``custom_op``  — the same function wrapped by ``torch.library.custom_op``.
+* ``custom_op``  — the same impl wrapped by ``torch.library.custom_op``.
 
 Overhead is the median per-call time minus ``direct``'s. Since the kernel's
 own run-to-run noise is of the order of the overhead, a second table isolates
-dispatch: a no-op impl selected by priority, against calling it directly.
+dispatch: a no-op impl selected by priority, against calling it directly. A
+third times each part of the dispatch key (``vllm_ir.dispatch_key``) on the
+decode tensors, one attribute read at a time.
 Run:
 
     python benchmarks/dispatch_overhead.py [--out benchmarks/results/dispatch_overhead.json]
@@ -20,19 +24,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
 import timeit
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import vllm_ir as ir
+from vllm_ir.dispatch_key import BATCH_CLASS
+from vllm_ir.priority import scoped_state_var
 
 SHAPES = {"decode": (1, 4096), "prefill": (256, 4096)}
 
+# the impl the custom op wraps: set to the selected one before each measurement
+_SELECTED: list[Callable[..., torch.Tensor]] = [ir.ops.rms_norm.native]
 
-def _custom_op() -> object:
+
+def _custom_op() -> Callable[..., torch.Tensor]:
     @torch.library.custom_op("vllm_ir_bench::rms_norm", mutates_args=())
     def rms_norm(
         x: torch.Tensor,
@@ -40,18 +52,21 @@ def _custom_op() -> object:
         epsilon: float,
         variance_size: int | None = None,
     ) -> torch.Tensor:
-        return ir.ops.rms_norm.native(x, weight, epsilon, variance_size)
+        return _SELECTED[-1](x, weight, epsilon, variance_size)
 
     rms_norm.register_fake(ir.ops.rms_norm.native)
-    return rms_norm
+    return rms_norm  # type: ignore[return-value]
 
 
 def measure(shape: tuple[int, int], rounds: int, number: int) -> dict[str, object]:
     x = torch.randn(*shape)
     w = torch.randn(shape[-1])
     eps = 1e-6
+    selected = ir.ops.rms_norm.dispatch(x, w, eps)
+    impl = selected.impl_fn
+    _SELECTED.append(impl)
     variants = {
-        "direct": lambda: ir.ops.rms_norm.native(x, w, eps),
+        "direct": lambda: impl(x, w, eps),
         "ir.ops": lambda: ir.ops.rms_norm(x, w, eps),
         "torch.ops": lambda: torch.ops.vllm_ir.rms_norm.default(x, w, eps),
         "custom_op": lambda: CUSTOM_OP(x, w, eps),
@@ -70,6 +85,7 @@ def measure(shape: tuple[int, int], rounds: int, number: int) -> dict[str, objec
     best = {name: min(s) for name, s in samples.items()}
     return {
         "shape": list(shape),
+        "impl": selected.provider,
         "median_us": {k: round(v, 3) for k, v in median.items()},
         "min_us": {k: round(v, 3) for k, v in best.items()},
         "min_overhead_vs_direct_us": {
@@ -97,9 +113,11 @@ def measure_dispatch_only(rounds: int, number: int) -> dict[str, object]:
     if "bench_noop" not in ir.ops.rms_norm.impls:
         ir.ops.rms_norm.register_impl("bench_noop")(_noop)
     x, w, eps = torch.randn(1, 4096), torch.randn(4096), 1e-6
+    op = ir.ops.rms_norm
     variants = {
         "direct": lambda: _noop(x, w, eps),
         "ir.ops": lambda: ir.ops.rms_norm(x, w, eps),
+        "ir.ops, bound": lambda: op(x, w, eps),
         "torch.ops": lambda: torch.ops.vllm_ir.rms_norm.default(x, w, eps),
     }
     with ir.ops.rms_norm.set_priority(["bench_noop"]):
@@ -117,6 +135,39 @@ def measure_dispatch_only(rounds: int, number: int) -> dict[str, object]:
     }
 
 
+def measure_key_parts(rounds: int, number: int) -> dict[str, object]:
+    """Nanoseconds per part of ``rms_norm``'s dispatch key, on the decode tensors."""
+    x, w, eps = torch.randn(1, 4096), torch.randn(4096), 1e-6
+    scoped_get = scoped_state_var().get
+    op = ir.ops.rms_norm
+    parts: dict[str, Callable[[], object]] = {
+        "loop baseline": lambda: None,
+        "scoped state + mode": lambda: scoped_get(),
+        "dtype": lambda: x.dtype,
+        "device": lambda: x.device,
+        "shape": lambda: x.shape,
+        "stride()": lambda: x.stride(),
+        "data_ptr() % 16": lambda: x.data_ptr() % 16,
+        "old key: ndim": lambda: x.ndim,
+        "old key: layout": lambda: x.layout,
+        "old key: is_contiguous()": lambda: x.is_contiguous(),
+        "selection key: shape[1:]": lambda: x.shape[x.dim() > 1 :],
+        "selection key: batch class": lambda: BATCH_CLASS.get(x.shape[:1], 2),
+        "fast key of (x, weight, eps)": lambda: op._fast_key(x, w, eps),
+        "selection key of (x, weight, eps)": lambda: op._key(x, w, eps),
+    }
+    best = {
+        name: min(timeit.repeat(fn, number=number, repeat=rounds)) / number * 1e9
+        for name, fn in parts.items()
+    }
+    base = best.pop("loop baseline")
+    return {"ns_per_part": {k: round(v - base, 1) for k, v in best.items()}}
+
+
+def _providers() -> dict[str, str]:
+    return {name: p.package for name, p in sorted(ir.loaded_providers().items())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -126,12 +177,13 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=2000)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    results = {}
+    results: dict[str, dict[str, object]] = {}
     with torch.inference_mode():
         for label, shape in SHAPES.items():
             number = args.number if label == "decode" else max(args.number // 20, 50)
             results[label] = measure(shape, args.rounds, number)
         results["dispatch_only"] = measure_dispatch_only(args.rounds, args.number * 10)
+        results["key_parts"] = measure_key_parts(args.rounds, args.number * 10)
     report = {
         "benchmark": "dispatch_overhead",
         "torch": torch.__version__,
@@ -139,21 +191,29 @@ def main() -> None:
         "machine": platform.machine(),
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
+        # a shared machine: the load during the run says how far to trust it
+        "load_average_1_5_15min": [round(v, 2) for v in os.getloadavg()],
+        "providers": _providers(),
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"providers: {report['providers'] or 'none'}")
     print(f"{'shape':>10} {'variant':>10} {'median us':>10} {'overhead us':>12} {'min us':>10}")
-    for label, r in results.items():
-        if label == "dispatch_only":
-            continue
+    for label in SHAPES:
+        r: dict[str, Any] = results[label]
+        print(f"{label} (impl {r['impl']}):")
         for name, t in r["median_us"].items():
             over = r["overhead_vs_direct_us"].get(name, 0.0)
             print(f"{label:>10} {name:>10} {t:>10.2f} {over:>12.2f} {r['min_us'][name]:>10.2f}")
-    only = results["dispatch_only"]
+    only: dict[str, Any] = results["dispatch_only"]
     print("dispatch only (no-op impl), min over rounds:")
     for name, t in only["min_ns"].items():
         print(f"{name:>21} {t:>10.0f} ns {only['overhead_vs_direct_ns'][name]:>10.0f} ns")
+    print("dispatch key parts (per tensor unless noted), min over rounds:")
+    parts: dict[str, Any] = results["key_parts"]
+    for name, t in parts["ns_per_part"].items():
+        print(f"{name:>34} {t:>8.1f} ns")
     print(f"wrote {args.out}")
 
 

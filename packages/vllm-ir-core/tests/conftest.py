@@ -14,8 +14,13 @@ import torch
 import vllm_ir as ir
 from torch import Tensor
 from vllm_ir import dispatch, priority, providers
+from vllm_ir.eager import set_dispatch_check
 
 _counter = itertools.count()
+
+# Every eager call in this suite re-validates its cached selection against an
+# uncached select() (VLLM_IR_CHECK_DISPATCH): a mismatch fails the test.
+set_dispatch_check(True)
 
 
 def unique(prefix: str) -> str:

@@ -87,6 +87,59 @@ def test_a_batch_guarding_supports_args_is_caught(registered) -> None:  # type: 
         assert_conforms("kit_guard", checks=("supports_args",), dtypes=(torch.float32,))
 
 
+@pytest.mark.parametrize(
+    ("case", "predicate", "what"),
+    [
+        (
+            "batch parity",
+            lambda x, weight, epsilon, variance_size=None: x.dim() < 2 or x.shape[0] % 2 == 0,
+            "batch size",
+        ),
+        (
+            "storage offset",
+            lambda x, weight, epsilon, variance_size=None: x.storage_offset() == 0,
+            "storage offset shifted",
+        ),
+        (
+            "32-byte alignment",
+            lambda x, weight, epsilon, variance_size=None: x.data_ptr() % 32 == 0,
+            "storage offset shifted by 16 bytes",
+        ),
+        (
+            "values",
+            lambda x, weight, epsilon, variance_size=None: bool(x.flatten()[0] != 3.0),
+            "other values",
+        ),
+    ],
+)
+def test_a_predicate_reading_outside_the_dispatch_key_is_caught(  # type: ignore[no-untyped-def]
+    registered, case: str, predicate, what: str
+) -> None:
+    _rms("kit_offkey", good_rms, registered, supports_args=predicate)
+    report = check_provider("kit_offkey", checks=("supports_args",), dtypes=(torch.float32,))
+    assert report.failures, case
+    assert any(what in f and "share the dispatch key" in f for f in report.failures), (
+        report.failures
+    )
+
+
+def test_a_predicate_reading_only_key_facts_passes(registered) -> None:  # type: ignore[no-untyped-def]
+    from vllm_ir.layout import rows_flatten_free
+
+    def key_facts_only(x, weight, epsilon, variance_size=None):  # type: ignore[no-untyped-def]
+        return (
+            x.shape[-1] % 8 == 0  # the hidden size
+            and rows_flatten_free(x)  # strides
+            and (weight is None or (weight.is_contiguous() and weight.device == x.device))
+            and variance_size is None
+        )
+
+    _rms("kit_onkey", good_rms, registered, supports_args=key_facts_only)
+    report = check_provider("kit_onkey", checks=("supports_args",), dtypes=(torch.float32,))
+    assert report.failures == []
+    assert report.passed
+
+
 def test_an_inplace_impl_must_return_what_it_writes(registered) -> None:  # type: ignore[no-untyped-def]
     def writes_but_returns_new(
         x: Tensor,

@@ -89,7 +89,7 @@ def test_supports_args_must_return_plain_bool(scale_op: ir.IrOp) -> None:
         scale_op(torch.ones(1), 1.0)
 
 
-def test_selection_cached_on_metadata_not_sizes(scale_op: ir.IrOp) -> None:
+def test_selection_cached_on_metadata_not_batch_size(scale_op: ir.IrOp) -> None:
     calls = []
 
     def supports(x, factor):  # type: ignore[no-untyped-def]
@@ -98,13 +98,17 @@ def test_selection_cached_on_metadata_not_sizes(scale_op: ir.IrOp) -> None:
 
     _register(scale_op, "counted", 1.0, supports_args=supports)
     with scale_op.set_priority(["counted"]):
-        for batch in (1, 2, 8, 64):
+        for batch in (2, 8, 64, 3):
             scale_op(torch.ones(batch, 4), 1.0)
-        assert len(calls) == 1  # a new batch size reuses the selection
+        assert len(calls) == 1  # a new batch size (of 2 or more) reuses the selection
+        scale_op(torch.ones(1, 4), 1.0)  # batch class 1: its own key, as Dynamo's 0/1
+        scale_op(torch.ones(0, 4), 1.0)  # batch class 0
+        assert len(calls) == 3
         scale_op(torch.ones(2, 4, dtype=torch.float64), 1.0)
         scale_op(torch.ones(4), 1.0)  # another ndim
         scale_op(torch.ones(4), 2.0)  # another non-tensor argument
-    assert len(calls) == 4
+        scale_op(torch.ones(2, 5), 1.0)  # another hidden size
+    assert len(calls) == 7
 
 
 def test_new_registration_invalidates_cache(scale_op: ir.IrOp) -> None:

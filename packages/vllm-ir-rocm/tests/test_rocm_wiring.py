@@ -192,10 +192,10 @@ def test_declines_are_explained(aiter: StandInAiter) -> None:
     assert "supports_args returned False" in first.reason
 
 
-# -- layouts the predicates decline, reached anyway ---------------------------
-# The selection cache keys on dtype and rank, not strides: a layout declined by
-# supports_args still reaches the impl after a cached selection for another
-# layout. The impls must then still compute the op exactly.
+# -- layouts the predicates decline, called directly ---------------------------
+# Dispatch never sends a declined layout here (strides are in the dispatch
+# key), but the impls are public functions: called directly, they must still
+# compute the op exactly.
 
 
 def test_rms_norm_on_a_declined_layout_is_still_right(aiter: StandInAiter) -> None:
@@ -217,16 +217,34 @@ def test_fused_add_on_declined_layouts_still_writes_its_activations(aiter: Stand
     _assert_close(r, want[1])
 
 
-def test_a_declined_layout_after_a_cached_selection_is_still_right(aiter: StandInAiter) -> None:
+def test_a_declined_layout_after_a_cached_selection_runs_native(aiter: StandInAiter) -> None:
     w = _rows(64)
     dense, transposed = _rows(4, 3, 64), _rows(3, 4, 64).transpose(0, 1)
     with ir.ops.rms_norm.set_priority([PROVIDER]):
         assert ir.ops.rms_norm.select(transposed, w, 1e-6).impl.provider == "native"
-        ir.ops.rms_norm(dense, w, 1e-6)  # caches the selection for (bf16, 3-D)
-        out = ir.ops.rms_norm(transposed, w, 1e-6)  # may be served from that cache
+        ir.ops.rms_norm(dense, w, 1e-6)  # caches the selection for dense bf16 rows
+        aiter.calls.clear()
+        out = ir.ops.rms_norm(transposed, w, 1e-6)  # another key: selected afresh
+    assert aiter.calls == []
     want = ir.ops.rms_norm.native(transposed, w, 1e-6)
     _assert_close(out, want)
     assert out.stride() == want.stride()
+
+
+def test_sequence_first_batch_1_rows_are_accepted(aiter: StandInAiter) -> None:
+    # (S, 1, H) from transpose(0, 1) of (1, S, H): contiguous, the size-1
+    # dimension's stride is S * H, and .view(-1, H) works
+    x = _rows(1, 16, 64).transpose(0, 1)
+    r = _rows(1, 16, 64).transpose(0, 1)
+    assert x.shape == (16, 1, 64)
+    assert x.stride() == (64, 1024, 1)
+    assert x.is_contiguous()
+    w = _rows(64)
+    with ir.ops.rms_norm.set_priority([PROVIDER]):
+        assert ir.ops.rms_norm.select(x, w, 1e-6).impl.provider == PROVIDER
+        _assert_close(ir.ops.rms_norm(x, w, 1e-6), ir.ops.rms_norm.native(x, w, 1e-6))
+    with ir.ops.fused_add_rms_norm.set_priority([PROVIDER]):
+        assert ir.ops.fused_add_rms_norm.select(x, r, w, 1e-6).impl.provider == PROVIDER
 
 
 def test_empty_inputs_never_reach_aiter(aiter: StandInAiter) -> None:

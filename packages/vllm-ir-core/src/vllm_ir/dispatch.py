@@ -1,11 +1,13 @@
 """Selection of an impl for a call: priority order, ``supported``,
-batch invariance, ``supports_args`` — and the caches that keep it off the hot path.
+batch invariance, ``supports_args``.
 
-Selection is a pure function of the effective priority list and the argument
-metadata that ``supports_args`` may look at, so its answer is cached per op on
-``(priority state, dtype, device, ndim, layout of each tensor, non-tensor args)``.
-Anything that can change an answer (a registration, a process-wide priority,
-provider discovery) calls :func:`invalidate_caches`.
+Selection is a pure function of the effective priority list, the process
+environment it reads (``VLLM_BATCH_INVARIANT``, ``VLLM_IR_PLATFORM``) and
+the argument facts that ``supports_args`` may look at, so its answer is
+cached per op on those facts (see :mod:`vllm_ir.cache` and
+:mod:`vllm_ir.dispatch_key`). The environment is read once per cache
+generation: every cached selection and every new one agree on it, and a
+change takes effect at the next :func:`invalidate_caches`.
 """
 
 from __future__ import annotations
@@ -15,41 +17,46 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_ir import envs
+from vllm_ir.cache import generation, invalidate_caches, register_cache, release_cache
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.logger import get_logger
+from vllm_ir.platform import current_platform
 from vllm_ir.priority import Mode, PriorityEntry, effective_priority
 
 __all__ = [
     "Decision",
     "Selection",
+    "SelectionEnv",
     "invalidate_caches",
     "register_cache",
     "release_cache",
     "select",
+    "selection_env",
 ]
 
 logger = get_logger(__name__)
 
-# Plain dicts: the interpreter specializes subscripts of exact dicts only.
-_caches: list[dict[Any, Any]] = []
+
+@dataclass(frozen=True)
+class SelectionEnv:
+    """The environment selections of one cache generation read."""
+
+    generation: int
+    batch_invariant: bool
+    platform: str
 
 
-def register_cache() -> dict[Any, Any]:
-    """A new selection cache that :func:`invalidate_caches` will clear."""
-    cache: dict[Any, Any] = {}
-    _caches.append(cache)
-    return cache
+_env: list[SelectionEnv | None] = [None]
 
 
-def release_cache(cache: dict[Any, Any]) -> None:
-    """Stop tracking ``cache`` (its op was unregistered)."""
-    _caches[:] = [c for c in _caches if c is not cache]
-
-
-def invalidate_caches() -> None:
-    """Forget every cached selection (call after changing ``VLLM_*`` variables)."""
-    for cache in _caches:
-        cache.clear()
+def selection_env() -> SelectionEnv:
+    """The environment in force for this cache generation (read at its first selection)."""
+    env = _env[0]
+    gen = generation()
+    if env is None or env.generation != gen:
+        env = SelectionEnv(gen, envs.batch_invariant(), current_platform())
+        _env[0] = env
+    return env
 
 
 @dataclass(frozen=True)
@@ -74,8 +81,8 @@ def _check_plain_bool(op_name: str, impl: IrOpImpl, answer: object) -> bool:
         return answer
     hint = (
         " It depends on a symbolic size or value, which would guard the compiled "
-        "graph on it; supports_args may only look at dtype, device, ndim, layout "
-        "and non-tensor arguments."
+        "graph on it; supports_args may only read the facts of the dispatch key "
+        "(see vllm_ir.dispatch_key)."
         if type(answer).__name__.startswith("Sym")
         else ""
     )
@@ -118,9 +125,10 @@ def select(
     ``native`` is always on the list and always accepts, so this never fails
     (an impl whose ``supports_args`` raises propagates its error).
     """
-    batch_invariant = envs.batch_invariant()
+    env = selection_env()
+    batch_invariant = env.batch_invariant
     decisions: list[Decision] = []
-    for entry in effective_priority(op_name, mode):
+    for entry in effective_priority(op_name, mode, platform=env.platform):
         impl = impls.get(entry.provider)
         reason = _rejection(op_name, impl, args, batch_invariant)
         if reason is None:

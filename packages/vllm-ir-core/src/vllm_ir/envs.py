@@ -1,8 +1,10 @@
 """Environment variables read by vllm-ir, in one place.
 
-Each is read when it is needed, not at import. Selections are cached, so set
-them before the first call of an op (or call
-:func:`vllm_ir.dispatch.invalidate_caches` after changing them).
+Each is read when it is needed, not at import. ``VLLM_BATCH_INVARIANT`` and
+``VLLM_IR_PLATFORM`` steer selection, which is cached: they are read once per
+cache generation, at its first selection, so cached and new selections never
+mix two values. Set them before the first call of an op, or call
+:func:`vllm_ir.invalidate_caches` after changing them.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import os
 
 __all__ = [
     "VLLM_BATCH_INVARIANT",
+    "VLLM_IR_CHECK_DISPATCH",
     "VLLM_IR_PLATFORM",
     "VLLM_IR_PROVIDERS",
     "VLLM_IR_PROVIDER_LOAD_WARN_S",
     "VLLM_LOGGING_LEVEL",
     "batch_invariant",
+    "check_dispatch",
     "logging_level",
     "platform_override",
     "provider_allow_list",
@@ -38,7 +42,16 @@ VLLM_LOGGING_LEVEL = "VLLM_LOGGING_LEVEL"
 VLLM_IR_PLATFORM = "VLLM_IR_PLATFORM"
 """Overrides platform detection (``cuda``, ``rocm``, ``xpu``, ``cpu``)."""
 
+VLLM_IR_CHECK_DISPATCH = "VLLM_IR_CHECK_DISPATCH"
+"""``1`` re-validates every cached eager call against an uncached selection and
+raises on a difference (slow: a debugging and testing aid). Read when an op is
+declared; :func:`vllm_ir.eager.set_dispatch_check` switches it at run time."""
+
 _TRUE = {"1", "true", "yes", "on"}
+
+
+def check_dispatch() -> bool:
+    return os.environ.get(VLLM_IR_CHECK_DISPATCH, "0").strip().lower() in _TRUE
 
 
 def batch_invariant() -> bool:

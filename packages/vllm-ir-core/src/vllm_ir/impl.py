@@ -38,9 +38,10 @@ class IrOpImpl:
         impl_fn: the kernel entry point; its signature equals the op's native one.
         supported: static availability on this machine (checked once, at registration).
         supports_args: optional predicate over the op's arguments; a plain ``bool``
-            that may depend on dtype, device, rank, layout and non-tensor arguments
-            but never on sizes or values (it is called with FakeTensors under compile,
-            and its answer is cached on argument metadata).
+            that reads only the facts of the dispatch key (:mod:`vllm_ir.dispatch_key`:
+            per tensor dtype, device, strides, sizes but the batch size, the batch
+            size's class and 16-byte alignment; non-tensor arguments), never values
+            (it is called with FakeTensors under compile, and its answer is cached).
         inplace: the impl writes its outputs into the op's activations.
         batch_invariant: a row's result does not depend on the batch it is in.
         unsupported_reason: why ``supported`` is False (shown by selection logs,

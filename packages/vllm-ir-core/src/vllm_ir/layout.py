@@ -14,7 +14,7 @@ densely ask :func:`contiguous`.
 
 from __future__ import annotations
 
-from torch import Tensor
+from torch import SymInt, Tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 __all__ = ["contiguous", "rows_flatten_free"]
@@ -24,25 +24,45 @@ def _known(condition: object) -> bool:
     return bool(statically_known_true(condition))  # type: ignore[arg-type]
 
 
+def _row_stride(t: Tensor) -> int | SymInt | bool | None:
+    """The row stride of ``t.reshape(-1, t.shape[-1])`` if that is a view with
+    unit-stride rows: ``True`` when there is no outer dimension to step over,
+    ``None`` when it is not (or symbolic sizes leave it open)."""
+    if t.dim() == 0:
+        return None
+    if not (_known(t.stride(-1) == 1) or _known(t.shape[-1] == 1)):
+        return None
+    # Walk the outer dimensions from the inside out; a size-1 dimension is
+    # never stepped over, so its stride does not matter (a sequence-first
+    # batch-1 tensor (S, 1, H) has any stride there).
+    row_stride: int | SymInt | None = None  # of the innermost outer dim stepped over
+    inner: tuple[int | SymInt, int | SymInt] | None = None  # (stride, size) of the last one
+    for i in reversed(range(t.dim() - 1)):
+        if _known(t.shape[i] == 1):
+            continue
+        if inner is None:
+            row_stride = t.stride(i)
+        elif not _known(t.stride(i) == inner[0] * inner[1]):
+            return None
+        inner = (t.stride(i), t.shape[i])
+    return True if row_stride is None else row_stride
+
+
 def rows_flatten_free(t: Tensor) -> bool:
     """``t.reshape(-1, t.shape[-1])`` is a view whose rows have unit stride.
 
-    The row stride may exceed the row length (a slice of wider rows).
+    The row stride may exceed the row length (a slice of wider rows); the
+    strides of size-1 dimensions are ignored, as ``view`` ignores them.
     """
-    if t.dim() == 0:
-        return False
-    if not (_known(t.stride(-1) == 1) or _known(t.shape[-1] == 1)):
-        return False
-    for i in range(t.dim() - 2):
-        if _known(t.shape[i] == 1):
-            continue  # a size-1 dimension's stride is never used
-        if not _known(t.stride(i) == t.stride(i + 1) * t.shape[i + 1]):
-            return False
-    return True
+    return _row_stride(t) is not None
 
 
 def contiguous(t: Tensor) -> bool:
-    """``t`` is contiguous, judged without guards (``False`` when symbolic sizes leave it open)."""
-    if not rows_flatten_free(t):
+    """``t`` is contiguous, judged without guards (``False`` when symbolic sizes leave it open).
+
+    As ``Tensor.is_contiguous()``, the strides of size-1 dimensions are ignored.
+    """
+    row_stride = _row_stride(t)
+    if row_stride is None:
         return False
-    return t.dim() < 2 or _known(t.shape[-2] == 1) or _known(t.stride(-2) == t.shape[-1])
+    return row_stride is True or _known(row_stride == t.shape[-1])

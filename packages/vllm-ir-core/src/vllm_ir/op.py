@@ -1,18 +1,18 @@
-"""IR ops: declaration, the ``maybe_inplace`` overload, and eager calls.
+"""IR ops: declaration, torch-library wiring, impls, priorities, samples.
 
 An IR op is a torch custom op in the ``vllm_ir`` namespace whose semantics are
 its native Python function. Calling the :class:`IrOp` object selects an impl
-by priority and calls it. Plain eager calls take a cached fast path; calls
-under Dynamo, ``make_fx``, a dispatch mode, a ``__torch_function__`` subclass
-or autograd go through ``torch.ops.vllm_ir.<name>`` so tracers see one node.
+by priority and calls it. Plain eager calls take a cached fast path
+(:mod:`vllm_ir.eager`); calls under Dynamo, ``make_fx``, a dispatch mode, a
+``__torch_function__`` subclass or autograd go through
+``torch.ops.vllm_ir.<name>`` so tracers see one node. Gradients are the
+native function's (:mod:`vllm_ir.autograd`); signature and activation checks
+live in :mod:`vllm_ir.signature`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
-import keyword
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
@@ -21,8 +21,14 @@ from typing import Any, ClassVar, overload
 import torch
 from torch.library import Library, infer_schema
 
-from vllm_ir import dispatch as _dispatch
-from vllm_ir._hotpath import make_eager_call, make_key_fn, make_needs_grad_fn, tensor_kind
+from vllm_ir import providers
+from vllm_ir._hotpath import compile_source, make_needs_grad_fn, make_route_fn
+from vllm_ir.arguments import make_argument_check
+from vllm_ir.autograd import NativeGradient
+from vllm_ir.cache import generation, invalidating, register_cache, release_cache, store
+from vllm_ir.dispatch import Selection, describe, select
+from vllm_ir.dispatch_key import key_is_cacheable, make_key_fn
+from vllm_ir.eager import EagerCall
 from vllm_ir.impl import (
     NATIVE,
     IrOpImpl,
@@ -38,9 +44,15 @@ from vllm_ir.priority import (
     scoped_priority,
     scoped_state_var,
     selection_mode,
+    selection_mode_scope,
 )
 from vllm_ir.registration import RegistrationHandle, current_registration_log, record
 from vllm_ir.samples import SampleInput, SampleInputGenerator
+from vllm_ir.signature import (
+    check_native_signature,
+    check_op_name,
+    resolve_activations,
+)
 from vllm_ir.tolerances import Tolerance, tolerance_for
 
 __all__ = ["IrOp", "IrOpInplaceOverload", "NAMESPACE", "get_op", "register_op"]
@@ -52,10 +64,13 @@ _grad_enabled = torch.is_grad_enabled
 _scoped_get = scoped_state_var().get
 
 
-def _ensure_providers_loaded() -> None:
-    from vllm_ir import providers
+def _module_of(op: IrOp) -> str:
+    return str(getattr(op.native, "__module__", "?"))
 
-    providers.ensure_loaded()
+
+def _ops_module_names() -> set[str]:
+    ops_module = sys.modules.get("vllm_ir.ops")
+    return set(vars(ops_module)) if ops_module is not None else set()
 
 
 class IrOp:
@@ -81,24 +96,32 @@ class IrOp:
         activations: Sequence[str] | None = None,
         allow_inplace: bool = False,
     ) -> None:
-        _check_op_name(name)
+        check_op_name(
+            name,
+            {n: _module_of(op) for n, op in IrOp._registry.items()},
+            _ops_module_names(),
+        )
         self.name = name
         self.native = native_fn
         self.allow_inplace = allow_inplace
         self.signature = resolved_signature(native_fn)
         self._param_names = tuple(self.signature.parameters)
-        _check_native_signature(name, self.signature)
-        self.activations: tuple[str, ...] = _resolve_activations(
+        check_native_signature(name, self.signature)
+        self.activations: tuple[str, ...] = resolve_activations(
             name, self.signature, activations, allow_inplace
         )
         self._activation_idx = frozenset(self._param_names.index(a) for a in self.activations)
-        self._key = make_key_fn(self.signature, _scoped_get)
+        # _key: the selection key, safe on FakeTensors (dispatch(), the lowering
+        # pass); _fast_key: the eager fast path's exact key, for its miss path
+        self._key = make_key_fn(self.signature, _scoped_get, compile_source, fast=False)
+        self._fast_key = make_key_fn(self.signature, _scoped_get, compile_source, fast=True)
+        self._route = make_route_fn(self.signature)
+        self._check_args = make_argument_check(name, self.signature)
         self._needs_grad = make_needs_grad_fn(self.signature)
         self._caches: dict[Mode, dict[Any, IrOpImpl]] = {
-            "eager": _dispatch.register_cache(),
-            "compiled": _dispatch.register_cache(),
+            "eager": register_cache(),
+            "compiled": register_cache(),
         }
-        self._eager_cache = self._caches["eager"]
         self._impls: dict[str, IrOpImpl] = {
             NATIVE: IrOpImpl(
                 name,
@@ -113,6 +136,7 @@ class IrOp:
         self._input_generator: SampleInputGenerator | None = None
         self.tolerances: dict[torch.dtype, Tolerance] = {}
         self.__doc__ = native_fn.__doc__
+        self._gradient = NativeGradient(native_fn)
         self._lib = Library(NAMESPACE, "FRAGMENT")
         try:
             self._define_torch_ops()
@@ -121,19 +145,14 @@ class IrOp:
             raise
         self.torch_op: torch._ops.OpOverload = getattr(torch.ops.vllm_ir, name).default
         """``torch.ops.vllm_ir.<name>.default``: never mutates its inputs."""
-        self._calls = _dispatch.register_cache()
-        call = make_eager_call(
-            self.signature,
-            name,
-            torch_op=self.torch_op,
-            calls=self._calls,
-            resolve=self._resolve_default_call,
-            scoped_get=_scoped_get,
-        )
         # A class per op, as torch.fx does per GraphModule: ``op(...)`` looks
         # ``__call__`` up on the type, and the generated one takes the op's own
         # parameters.
-        self.__class__ = type(f"IrOp[{name}]", (IrOp,), {"__call__": call, "__doc__": self.__doc__})
+        self.__class__ = type(f"IrOp[{name}]", (IrOp,), {"__doc__": self.__doc__})
+        self._eager = EagerCall(
+            self, self.__class__, self.torch_op, _scoped_get, copy_activations=True
+        )
+        self._calls = self._eager.calls
         # built now, not on first use: Dynamo cannot trace the code generation
         self._maybe_inplace = IrOpInplaceOverload(self) if allow_inplace else None
 
@@ -152,7 +171,10 @@ class IrOp:
         self._lib.impl(self.name, self._kernel_default, "CompositeExplicitAutograd")
         torch.library.register_fake(qualname, self.native, lib=self._lib)
         torch.library.register_autograd(
-            qualname, self._backward, setup_context=self._setup_context, lib=self._lib
+            qualname,
+            self._gradient.backward,
+            setup_context=self._gradient.setup_context,
+            lib=self._lib,
         )
         if self.allow_inplace:
             inplace_schema = infer_schema(self.native, mutates_args=self.activations)
@@ -179,39 +201,6 @@ class IrOp:
         with torch._C._AutoDispatchBelowAutograd():
             return self.maybe_inplace.torch_op(*args)
 
-    def _setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        tensor_idx = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor)]
-        ctx.tensor_idx = tensor_idx
-        ctx.others = tuple(None if i in tensor_idx else a for i, a in enumerate(inputs))
-        ctx.save_for_backward(*(inputs[i] for i in tensor_idx))
-
-    def _backward(self, ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        # Gradients are those of the native semantics, whichever impl ran forward.
-        inputs = list(ctx.others)
-        wanted = []
-        with torch.enable_grad():
-            for i, saved in zip(ctx.tensor_idx, ctx.saved_tensors, strict=True):
-                inputs[i] = saved.detach().requires_grad_(ctx.needs_input_grad[i])
-                if ctx.needs_input_grad[i]:
-                    wanted.append(i)
-            out = self.native(*inputs)
-            outs = out if isinstance(out, tuple) else (out,)
-            pairs = [
-                (o, g)
-                for o, g in zip(outs, grads, strict=True)
-                if g is not None and o.requires_grad
-            ]
-            found = torch.autograd.grad(
-                [o for o, _ in pairs],
-                [inputs[i] for i in wanted],
-                [g for _, g in pairs],
-                allow_unused=True,
-            )
-        result: list[Any] = [None] * len(inputs)
-        for i, g in zip(wanted, found, strict=True):
-            result[i] = g
-        return tuple(result)
-
     # -- calling ----------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -227,47 +216,48 @@ class IrOp:
 
         Uses the eager priorities, or the compiled ones inside
         :func:`vllm_ir.priority.compiled_selection` (as the lowering pass does).
-        Works on real tensors and on FakeTensors alike.
+        Works on real tensors and on FakeTensors alike (building the key adds
+        no guard; a key with symbolic sizes is not cached).
         """
         if kwargs:
             args = self._bind(args, kwargs)
-        mode = selection_mode()
-        try:
-            return self._caches[mode][self._key(*args)]
-        except (KeyError, TypeError):
-            return self._select_uncached(args, mode)
+        return self._cached_select(args)
 
-    def select(self, *args: Any, mode: Mode | None = None, **kwargs: Any) -> _dispatch.Selection:
+    def _cached_select(self, args: tuple[Any, ...]) -> IrOpImpl:
+        """:meth:`dispatch` for positional ``args``: the selection cache, or a selection."""
+        try:
+            return self._caches[selection_mode()][self._key(*args)]
+        except Exception:  # a miss, an unhashable key, or arguments of the wrong shape
+            return self._dispatch_miss(args)
+
+    def select(self, *args: Any, mode: Mode | None = None, **kwargs: Any) -> Selection:
         """Like :meth:`dispatch`, uncached, with the decision on every candidate."""
         args = self._bind(args, kwargs)
-        _ensure_providers_loaded()
-        with _mode_scope(mode):
-            return _dispatch.select(
-                self.name, self._impls, args, selection_mode(), lambda: _dispatch.describe(args)
-            )
+        self._check_args(args)
+        providers.ensure_loaded()
+        with selection_mode_scope(mode or selection_mode()):
+            return select(self.name, self._impls, args, selection_mode(), lambda: describe(args))
 
-    def _select_uncached(self, args: tuple[Any, ...], mode: Mode) -> IrOpImpl:
-        try:
-            self.signature.bind(*args)
-        except TypeError as e:
-            raise TypeError(f"{self.name}{self.signature}: {e}") from None
-        _ensure_providers_loaded()
-        selection = _dispatch.select(
-            self.name, self._impls, args, mode, lambda: _dispatch.describe(args)
-        )
-        with contextlib.suppress(TypeError):  # unhashable argument: stay uncached
-            self._caches[mode][self._key(*args)] = selection.impl
-        return selection.impl
+    def _select_impl(self, args: tuple[Any, ...]) -> IrOpImpl:
+        """The uncached selection for complete positional ``args`` (the rule the caches hold)."""
+        providers.ensure_loaded()
+        return select(self.name, self._impls, args, selection_mode(), lambda: describe(args)).impl
 
-    def _resolve_default_call(self, key: Any, args: tuple[Any, ...]) -> Callable[..., Any]:
-        """What the default overload runs for ``args``: never writes the inputs."""
-        impl = self._select_uncached(args, "eager")
-        fn = impl.impl_fn
-        if impl.inplace:
-            fn = functools.partial(self._call_on_copies, impl.impl_fn)
-        if key is not None:
-            self._calls[key] = fn
-        return fn
+    def _dispatch_miss(self, args: tuple[Any, ...]) -> IrOpImpl:
+        args = self._bind(args, {})
+        cacheable = self._check_args(args) == "plain"
+        providers.ensure_loaded()  # may invalidate: before reading the generation
+        since = generation()
+        mode = selection_mode()
+        impl = self._select_impl(args)
+        if cacheable:
+            try:
+                key = self._key(*args)
+            except Exception:  # e.g. a tensor without strides: not cached
+                return impl
+            if key_is_cacheable(key):
+                store(self._caches[mode], key, impl, since)
+        return impl
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         try:
@@ -276,10 +266,6 @@ class IrOp:
             raise TypeError(f"{self.name}{self.signature}: {e}") from None
         bound.apply_defaults()
         return bound.args
-
-    def _call_on_copies(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run an inplace impl for the default overload: on copies of the activations."""
-        return fn(*self._clone_activations(args))
 
     def _clone_activations(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         idx = self._activation_idx
@@ -292,7 +278,7 @@ class IrOp:
     @property
     def impls(self) -> Mapping[str, IrOpImpl]:
         """Provider name -> impl, always including ``native`` (loads providers)."""
-        _ensure_providers_loaded()
+        providers.ensure_loaded()
         return MappingProxyType(self._impls)
 
     def register_impl(
@@ -309,6 +295,15 @@ class IrOp:
 
         Arguments are validated here and the signature at decoration; a
         rejected registration registers nothing. Returns the function unchanged.
+
+        ``supports_args`` takes the op's parameters and returns a plain bool.
+        Its answer is cached on the dispatch key (:mod:`vllm_ir.dispatch_key`),
+        so it may read only the key's facts: of every tensor argument the
+        dtype, device, strides (contiguity, :mod:`vllm_ir.layout`), the sizes
+        but the batch size (``shape[1:]`` from rank 2), whether the batch size
+        is 0, 1 or more, and ``data_ptr() % 16``; non-tensor arguments by
+        value. Never the batch size itself, the storage offset or values: the
+        eager cache would run the impl for calls ``select()`` rejects.
 
         >>> import torch, vllm_ir as ir
         >>> @ir.register_op
@@ -358,7 +353,7 @@ class IrOp:
             if provider in self._impls:  # registered between call and decoration
                 raise ValueError(f"op {self.name!r} already has an impl from {provider!r}")
             load = current_registration_log()
-            self._impls[provider] = IrOpImpl(
+            impl = IrOpImpl(
                 self.name,
                 provider,
                 impl_fn,
@@ -370,14 +365,14 @@ class IrOp:
                 distribution=load.package if load else None,
                 unsupported_reason="" if supported else (unsupported_reason or ""),
             )
-            impl = self._impls[provider]
+            with invalidating():
+                self._impls[provider] = impl
             record(
                 RegistrationHandle(
                     f"impl {provider!r} of op {self.name!r}",
                     lambda: self._unregister_impl(provider, impl),
                 )
             )
-            _dispatch.invalidate_caches()
             return impl_fn
 
         return decorator
@@ -411,8 +406,8 @@ class IrOp:
         current = self._impls.get(provider)
         if provider == NATIVE or current is None or (impl is not None and current is not impl):
             return
-        del self._impls[provider]
-        _dispatch.invalidate_caches()
+        with invalidating():
+            del self._impls[provider]
 
     def _unregister(self) -> None:
         """Remove this op entirely (rollback of a failed provider load; tests)."""
@@ -422,9 +417,11 @@ class IrOp:
             if ops_module is not None and getattr(ops_module, self.name, None) is self:
                 delattr(ops_module, self.name)
         self._lib._destroy()
-        calls = [self._calls] + ([self._maybe_inplace._calls] if self._maybe_inplace else [])
-        for cache in [*self._caches.values(), *calls]:
-            _dispatch.release_cache(cache)
+        caches: list[dict[Any, Any]] = [*self._caches.values(), self._calls]
+        if self._maybe_inplace is not None:
+            caches.append(self._maybe_inplace._calls)
+        for cache in caches:
+            release_cache(cache)
 
     # -- priority ---------------------------------------------------------
 
@@ -463,7 +460,7 @@ class IrOp:
 
     def get_priority_entries(self, mode: Mode | None = None) -> tuple[PriorityEntry, ...]:
         """The effective priority list with the origin of each entry."""
-        _ensure_providers_loaded()
+        providers.ensure_loaded()
         return effective_priority(self.name, mode)
 
     # -- samples ----------------------------------------------------------
@@ -519,25 +516,11 @@ class IrOpInplaceOverload:
     def __init__(self, op: IrOp) -> None:
         self.op = op
         self.torch_op: torch._ops.OpOverload = getattr(torch.ops.vllm_ir, op.name).maybe_inplace
-        self._calls = _dispatch.register_cache()
-        call = make_eager_call(
-            op.signature,
-            op.name,
-            torch_op=self.torch_op,
-            calls=self._calls,
-            resolve=self._resolve_call,
-            scoped_get=_scoped_get,
+        self.__class__ = type(f"IrOpInplaceOverload[{op.name}]", (IrOpInplaceOverload,), {})
+        self._eager = EagerCall(
+            op, self.__class__, self.torch_op, _scoped_get, copy_activations=False
         )
-        self.__class__ = type(
-            f"IrOpInplaceOverload[{op.name}]", (IrOpInplaceOverload,), {"__call__": call}
-        )
-
-    def _resolve_call(self, key: Any, args: tuple[Any, ...]) -> Callable[..., Any]:
-        """What ``maybe_inplace`` runs for ``args``: the impl itself."""
-        fn = self.op._select_uncached(args, "eager").impl_fn
-        if key is not None:
-            self._calls[key] = fn
-        return fn
+        self._calls = self._eager.calls
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call with donated activations (replaced per op by generated code)."""
@@ -548,99 +531,6 @@ class IrOpInplaceOverload:
 
 
 IrOp.registry = MappingProxyType(IrOp._registry)
-
-
-@contextlib.contextmanager
-def _mode_scope(mode: Mode | None) -> Iterator[None]:
-    if mode is None or mode == selection_mode():
-        yield
-        return
-    from vllm_ir.priority import _mode
-
-    token = _mode.set(mode)
-    try:
-        yield
-    finally:
-        _mode.reset(token)
-
-
-def _check_op_name(name: object) -> None:
-    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-        raise ValueError(f"IR op name must be a Python identifier, got {name!r}")
-    if name.startswith("_"):
-        raise ValueError(f"IR op name {name!r} must not start with an underscore")
-    if name in IrOp._registry:
-        existing = IrOp._registry[name]
-        raise ValueError(
-            f"IR op {name!r} is already registered (by {existing.native.__module__}); "
-            "choose another name"
-        )
-    ops_module = sys.modules.get("vllm_ir.ops")
-    if ops_module is not None and name in vars(ops_module):
-        raise ValueError(
-            f"IR op name {name!r} would shadow vllm_ir.ops.{name}; choose another name"
-        )
-
-
-def _check_native_signature(name: str, sig: inspect.Signature) -> None:
-    for p in sig.parameters.values():
-        if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
-            raise TypeError(
-                f"IR op {name!r}: parameter {p.name!r} is {p.kind.description}; IR ops "
-                "take plain positional-or-keyword parameters only"
-            )
-        if p.annotation is inspect.Parameter.empty:
-            raise TypeError(
-                f"IR op {name!r}: parameter {p.name!r} has no type annotation; "
-                "annotations define the op's torch schema"
-            )
-
-
-def _resolve_activations(
-    name: str, sig: inspect.Signature, activations: Sequence[str] | None, allow_inplace: bool
-) -> tuple[str, ...]:
-    params = sig.parameters
-    if activations is None:
-        chosen = tuple(p for p in params if p.startswith("x"))
-    elif isinstance(activations, str):
-        raise TypeError(f"IR op {name!r}: activations must be a list of names, got a string")
-    else:
-        chosen = tuple(activations)
-    for a in chosen:
-        if a not in params:
-            raise ValueError(
-                f"IR op {name!r}: activation {a!r} is not a parameter; parameters: "
-                f"{', '.join(params)}"
-            )
-        if tensor_kind(params[a].annotation) != "tensor":
-            raise TypeError(
-                f"IR op {name!r}: activation {a!r} is annotated {params[a].annotation}, "
-                "but activations must be Tensors"
-            )
-    if allow_inplace:
-        if not chosen:
-            raise ValueError(
-                f"IR op {name!r} has allow_inplace=True but no activations; name them "
-                "with activations=[...] or start their parameter names with 'x'"
-            )
-        n_out = _count_tensor_outputs(sig.return_annotation)
-        if n_out != len(chosen):
-            raise ValueError(
-                f"IR op {name!r} has allow_inplace=True, so each output must be able to "
-                f"reuse one activation, but it returns {n_out} tensor(s) for "
-                f"{len(chosen)} activation(s) {list(chosen)}"
-            )
-    return chosen
-
-
-def _count_tensor_outputs(annotation: object) -> int:
-    if annotation is torch.Tensor:
-        return 1
-    import typing
-
-    if typing.get_origin(annotation) is tuple:
-        return sum(1 for a in typing.get_args(annotation) if a is torch.Tensor)
-    return 0
 
 
 @overload
@@ -708,7 +598,7 @@ def get_op(name: str) -> IrOp:
     try:
         return IrOp._registry[name]
     except KeyError:
-        _ensure_providers_loaded()
+        providers.ensure_loaded()
     try:
         return IrOp._registry[name]
     except KeyError:

@@ -8,9 +8,10 @@ The effective list of an op is, in order:
    already named, for the selection mode (``eager`` or ``compiled``),
 3. ``native``, unless already named.
 
-Scoped state lives in a :class:`contextvars.ContextVar`, so each thread and
+Scoped state lives in one :class:`contextvars.ContextVar`, so each thread and
 each asyncio task sees its own scopes; threads without a scope see the
-process-wide priorities.
+process-wide priorities. The same variable holds the selection mode
+(:func:`compiled_selection`), so the eager cache keys on both with one read.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from vllm_ir.cache import invalidating
 from vllm_ir.impl import NATIVE
 from vllm_ir.platform import PLATFORMS, current_platform
 
@@ -40,6 +42,7 @@ __all__ = [
     "remove_platform_defaults",
     "scoped_priority",
     "selection_mode",
+    "selection_mode_scope",
     "set_process_priority",
     "user_priority",
 ]
@@ -118,13 +121,14 @@ class PlatformDefaults:
 
 
 class PriorityState:
-    """An immutable, interned set of user priorities (op name -> providers).
+    """An immutable, interned set of user priorities (op name -> providers),
+    and the selection mode they apply in.
 
     Interning makes equal states the same object, so dispatch caches can key
     on identity while repeated scopes with the same lists keep hitting them.
     """
 
-    __slots__ = ("__weakref__", "origin", "priorities")
+    __slots__ = ("__weakref__", "mode", "origin", "priorities")
     # weak: a state lives while a scope or a cached selection holds it
     _interned: ClassVar[weakref.WeakValueDictionary[tuple[object, ...], PriorityState]] = (
         weakref.WeakValueDictionary()
@@ -133,35 +137,43 @@ class PriorityState:
 
     priorities: Mapping[str, tuple[str, ...]]
     origin: str
+    mode: Mode
 
-    def __new__(cls, priorities: Mapping[str, Sequence[str]], origin: str) -> PriorityState:
+    def __new__(
+        cls, priorities: Mapping[str, Sequence[str]], origin: str, mode: Mode = "eager"
+    ) -> PriorityState:
         frozen = {op: tuple(providers) for op, providers in sorted(priorities.items())}
-        key = (origin, *frozen.items())
+        key = (origin, mode, *frozen.items())
         with cls._lock:
             state = cls._interned.get(key)
             if state is None:
                 state = object.__new__(cls)
                 state.priorities = frozen
                 state.origin = origin
+                state.mode = mode
                 cls._interned[key] = state
         return state
 
     def __repr__(self) -> str:
-        return f"PriorityState({dict(self.priorities)!r}, origin={self.origin!r})"
+        return (
+            f"PriorityState({dict(self.priorities)!r}, origin={self.origin!r}, mode={self.mode!r})"
+        )
 
 
 _EMPTY_PROCESS = PriorityState({}, "user (process-wide)")
 _EMPTY_SCOPE = PriorityState({}, "user (scoped)")
 _process_state: PriorityState = _EMPTY_PROCESS
+# None: no scope and eager mode, the common case, cheap to key on
 _scoped_state: contextvars.ContextVar[PriorityState | None] = contextvars.ContextVar(
     "vllm_ir_scoped_priority", default=None
 )
-_mode: contextvars.ContextVar[Mode] = contextvars.ContextVar("vllm_ir_mode", default="eager")
 _defaults: dict[str, tuple[PlatformDefaults, ...]] = {}
 
 
 def scoped_state_var() -> contextvars.ContextVar[PriorityState | None]:
-    """The context variable holding the scoped state (``None``: process-wide)."""
+    """The context variable holding the scoped state and mode (``None``: no
+    scope, eager mode). Selection depends on the process-wide state only
+    through it and this variable, so caches key on this variable's value."""
     return _scoped_state
 
 
@@ -179,12 +191,6 @@ def user_priority(op_name: str) -> tuple[tuple[str, ...], str]:
     return _process_state.priorities.get(op_name, ()), _process_state.origin
 
 
-def _invalidate() -> None:
-    from vllm_ir import dispatch
-
-    dispatch.invalidate_caches()
-
-
 @contextlib.contextmanager
 def scoped_priority(priorities: Mapping[str, Sequence[str]]) -> Iterator[PriorityState]:
     """Within the block, ``priorities`` override the current lists op by op.
@@ -196,7 +202,7 @@ def scoped_priority(priorities: Mapping[str, Sequence[str]]) -> Iterator[Priorit
     """
     outer = current_state()
     merged = {**outer.priorities, **{op: tuple(p) for op, p in priorities.items()}}
-    token = _scoped_state.set(PriorityState(merged, "user (scoped)"))
+    token = _scoped_state.set(PriorityState(merged, "user (scoped)", outer.mode))
     try:
         yield _scoped_state.get()  # type: ignore[misc]
     finally:
@@ -212,8 +218,11 @@ def set_process_priority(priorities: Mapping[str, Sequence[str]], *, replace: bo
     global _process_state
     base = {} if replace else dict(_process_state.priorities)
     base.update({op: tuple(p) for op, p in priorities.items()})
-    _process_state = PriorityState(base, "user (process-wide)")
-    _invalidate()
+    state = PriorityState(base, "user (process-wide)")
+    # a selection that read the generation before this may see either state;
+    # store() refuses it either way
+    with invalidating():
+        _process_state = state
 
 
 def process_priorities() -> Mapping[str, tuple[str, ...]]:
@@ -223,17 +232,35 @@ def process_priorities() -> Mapping[str, tuple[str, ...]]:
 
 def selection_mode() -> Mode:
     """``compiled`` while the lowering pass selects impls, else ``eager``."""
-    return _mode.get()
+    return current_state().mode
+
+
+@contextlib.contextmanager
+def selection_mode_scope(mode: Mode) -> Iterator[None]:
+    """Within the block, select as ``mode`` (keeping the scoped priorities)."""
+    if mode not in MODES:
+        raise ValueError(f"selection mode must be one of {', '.join(MODES)}, got {mode!r}")
+    outer = _scoped_state.get()
+    if (outer.mode if outer is not None else "eager") == mode:
+        yield
+        return
+    base = outer if outer is not None else _EMPTY_SCOPE
+    token = _scoped_state.set(PriorityState(base.priorities, base.origin, mode))
+    try:
+        yield
+    finally:
+        _scoped_state.reset(token)
 
 
 @contextlib.contextmanager
 def compiled_selection() -> Iterator[None]:
-    """Select with the platform defaults for Inductor-compiled graphs."""
-    token = _mode.set("compiled")
-    try:
+    """Select with the platform defaults for Inductor-compiled graphs.
+
+    The eager call path honours it too: ``op(x)`` inside the block runs what
+    the lowering pass would select.
+    """
+    with selection_mode_scope("compiled"):
         yield
-    finally:
-        _mode.reset(token)
 
 
 def add_platform_defaults(source: str, defaults: Sequence[PlatformDefaults]) -> None:
@@ -250,16 +277,16 @@ def add_platform_defaults(source: str, defaults: Sequence[PlatformDefaults]) -> 
                 f"platform defaults of {source!r} must be vllm_ir.PlatformDefaults, got {_short(d)}"
             )
     previous = _defaults.get(source)
-    _defaults[source] = defaults
-    _invalidate()
+    with invalidating():
+        _defaults[source] = defaults
 
     def undo() -> None:
         if _defaults.get(source) is defaults:
             if previous is None:
                 remove_platform_defaults(source)
             else:
-                _defaults[source] = previous
-                _invalidate()
+                with invalidating():
+                    _defaults[source] = previous
 
     record(RegistrationHandle(f"platform defaults of {source!r}", undo))
 
@@ -273,8 +300,9 @@ def _short(value: object, limit: int = 80) -> str:
 
 
 def remove_platform_defaults(source: str) -> None:
-    if _defaults.pop(source, None) is not None:
-        _invalidate()
+    if source in _defaults:
+        with invalidating():
+            _defaults.pop(source, None)
 
 
 def platform_default_contributions(

@@ -29,6 +29,7 @@ from importlib import metadata
 
 from vllm_ir import envs
 from vllm_ir._version import API_VERSION, __version__
+from vllm_ir.cache import invalidate_caches
 from vllm_ir.logger import get_logger
 from vllm_ir.priority import MODES, PlatformDefaults, add_platform_defaults
 from vllm_ir.registration import RegistrationLog, recording_registrations
@@ -350,9 +351,7 @@ def ensure_loaded() -> None:
             _loaded_once = True
     finally:
         _lock.release()
-    from vllm_ir import dispatch
-
-    dispatch.invalidate_caches()
+    invalidate_caches()
 
 
 def loaded_providers() -> dict[str, LoadedProvider]:

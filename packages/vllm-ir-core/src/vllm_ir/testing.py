@@ -11,7 +11,12 @@ For each op the provider implements, and each dtype:
   tolerance, over the op's sample inputs (those ``supports_args`` accepts);
 * ``supports_args``: returns a plain ``bool``, and the same answer for every
   batch size — it is called with FakeTensors of a symbolic batch dimension,
-  where reading a size yields a ``SymBool`` (a guard on the batch size);
+  where reading a size yields a ``SymBool`` (a guard on the batch size) —
+  and for every arguments that share the dispatch key
+  (:mod:`vllm_ir.dispatch_key`): it is re-asked with another batch size of
+  the same class, another storage offset of the same alignment and other
+  values, and must not change its answer (the eager cache would otherwise
+  run an impl ``select()`` rejects);
 * ``mutation``: an impl that writes into its inputs is declared
   ``inplace=True``, and an inplace impl returns the activations it wrote;
 * ``compiled``: eager and ``torch.compile(backend=VllmIRBackend(...))`` agree;
@@ -35,6 +40,7 @@ from typing import Any
 
 import torch
 
+from vllm_ir.dispatch_key import ALIGNMENT
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.op import IrOp
 from vllm_ir.samples import SampleInput
@@ -49,6 +55,7 @@ __all__ = [
     "check_provider",
     "conformance_cases",
     "inductor_caches_off",
+    "key_sharing_variants",
 ]
 
 CHECKS = ("correctness", "supports_args", "mutation", "compiled", "opcheck")
@@ -170,7 +177,15 @@ def _check_supports_args(case: ConformanceCase) -> Iterator[str]:
         fake_mode = FakeTensorMode(shape_env=ShapeEnv())
         with fake_mode:
             symbolic = [_symbolic(a, fake_mode) for a in sample.args]
-            symbolic_answer = supports(*symbolic)
+            try:
+                symbolic_answer = supports(*symbolic)
+            except Exception as e:  # e.g. it reads values: no FakeTensor has them
+                yield (
+                    f"sample {sample.name}: raised {type(e).__name__} on FakeTensors of a "
+                    f"symbolic batch size ({str(e).splitlines()[0]}); under torch.compile "
+                    "it is called with such tensors"
+                )
+                symbolic_answer = answer
         if type(symbolic_answer) is not bool:
             yield (
                 f"sample {sample.name}: returned {type(symbolic_answer).__name__} for a "
@@ -178,6 +193,79 @@ def _check_supports_args(case: ConformanceCase) -> Iterator[str]:
             )
         elif symbolic_answer != answer:
             yield f"sample {sample.name}: answers differ between real and fake tensors"
+        for what, variant in key_sharing_variants(case.op, sample.args):
+            again = supports(*variant)
+            if again is not answer:
+                yield (
+                    f"sample {sample.name}: answered {answer} but {again!r} for the same "
+                    f"arguments with {what}, which share the dispatch key: it reads a fact "
+                    "the key does not hold (see vllm_ir.dispatch_key)"
+                )
+
+
+def _with_layout(t: torch.Tensor, batch: int | None, offset: int, fill: float) -> torch.Tensor:
+    """A tensor with ``t``'s dtype, device and strides; batch size ``batch`` (dim 0
+    of rank >= 2), storage offset ``offset`` in a fresh buffer, filled with ``fill``."""
+    shape = list(t.shape)
+    if batch is not None:
+        shape[0] = batch
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(shape, t.stride(), strict=True) if n > 0)
+    buffer = torch.empty(offset + span, dtype=t.dtype, device=t.device)
+    if t.device.type != "meta":
+        buffer.fill_(fill)
+    return buffer.as_strided(shape, t.stride(), offset)
+
+
+def _aligned_offset(t: torch.Tensor, shift_bytes: int) -> int | None:
+    """A storage offset in a fresh buffer that gives ``t``'s alignment, ``shift_bytes`` on."""
+    itemsize = t.element_size()
+    align = t.data_ptr() % ALIGNMENT if t.device.type != "meta" else 0
+    if align % itemsize or shift_bytes % itemsize:
+        return None
+    return (align + shift_bytes) // itemsize
+
+
+def key_sharing_variants(op: IrOp, args: Sequence[Any]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """Copies of ``args`` that share their dispatch key but differ elsewhere.
+
+    Each varies one thing the key leaves out: the batch size within its class
+    (0, 1, 2 or more), the storage offset within its alignment, the values.
+    A variant whose key differs after all (e.g. a batch of 0 or 1, which is
+    its own class) is not produced.
+    """
+    args = tuple(args)
+    try:
+        base = op._key(*args)
+    except Exception:
+        return
+    tensors = [
+        i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.layout == torch.strided
+    ]
+    if not tensors:
+        return
+    batches = {args[i].shape[0] for i in tensors if args[i].dim() > 1}
+    plans: list[tuple[str, dict[str, Any]]] = []
+    if len(batches) == 1 and min(batches) >= 2:
+        b = batches.pop()
+        plans += [(f"batch size {n}", {"batch": n}) for n in (b + 1, 2 * b + 3)]
+    plans += [(f"storage offset shifted by {shift} bytes", {"shift": shift}) for shift in (16, 64)]
+    plans.append(("other values", {"fill": 3.0}))
+    for what, plan in plans:
+        variant = list(args)
+        for i in tensors:
+            t = args[i]
+            offset = _aligned_offset(t, plan.get("shift", 0))
+            if offset is None:
+                break
+            batch = plan.get("batch") if t.dim() > 1 else None
+            variant[i] = _with_layout(t, batch, offset, plan.get("fill", 1.0))
+        else:
+            try:
+                same = op._key(*variant) == base
+            except Exception:
+                same = False
+            if same:
+                yield what, tuple(variant)
 
 
 def _check_mutation(case: ConformanceCase) -> Iterator[str]:
@@ -291,12 +379,10 @@ def conformance_cases(
 
     ``compiled`` runs for the first dtype only (a compile costs seconds).
     """
-    from vllm_ir.op import IrOp as _IrOp
-
     unknown = [c for c in checks if c not in _CHECKS]
     if unknown:
         raise ValueError(f"unknown checks {unknown}; known: {', '.join(CHECKS)}")
-    selected = list(ops) if ops is not None else list(_IrOp.registry.values())
+    selected = list(ops) if ops is not None else list(IrOp.registry.values())
     cases = []
     for op in selected:
         if provider not in op.impls:

@@ -63,9 +63,9 @@ def rms_norm(
     out = ops.rms_norm(x, _weight(weight, x), epsilon)
     if rows_flatten_free(x):
         return out
-    # Declined by supports_args, but a selection cached for another layout of
-    # the same dtype and rank can still send it here: the op copied x to
-    # contiguous rows; lay the result out like the native function would.
+    # Declined by supports_args (dispatch never sends it here), but the impl
+    # is a public function: the op copied x to contiguous rows; lay the
+    # result out like the native function would.
     return torch.empty_like(x).copy_(out)
 
 

@@ -1,0 +1,106 @@
+"""The selection caches, their bound, and the generation that invalidates them.
+
+Every op overload keeps plain dicts from a call's dispatch key to what the
+call runs (plain dicts: the interpreter specializes subscripts of exact dicts
+only, so a hit costs one lookup). Anything that can change a selection — a
+registration, a process-wide priority, provider discovery, an explicit
+:func:`invalidate_caches` — bumps the *generation* and clears every cache.
+
+A selection is computed outside any lock (it calls ``supports_args``), so a
+thread may finish selecting under priorities that another thread replaced in
+the meantime. :func:`store` therefore takes the generation read *before* the
+selection started and stores nothing if it has moved on: no selection made
+under old priorities survives their change, in any thread.
+
+Caches are bounded: at most :data:`MAX_ENTRIES` keys per cache; storing
+into a full cache evicts the oldest entry first (insertion order), so a
+workload cycling through more layouts than that re-selects, but memory stays
+bounded. Keys hold only metadata (dtypes, devices, sizes, strides, scalars),
+never tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = [
+    "MAX_ENTRIES",
+    "generation",
+    "invalidate_caches",
+    "invalidating",
+    "register_cache",
+    "release_cache",
+    "holds",
+    "store",
+]
+
+MAX_ENTRIES = 1024
+"""Most keys one cache holds; the oldest is evicted first beyond that."""
+
+_lock = threading.Lock()
+_caches: list[dict[Any, Any]] = []
+# a one-element list: read without the lock on the miss path (an int read is atomic)
+_generation = [0]
+
+
+def register_cache() -> dict[Any, Any]:
+    """A new selection cache that :func:`invalidate_caches` will clear."""
+    cache: dict[Any, Any] = {}
+    with _lock:
+        _caches.append(cache)
+    return cache
+
+
+def release_cache(cache: dict[Any, Any]) -> None:
+    """Stop tracking ``cache`` (its op was unregistered)."""
+    with _lock:
+        _caches[:] = [c for c in _caches if c is not cache]
+        cache.clear()
+
+
+def generation() -> int:
+    """The current generation; read it before selecting, pass it to :func:`store`."""
+    return _generation[0]
+
+
+def invalidate_caches() -> None:
+    """Forget every cached selection, and re-read ``VLLM_BATCH_INVARIANT`` and
+    ``VLLM_IR_PLATFORM`` at the next selection (call after changing them)."""
+    with _lock:
+        _generation[0] += 1
+        for cache in _caches:
+            cache.clear()
+
+
+@contextlib.contextmanager
+def invalidating() -> Iterator[None]:
+    """Change selection inputs (priorities, registrations) in the block, then
+    invalidate: atomic with respect to :func:`store`, so no thread sees the
+    new inputs under the old generation."""
+    with _lock:
+        yield
+        _generation[0] += 1
+        for cache in _caches:
+            cache.clear()
+
+
+def store(cache: dict[Any, Any], key: Any, value: Any, since: int) -> bool:
+    """Cache ``value`` under ``key`` unless the caches were invalidated after
+    generation ``since`` (the selection may be stale); returns whether it stored."""
+    with _lock:
+        if _generation[0] != since:
+            return False
+        if len(cache) >= MAX_ENTRIES and key not in cache:
+            del cache[next(iter(cache))]
+        cache[key] = value
+        return True
+
+
+def holds(cache: dict[Any, Any], key: Any, value: Any, since: int) -> bool:
+    """Whether ``cache`` still maps ``key`` to ``value`` in generation ``since``
+    (waits for a change in progress, so it never sees its inputs half-updated)."""
+    with _lock:
+        return _generation[0] == since and key in cache and cache[key] is value
