@@ -449,6 +449,24 @@ def test_unwritten_output_then_donated_leaves_the_input() -> None:
     assert backend.pass_contexts[0].clones_kept
 
 
+
+# -- found by the differential fuzzer (tests/compile_fuzz.py) ----------------
+
+
+def same_tensor_twice_then_two(a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    # the first call's trace reads one placeholder for x and y; the second call
+    # has the same argument metadata and must not reuse it (it would compute b * 2 + b)
+    return scale_add(c, c), scale_add(a, b)
+
+
+@pytest.mark.parametrize("impl", ["soundness_inplace", "native"])
+def test_trace_cache_keys_on_repeated_arguments(impl: str) -> None:
+    compare(
+        same_tensor_twice_then_two,
+        [arange(2, 3), torch.ones(2, 3), arange(2, 3) - 3],
+        {"soundness_scale_add": [impl]},
+    )
+
 # -- what still goes: donation passes on through a chain ---------------------
 
 
