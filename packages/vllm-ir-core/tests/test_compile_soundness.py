@@ -449,7 +449,6 @@ def test_unwritten_output_then_donated_leaves_the_input() -> None:
     assert backend.pass_contexts[0].clones_kept
 
 
-
 # -- found by the differential fuzzer (tests/compile_fuzz.py) ----------------
 
 
@@ -466,6 +465,7 @@ def test_trace_cache_keys_on_repeated_arguments(impl: str) -> None:
         [arange(2, 3), torch.ones(2, 3), arange(2, 3) - 3],
         {"soundness_scale_add": [impl]},
     )
+
 
 # -- what still goes: donation passes on through a chain ---------------------
 
