@@ -22,10 +22,12 @@ tensor of every input no record donated, must be bit-identical.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
 import re
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -41,7 +43,7 @@ from vllm_ir.compilation.aliasing import AliasGroups
 from vllm_ir.compilation.lowering import ACTIVATION_CLONE_META
 
 PROGRAMS = int(os.environ.get("VLLM_IR_FUZZ_PROGRAMS", "600"))
-SEED = int(os.environ.get("VLLM_IR_FUZZ_SEED", "1234"))
+SEED = int(os.environ.get("VLLM_IR_FUZZ_PASS_SEED", "1234"))
 SHAPE = (4, 6)
 HOP = torch.ops.higher_order.triton_kernel_wrapper_mutation
 
@@ -276,11 +278,15 @@ def write_report(section: str, stats: dict[str, Any]) -> None:
     path = os.environ.get("VLLM_IR_FUZZ_REPORT")
     if not path:
         return
-    report = json.loads(Path(path).read_text()) if Path(path).exists() else {}
-    report[section] = {k: v for k, v in stats.items() if k != "examples"}
-    report["torch"] = torch.__version__
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # the two fuzz tests may finish at once, in two pytest-xdist workers
+    with open(Path(tempfile.gettempdir()) / "vllm_ir_fuzz_report.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        report = json.loads(target.read_text()) if target.exists() else {}
+        report[section] = {k: v for k, v in stats.items() if k != "examples"}
+        report["torch"] = torch.__version__
+        target.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def test_clone_elimination_differential_fuzz(capsys: pytest.CaptureFixture[str]) -> None:

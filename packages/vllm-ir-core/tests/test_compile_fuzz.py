@@ -3,7 +3,7 @@
 The generator and the check are in ``compile_fuzz.py``. Each compile runs one
 to three random programs (fragments) in one compiled function.
 ``VLLM_IR_FUZZ_COMPILES`` sets the number of compiles (``nox -s fuzz`` runs
-300; the unit suite a seeded handful), ``VLLM_IR_FUZZ_SEED`` the first seed,
+300; the unit suite a seeded handful), ``VLLM_IR_FUZZ_COMPILE_SEED`` the first seed,
 ``VLLM_IR_FUZZ_REPORT`` a JSON file the counts are merged into.
 """
 
@@ -22,7 +22,7 @@ COMPILES = int(os.environ.get("VLLM_IR_FUZZ_COMPILES", "6"))
 # Seeds 0..5 of the unit slice cover: copies of inputs then donated, row-slice
 # inputs, an in-place impl with a constant, and the repeated-argument trace
 # the fuzzer once found wrong (seed 5).
-SEED = int(os.environ.get("VLLM_IR_FUZZ_SEED", "0"))
+SEED = int(os.environ.get("VLLM_IR_FUZZ_COMPILE_SEED", "0"))
 
 
 @pytest.fixture(autouse=True)
