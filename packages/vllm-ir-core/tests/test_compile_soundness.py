@@ -467,6 +467,26 @@ def test_trace_cache_keys_on_repeated_arguments(impl: str) -> None:
     )
 
 
+def offset_read_of_an_intermediate_slice(a: Tensor) -> Tensor:
+    rows = (a * 2 + 1)[1:3]  # storage offset 3, in a buffer Inductor makes
+    return scale_add(rows, torch.ones_like(rows))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Inductor (torch 2.13) reads rows 0..1: as_strided with an absolute storage "
+    "offset on a slice of an intermediate miscompiles without vllm-ir too, e.g. "
+    "torch.compile(lambda a: (a * 2 + 1)[1:3].as_strided((2, 3), (3, 1), 3) * 1); "
+    "the lowering inlines the impl's as_strided(x, size, stride, x.storage_offset())",
+)
+def test_offset_reading_impl_on_a_slice_of_an_intermediate() -> None:
+    compare(
+        offset_read_of_an_intermediate_slice,
+        [arange(4, 3)],
+        {"soundness_scale_add": ["soundness_reads_offset"]},
+    )
+
+
 # -- what still goes: donation passes on through a chain ---------------------
 
 
