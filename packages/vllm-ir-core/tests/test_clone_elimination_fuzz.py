@@ -199,8 +199,19 @@ def run(gm: fx.GraphModule, bases: list[Tensor], args: list[Tensor]):  # type: i
         f.as_strided(a.shape, a.stride(), a.storage_offset())
         for f, a in zip(fresh, args, strict=True)
     ]
-    outs = tuple(o.clone() for o in gm(*views))
-    return outs, fresh
+    results = gm(*views)
+    storages = [r.untyped_storage().data_ptr() for r in results]
+    inputs = [f.untyped_storage().data_ptr() for f in fresh]
+    # which other outputs and which inputs each output shares memory with:
+    # observable by a caller that writes an output
+    sharing = [
+        (
+            frozenset(j for j, t in enumerate(storages) if t == s and j != i),
+            frozenset(name for name, t in zip(("a_1", "b_1"), inputs, strict=True) if t == s),
+        )
+        for i, s in enumerate(storages)
+    ]
+    return tuple(o.clone() for o in results), fresh, sharing
 
 
 def _reason_kind(reason: str) -> str:
@@ -233,7 +244,7 @@ def fuzz(programs: int, seed: int) -> dict[str, Any]:
         donated = mark_donations(gm, rng)
         set_hop_targets(hops, _hop_on_cpu)
         gm.recompile()
-        want_outs, want_bases = run(gm, bases, args)
+        want_outs, want_bases, want_sharing = run(gm, bases, args)
         set_hop_targets(hops, HOP)
         before = str(gm.graph)
         removed, kept = eliminate_clones(gm.graph)
@@ -241,12 +252,17 @@ def fuzz(programs: int, seed: int) -> dict[str, Any]:
         removed_total += removed
         set_hop_targets(hops, _hop_on_cpu)
         gm.recompile()
-        got_outs, got_bases = run(gm, bases, args)
+        got_outs, got_bases, got_sharing = run(gm, bases, args)
         problems = [
             f"output {i} differs"
             for i, (g, w) in enumerate(zip(got_outs, want_outs, strict=True))
             if not torch.equal(g, w)
         ]
+        for i, ((g_out, g_in), (w_out, w_in)) in enumerate(
+            zip(got_sharing, want_sharing, strict=True)
+        ):
+            if g_out != w_out or (g_in - donated) != (w_in - donated):
+                problems.append(f"output {i} shares memory with {g_out} {g_in}, not {w_out} {w_in}")
         for i, (name, g, w) in enumerate(zip(("a_1", "b_1"), got_bases, want_bases, strict=True)):
             if name in donated:
                 if g.shape[0] > SHAPE[0]:  # the rows outside the input's slice
