@@ -410,7 +410,7 @@ def _inputs(case: Case, call: int, rows: int) -> tuple[Inputs, dict[str, Tensor]
             if spec["buffer"]:
                 buffers[f"buf{f}_{i}"] = _ints(rows, seed)
                 continue
-            if spec["offset"]:
+            if spec["offset"] and not spec["grad"]:  # leaves autograd owns are whole
                 base = _ints(rows + 2, seed)
                 arg = base[1 : rows + 1]
             else:
@@ -418,7 +418,6 @@ def _inputs(case: Case, call: int, rows: int) -> tuple[Inputs, dict[str, Tensor]
                 arg = base
             if spec["grad"]:
                 base.requires_grad_(True)
-                arg = base
                 leaves.append(base)
             bases.append(base)
             args.append(arg)
