@@ -19,9 +19,6 @@ import torch
 from test_clone_elimination_fuzz import write_report
 
 COMPILES = int(os.environ.get("VLLM_IR_FUZZ_COMPILES", "6"))
-# Seeds 0..5 of the unit slice cover: copies of inputs then donated, row-slice
-# inputs, an in-place impl with a constant, and the repeated-argument trace
-# the fuzzer once found wrong (seed 5).
 SEED = int(os.environ.get("VLLM_IR_FUZZ_COMPILE_SEED", "0"))
 
 
