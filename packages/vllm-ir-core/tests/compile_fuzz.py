@@ -458,7 +458,7 @@ def _execute(fn: Callable[..., list[Tensor]], inp: Inputs, grad: bool) -> dict[s
         if isinstance(loss, Tensor):
             try:
                 result["grads"] = torch.autograd.grad(loss, inp.grad_leaves, allow_unused=True)
-            except RuntimeError as e:
+            except Exception as e:
                 result["grads"] = f"backward raises {type(e).__name__}"
     result["bases"] = [b.detach().clone() for b in inp.bases]
     return result
