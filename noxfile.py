@@ -160,6 +160,39 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+def fuzz(session: nox.Session) -> None:
+    """Differential fuzzing of the compile pipeline (not in the default sessions).
+
+    Pass level: ``VLLM_IR_FUZZ_PROGRAMS`` random FX programs (default 10,000)
+    through clone elimination, with and without. End to end:
+    ``VLLM_IR_FUZZ_COMPILES`` random IR programs (default 300) compiled with
+    ``VllmIRBackend`` against eager. Counts land in
+    benchmarks/results/compile_fuzz.json. The two run side by side (pytest-xdist).
+    """
+    _install(session, CORE)
+    session.install("-c", CONSTRAINTS, "pytest-xdist")
+    report = ROOT / "benchmarks" / "results" / "compile_fuzz.json"
+    report.unlink(missing_ok=True)
+    env = {
+        **ENV,
+        "VLLM_IR_PROVIDERS": "none",
+        "VLLM_IR_FUZZ_PROGRAMS": os.environ.get("VLLM_IR_FUZZ_PROGRAMS", "10000"),
+        "VLLM_IR_FUZZ_COMPILES": os.environ.get("VLLM_IR_FUZZ_COMPILES", "300"),
+        "VLLM_IR_FUZZ_PASS_SEED": os.environ.get("VLLM_IR_FUZZ_PASS_SEED", "20000"),
+        "VLLM_IR_FUZZ_COMPILE_SEED": os.environ.get("VLLM_IR_FUZZ_COMPILE_SEED", "1000"),
+        "VLLM_IR_FUZZ_REPORT": str(report),
+    }
+    tests = PACKAGES[CORE] / "tests"
+    session.run(
+        *("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"),
+        str(tests / "test_clone_elimination_fuzz.py"),
+        str(tests / "test_compile_fuzz.py"),
+        *session.posargs,
+        env=env,
+    )
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """The main job: ``vllm-ir demo``, a small IR model eager and compiled."""
     _install(session, *PACKAGES, extras="")

@@ -453,6 +453,44 @@ def test_unwritten_output_then_donated_leaves_the_input() -> None:
     assert backend.pass_contexts[0].clones_kept
 
 
+# -- found by the differential fuzzer (tests/compile_fuzz.py) ----------------
+
+
+def same_tensor_twice_then_two(a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    # the first call's trace reads one placeholder for x and y; the second call
+    # has the same argument metadata and must not reuse it (it would compute b * 2 + b)
+    return scale_add(c, c), scale_add(a, b)
+
+
+@pytest.mark.parametrize("impl", ["soundness_inplace", "native"])
+def test_trace_cache_keys_on_repeated_arguments(impl: str) -> None:
+    compare(
+        same_tensor_twice_then_two,
+        [arange(2, 3), torch.ones(2, 3), arange(2, 3) - 3],
+        {"soundness_scale_add": [impl]},
+    )
+
+
+def offset_read_of_an_intermediate_slice(a: Tensor) -> Tensor:
+    rows = (a * 2 + 1)[1:3]  # storage offset 3, in a buffer Inductor makes
+    return scale_add(rows, torch.ones_like(rows))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Inductor (torch 2.13) reads rows 0..1: as_strided with an absolute storage "
+    "offset on a slice of an intermediate miscompiles without vllm-ir too, e.g. "
+    "torch.compile(lambda a: (a * 2 + 1)[1:3].as_strided((2, 3), (3, 1), 3) * 1); "
+    "the lowering inlines the impl's as_strided(x, size, stride, x.storage_offset())",
+)
+def test_offset_reading_impl_on_a_slice_of_an_intermediate() -> None:
+    compare(
+        offset_read_of_an_intermediate_slice,
+        [arange(4, 3)],
+        {"soundness_scale_add": ["soundness_reads_offset"]},
+    )
+
+
 # -- what still goes: donation passes on through a chain ---------------------
 
 

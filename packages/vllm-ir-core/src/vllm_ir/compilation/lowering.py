@@ -136,7 +136,10 @@ class LoweringPass:
     def _trace(
         self, op: IrOp, impl: IrOpImpl, args: list[Any], fake_args: list[Any]
     ) -> tuple[fx.GraphModule, frozenset[fx.Node]]:
-        key = (op.name, impl.provider, impl.impl_fn, *map(_metadata, fake_args))
+        # A trace of op(c, c) reads one placeholder for both arguments: it must
+        # not serve op(a, b), so which arguments are the same node is keyed too.
+        same = tuple(next(j for j, b in enumerate(args) if b is a) for a in args)
+        key = (op.name, impl.provider, impl.impl_fn, same, *map(_metadata, fake_args))
         cached = self._traced.get(key)
         if cached is not None:
             return cached

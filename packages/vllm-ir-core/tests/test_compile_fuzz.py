@@ -1,0 +1,58 @@
+"""End-to-end differential fuzzing: random IR programs, compiled vs eager.
+
+The generator and the check are in ``compile_fuzz.py``. Each compile runs one
+to three random programs (fragments) in one compiled function.
+``VLLM_IR_FUZZ_COMPILES`` sets the number of compiles (``nox -s fuzz`` runs
+300; the unit suite a seeded handful), ``VLLM_IR_FUZZ_COMPILE_SEED`` the first seed,
+``VLLM_IR_FUZZ_REPORT`` a JSON file the counts are merged into.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import compile_fuzz
+import pytest
+import torch
+from test_clone_elimination_fuzz import write_report
+
+COMPILES = int(os.environ.get("VLLM_IR_FUZZ_COMPILES", "6"))
+SEED = int(os.environ.get("VLLM_IR_FUZZ_COMPILE_SEED", "0"))
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo() -> Iterator[None]:
+    yield
+    torch._dynamo.reset()
+
+
+def test_compiled_equals_eager_on_random_programs(capsys: pytest.CaptureFixture[str]) -> None:
+    stats = compile_fuzz.Stats()
+    start = time.perf_counter()
+    for seed in range(SEED, SEED + COMPILES):
+        compile_fuzz.check_case(compile_fuzz.make_case(seed), stats)
+    seconds = round(time.perf_counter() - start, 1)
+    report = {
+        "compiles": stats.compiles,
+        "programs": stats.programs,
+        "clones_inserted": stats.clones_inserted,
+        "clones_removed": stats.clones_removed,
+        "kept_by_reason": dict(stats.kept.most_common()),
+        "miscompiles": len(stats.miscompiles),
+        "eager_errors": stats.eager_errors,
+        "seconds": seconds,
+        "first_seed": SEED,
+    }
+    write_report("end_to_end", report)
+    with capsys.disabled():
+        print(
+            f"\ncompile fuzz: {stats.compiles} compiles, {stats.programs} programs, "
+            f"{stats.clones_inserted} clones inserted, {stats.clones_removed} removed, "
+            f"{len(stats.miscompiles)} miscompiles, {seconds} s"
+        )
+        print(f"clones kept, by reason: {report['kept_by_reason']}")
+    assert not stats.miscompiles, "\n\n".join(stats.miscompiles[:3])
+    assert not stats.eager_errors  # every generated program is valid
+    assert stats.clones_inserted > 0  # in-place impls were selected and lowered
