@@ -10,7 +10,7 @@ from vllm_ir.op import IrOp
 from vllm_ir.platform import current_platform
 from vllm_ir.providers import load_errors, loaded_providers
 
-__all__ = ["add_parser"]
+__all__ = ["run"]
 
 
 def _rows() -> list[dict[str, object]]:
@@ -76,9 +76,3 @@ def run(args: argparse.Namespace) -> int:
     for name, error in sorted(errors.items()):
         print(f"provider {name} ({error.package}) failed to load: {error.cause}")
     return 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("ops", help="list every op and provider on this machine")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.set_defaults(func=run)
