@@ -82,7 +82,13 @@ _SELECTION_HELP = (
 
 def _add_ops(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ops", help="list every op and provider on this machine")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="machine-readable output")
+    output.add_argument(
+        "--markdown",
+        action="store_true",
+        help="the table of ops (signature, semantics, activations, tolerances) as in the docs",
+    )
 
 
 def _add_explain(subparsers: argparse._SubParsersAction) -> None:
