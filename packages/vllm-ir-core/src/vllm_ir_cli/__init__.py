@@ -54,6 +54,19 @@ def _version() -> str:
         return "unknown (vllm-ir-core is not installed)"
 
 
+class _Version(argparse.Action):
+    """``--version``, looked up only when asked (reading package metadata takes time)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(
+            option_strings, dest=argparse.SUPPRESS, nargs=0, help="show the version and exit"
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        print(f"vllm-ir {_version()}")
+        parser.exit()
+
+
 def _int_at_least(low: int) -> type[int]:
     def parse(text: str) -> int:
         try:
@@ -166,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect, explain and benchmark vllm-ir kernel selection.",
         epilog=_SELECTION_HELP,
     )
-    parser.add_argument("--version", action="version", version=f"vllm-ir {_version()}")
+    parser.add_argument("--version", action=_Version)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_ops, _add_explain, _add_bench, _add_demo):
         add(subparsers)
