@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -221,6 +222,10 @@ def test_bench_times_impls_side_by_side(tmp_path: Path) -> None:
     data = json.loads(out_file.read_text())
     assert [r["shape"] for r in data["results"]] == [[1, 64], [4, 64]]
     assert all(r["median_us"] > 0 and r["rounds"] == 3 for r in data["results"])
+    assert all(r["p10_us"] <= r["median_us"] <= r["p90_us"] for r in data["results"])
+    assert data["threads"] == 1
+    assert "threads: 1 (--threads;" in result.stdout
+    assert "p10-p90 us" in result.stdout
 
 
 def test_demo_runs_eager_and_compiled() -> None:
@@ -229,4 +234,54 @@ def test_demo_runs_eager_and_compiled() -> None:
     assert "fused_add_rms_norm: priority ['native'] -> native (2 nodes)" in out
     assert "maybe_inplace calls functionalized: 2" in out
     assert "max |compiled - all-native|" in out
-    assert "tokens/s: eager" in out
+    assert "tokens/s, median of 2 passes after 5 warm-up:" in out
+    assert re.search(r"eager +[\d,]+ \(p10-p90 [\d,]+-[\d,]+\)", out)
+    assert re.search(r"compiled +[\d,]+ \(p10-p90 [\d,]+-[\d,]+\)", out)
+    assert "threads: 1 (--threads;" in out
+
+
+def test_spread_and_noise() -> None:
+    from vllm_ir.cli.bench import is_noisy, spread
+
+    samples = [float(v) for v in range(1, 12)]  # 1 .. 11
+    assert spread(samples) == (6.0, 2.0, 10.0)
+    assert spread([5.0]) == (5.0, 5.0, 5.0)
+    assert is_noisy(*spread(samples))
+    assert not is_noisy(*spread([100.0, 101.0, 102.0, 103.0]))
+
+
+def test_explain_lists_every_candidate() -> None:
+    import torch
+    import vllm_ir as ir
+    from torch import Tensor
+    from vllm_ir.cli.explain import candidate_lines
+
+    op = ir.ops.rms_norm
+
+    def impl(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> Tensor:
+        return op.native(x, weight, epsilon, variance_size)
+
+    def no_fp32(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> bool:
+        return x.dtype != torch.float32
+
+    op.register_impl("cli_picky", supports_args=no_fp32)(impl)
+    op.register_impl("cli_late")(impl)
+    op.register_impl("cli_unlisted", supports_args=no_fp32)(impl)
+    try:
+        call = (torch.ones(2, 8), None, 1e-6)
+        with op.set_priority(["cli_picky", "native", "cli_late"]):
+            lines = candidate_lines(op, call, "eager")
+    finally:
+        for name in ("cli_picky", "cli_late", "cli_unlisted"):
+            op.unregister_impl(name)
+    assert lines == [
+        "cli_picky: rejected: arguments not supported (supports_args returned False)",
+        "native: selected (first on the list that accepts)",
+        "cli_late: not reached (would accept)",
+        "cli_unlisted: not on the priority list (would be rejected: arguments not supported "
+        "(supports_args returned False); --ir-op-priority.rms_norm=cli_unlisted puts it first)",
+    ]
