@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,13 +67,137 @@ def test_explain_shows_sources_decisions_and_choice_per_mode() -> None:
         (["--ir-op-priority.rms_norm=zzz", "ops"], "unknown provider(s) 'zzz' for op 'rms_norm'"),
         (["--ir-op-priority", "{bad", "ops"], "is not valid JSON"),
         (["bench", "rms_norm", "--dtypes", "fp8"], "unknown dtype 'fp8'"),
+        (
+            ["explain", "rms_norm", "--arg", "x=1"],
+            "--arg x=1: x is a tensor argument of rms_norm; tensors are built from --shape",
+        ),
+        (
+            ["explain", "rms_norm", "--arg", "weight=2"],
+            "weight is a tensor argument of rms_norm (weight=None is accepted)",
+        ),
+        (
+            ["explain", "rms_norm", "--arg", 'epsilon="a"'],
+            "--arg epsilon='a': str does not fit rms_norm's epsilon (float)",
+        ),
+        (
+            ["explain", "rms_norm", "--arg", "variance_size=1.5"],
+            "float does not fit rms_norm's variance_size (int | None)",
+        ),
+        (["explain", "rms_norm", "--device", "cuda"], "--device cuda: torch"),
+        (["explain", "rms_norm", "--device", "nonsense"], "unknown device 'nonsense'"),
+        (["demo", "--tokens", "0"], "argument --tokens: must be a positive integer, got 0"),
+        (["demo", "--hidden", "-1"], "argument --hidden: must be a positive integer, got -1"),
+        (["demo", "--runs", "0"], "argument --runs: must be a positive integer, got 0"),
+        (["demo", "--layers", "two"], "argument --layers: expected an integer, got 'two'"),
+        (["bench", "rms_norm", "--rounds", "0"], "argument --rounds: must be a positive"),
+        (["bench", "rms_norm", "--warmup", "-1"], "argument --warmup: must be an integer >= 0"),
+        (
+            ["bench", "rms_norm", "--json", "/nonexistent/x.json"],
+            "--json /nonexistent/x.json: directory '/nonexistent' does not exist",
+        ),
+        (
+            ["bench", "silu_and_mul", "--shapes", "4x7", "--no-compiled"],
+            "silu_and_mul cannot take shape 4x7: The size of tensor a (3) must match",
+        ),
+        (
+            ["--ir-op-priority.rms_norm", "ops"],
+            "--ir-op-priority.rms_norm expects a value before the command, got 'ops'",
+        ),
+        (["ops", "--ir-pass.fuse_norm_quant"], "--ir-pass.fuse_norm_quant expects a value"),
+        (["--ir-pass.nope=on", "ops"], "unknown IR pass(es) 'nope'"),
+        (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
+        ([], "the following arguments are required: COMMAND"),
     ],
 )
-def test_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
     result = vllm_ir(*args, check=False)
-    assert result.returncode == 2
+    assert result.returncode == 2, result.stderr
     assert message in result.stderr
+    assert result.stderr.startswith("vllm-ir: error: ")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "vllm_ir_cli", "explain", "rms_norm"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert reader.stdout is not None
+    assert reader.stderr is not None
+    reader.stdout.close()  # like `| head` that has read all it wants before the first line
+    stderr = reader.stderr.read().decode()
+    assert reader.wait() == 0
+    assert stderr == ""
+
+
+_NO_TORCH = """
+import sys
+from vllm_ir_cli import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as e:  # --help and --version exit through argparse
+    status = e.code
+print("torch imported:", "torch" in sys.modules, "vllm_ir imported:", "vllm_ir" in sys.modules)
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["--version"], ["demo", "--help"], ["demo", "--tokens", "0"], ["frobnicate"]],
+)
+def test_help_version_and_argument_errors_do_not_import_torch(args: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH, *args], capture_output=True, text=True
+    )
+    assert "torch imported: False vllm_ir imported: False" in result.stdout, result.stderr
+
+
+def test_the_console_script_is_the_torch_free_front_end() -> None:
+    from importlib import metadata
+
+    (script,) = [
+        ep for ep in metadata.entry_points(group="console_scripts") if ep.name == "vllm-ir"
+    ]
+    assert script.value == "vllm_ir_cli:main"
+
+
+def test_front_end_knows_every_pass() -> None:
+    from vllm_ir.config import IR_PASSES
+    from vllm_ir_cli import PASSES
+
+    assert sorted(PASSES) == sorted(IR_PASSES)
+
+
+def test_importing_core_gives_no_numpy_warning() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", "import vllm_ir"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "NumPy" not in result.stderr
+
+
+def test_ops_and_demo_report_a_failed_provider_once(tmp_path: Path) -> None:
+    dist = tmp_path / "broken_provider-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-provider\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[vllm_ir.providers]\nbroken = no_such_module_xyz\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    for args in (
+        ["ops"],
+        ["demo", "--layers", "1", "--hidden", "16", "--tokens", "4", "--runs", "1"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "vllm_ir_cli", *args], capture_output=True, text=True, env=env
+        )
+        assert result.returncode == 0, result.stderr
+        both = result.stdout + result.stderr
+        assert both.count("No module named 'no_such_module_xyz'") == 1, both
 
 
 def test_bench_times_impls_side_by_side(tmp_path: Path) -> None:
@@ -97,6 +222,10 @@ def test_bench_times_impls_side_by_side(tmp_path: Path) -> None:
     data = json.loads(out_file.read_text())
     assert [r["shape"] for r in data["results"]] == [[1, 64], [4, 64]]
     assert all(r["median_us"] > 0 and r["rounds"] == 3 for r in data["results"])
+    assert all(r["p10_us"] <= r["median_us"] <= r["p90_us"] for r in data["results"])
+    assert data["threads"] == 1
+    assert "threads: 1 (--threads;" in result.stdout
+    assert "p10-p90 us" in result.stdout
 
 
 def test_demo_runs_eager_and_compiled() -> None:
@@ -105,4 +234,54 @@ def test_demo_runs_eager_and_compiled() -> None:
     assert "fused_add_rms_norm: priority ['native'] -> native (2 nodes)" in out
     assert "maybe_inplace calls functionalized: 2" in out
     assert "max |compiled - all-native|" in out
-    assert "tokens/s: eager" in out
+    assert "tokens/s, median of 2 passes after 5 warm-up:" in out
+    assert re.search(r"eager +[\d,]+ \(p10-p90 [\d,]+-[\d,]+\)", out)
+    assert re.search(r"compiled +[\d,]+ \(p10-p90 [\d,]+-[\d,]+\)", out)
+    assert "threads: 1 (--threads;" in out
+
+
+def test_spread_and_noise() -> None:
+    from vllm_ir.cli.bench import is_noisy, spread
+
+    samples = [float(v) for v in range(1, 12)]  # 1 .. 11
+    assert spread(samples) == (6.0, 2.0, 10.0)
+    assert spread([5.0]) == (5.0, 5.0, 5.0)
+    assert is_noisy(*spread(samples))
+    assert not is_noisy(*spread([100.0, 101.0, 102.0, 103.0]))
+
+
+def test_explain_lists_every_candidate() -> None:
+    import torch
+    import vllm_ir as ir
+    from torch import Tensor
+    from vllm_ir.cli.explain import candidate_lines
+
+    op = ir.ops.rms_norm
+
+    def impl(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> Tensor:
+        return op.native(x, weight, epsilon, variance_size)
+
+    def no_fp32(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> bool:
+        return x.dtype != torch.float32
+
+    op.register_impl("cli_picky", supports_args=no_fp32)(impl)
+    op.register_impl("cli_late")(impl)
+    op.register_impl("cli_unlisted", supports_args=no_fp32)(impl)
+    try:
+        call = (torch.ones(2, 8), None, 1e-6)
+        with op.set_priority(["cli_picky", "native", "cli_late"]):
+            lines = candidate_lines(op, call, "eager")
+    finally:
+        for name in ("cli_picky", "cli_late", "cli_unlisted"):
+            op.unregister_impl(name)
+    assert lines == [
+        "cli_picky: rejected: arguments not supported (supports_args returned False)",
+        "native: selected (first on the list that accepts)",
+        "cli_late: not reached (would accept)",
+        "cli_unlisted: not on the priority list (would be rejected: arguments not supported "
+        "(supports_args returned False); --ir-op-priority.rms_norm=cli_unlisted puts it first)",
+    ]

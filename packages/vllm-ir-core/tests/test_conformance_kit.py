@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -69,8 +70,81 @@ def test_a_wrong_result_is_caught(registered) -> None:  # type: ignore[no-untype
     _rms("kit_wrong", wrong_rms, registered)
     report = check_provider("kit_wrong", checks=("correctness",), dtypes=(torch.float32,))
     assert len(report.failures) == 1
-    assert "rms_norm-kit_wrong-correctness-float32" in report.failures[0]
-    assert "Tensor-likes are not close" in report.failures[0]
+    failure = report.failures[0]
+    assert failure.startswith("rms_norm-kit_wrong-correctness-float32: sample 1x64: ")
+    assert "64 of 64 elements outside the tolerance; largest abs diff " in failure
+    # where, with both values, then the largest relative difference and the tolerance
+    assert re.search(r"diff [0-9.e-]+ at \(0, \d+\) \(got -?[0-9.]+, want -?[0-9.]+\)", failure)
+    assert re.search(r"largest rel diff [0-9.e-]+ at \(0, \d+\)", failure)
+    assert "(tolerance atol=1e-05, rtol=1e-05)" in failure
+    assert "; sample 4x64-no-weight: " in failure  # every failing sample, by name
+
+
+def test_a_wrong_second_output_names_the_output(registered) -> None:  # type: ignore[no-untyped-def]
+    def wrong_residual(
+        x: Tensor,
+        x_residual: Tensor,
+        weight: Tensor | None,
+        epsilon: float,
+        variance_size: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        out, res = FUSED.native(x, x_residual, weight, epsilon, variance_size)
+        res = res.clone()
+        res[0, -1] += 1.0
+        return out, res
+
+    FUSED.register_impl("kit_wrong_residual")(wrong_residual)
+    registered.append((FUSED, "kit_wrong_residual"))
+    report = check_provider("kit_wrong_residual", checks=("correctness",), dtypes=(torch.float32,))
+    assert "sample 1x64: output 1: 1 of 64 elements outside the tolerance; " in (report.failures[0])
+    assert "largest abs diff 1 at (0, 63)" in report.failures[0]
+
+
+def test_an_inplace_impl_that_never_writes_in_place_is_caught(registered) -> None:  # type: ignore[no-untyped-def]
+    def out_of_place(
+        x: Tensor,
+        x_residual: Tensor,
+        weight: Tensor | None,
+        epsilon: float,
+        variance_size: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        return FUSED.native(x, x_residual, weight, epsilon, variance_size)
+
+    FUSED.register_impl("kit_never_inplace", inplace=True)(out_of_place)
+    registered.append((FUSED, "kit_never_inplace"))
+    with pytest.raises(
+        ConformanceError,
+        match=r"registered inplace=True but returned none of the activations "
+        r"\['x', 'x_residual'\] on any sample",
+    ):
+        assert_conforms("kit_never_inplace", checks=("mutation",), dtypes=(torch.float32,))
+
+
+def test_an_unknown_provider_names_the_known_ones_and_load_errors(
+    registered,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vllm_ir import providers
+
+    _rms("kit_acme", good_rms, registered)
+    error = providers.ProviderLoadError("acme_gpu", "acme-kernels 0.1", "ImportError: no GPU", "")
+    monkeypatch.setattr(providers, "load_errors", lambda: {"acme_gpu": error})
+    monkeypatch.setenv("VLLM_IR_PROVIDERS", "other")
+    with pytest.raises(LookupError) as info:
+        check_provider("kit_acmee")
+    message = str(info.value)
+    assert message.startswith("provider 'kit_acmee' has no impls; providers with impls: ")
+    known = message.split("; ")[1].removeprefix("providers with impls: ").split(", ")
+    assert {"kit_acme", "native"} <= set(known)
+    assert "did you mean 'kit_acme'?" in message
+    assert "VLLM_IR_PROVIDERS=other does not name it" in message
+    assert "provider acme_gpu (acme-kernels 0.1) failed to load: ImportError: no GPU" in message
+    with pytest.raises(
+        LookupError,
+        match=r"implements none of the ops checked \(silu_and_mul\); "
+        r"it implements rms_norm",
+    ):
+        conformance_cases("kit_acme", ops=[ir.ops.silu_and_mul])
 
 
 def test_an_undeclared_inplace_impl_is_caught(registered) -> None:  # type: ignore[no-untyped-def]
@@ -185,7 +259,7 @@ def test_cases_parametrize_per_op_check_and_dtype(registered) -> None:  # type: 
     cases = conformance_cases("kit_cases")
     assert str(cases[0]) == "rms_norm-kit_cases-correctness-float32"
     assert sum(1 for c in cases if c.check_name == "compiled") == 1
-    with pytest.raises(LookupError, match="implements none"):
+    with pytest.raises(LookupError, match="'no_such_provider' has no impls; providers with"):
         conformance_cases("no_such_provider")
     with pytest.raises(ValueError, match="unknown checks"):
         conformance_cases("kit_cases", checks=("speed",))

@@ -131,13 +131,55 @@ _FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2}
 
 def _close(got: Any, want: Any, case: ConformanceCase, what: str) -> str | None:
     tol = case.op.tolerance(case.dtype)
+    got, want = _comparable(got), _comparable(want)
     try:
-        torch.testing.assert_close(
-            _comparable(got), _comparable(want), atol=tol.atol, rtol=tol.rtol
-        )
+        torch.testing.assert_close(got, want, atol=tol.atol, rtol=tol.rtol)
     except AssertionError as e:
-        return f"{what}: {str(e).splitlines()[0]}"
+        return f"{what}: {_mismatch(got, want, tol.atol, tol.rtol) or str(e).splitlines()[0]}"
     return None
+
+
+def _where(flat_index: int, shape: torch.Size) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat_index % size)
+        flat_index //= size
+    return tuple(reversed(index))
+
+
+def _mismatch(got: Any, want: Any, atol: float, rtol: float) -> str | None:
+    """Which output differs, by how much at most (absolute and relative), where, and the
+    tolerance; None where the difference is not in values (types, shapes, dtypes)."""
+    outs_got = got if isinstance(got, tuple) else (got,)
+    outs_want = want if isinstance(want, tuple) else (want,)
+    if len(outs_got) != len(outs_want):
+        return None
+    parts = []
+    for i, (g, w) in enumerate(zip(outs_got, outs_want, strict=True)):
+        if not (isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor)):
+            continue
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return None
+        g64, w64 = g.detach().cpu().double(), w.detach().cpu().double()
+        diff = (g64 - w64).abs()
+        both_nan = g64.isnan() & w64.isnan()
+        diff = torch.where(both_nan, torch.zeros_like(diff), diff.nan_to_num(nan=float("inf")))
+        bad = diff > atol + rtol * w64.abs()
+        if not bool(bad.any()):
+            continue
+        rel = diff / w64.abs().clamp_min(torch.finfo(torch.float64).tiny)
+        a, r = int(diff.argmax()), int(rel.argmax())
+        output = f"output {i}: " if len(outs_got) > 1 else ""
+        at_a, at_r = _where(a, g.shape), _where(r, g.shape)
+        parts.append(
+            f"{output}{int(bad.sum())} of {bad.numel()} elements outside the tolerance; "
+            f"largest abs diff {float(diff.flatten()[a]):.3g} at {at_a} "
+            f"(got {float(g64.flatten()[a]):.6g}, want {float(w64.flatten()[a]):.6g}), "
+            f"largest rel diff {float(rel.flatten()[r]):.3g} at {at_r}"
+        )
+    if not parts:
+        return None
+    return "; ".join(parts) + f" (tolerance atol={atol:g}, rtol={rtol:g})"
 
 
 def _check_correctness(case: ConformanceCase) -> Iterator[str]:
@@ -270,6 +312,7 @@ def key_sharing_variants(op: IrOp, args: Sequence[Any]) -> Iterator[tuple[str, t
 
 def _check_mutation(case: ConformanceCase) -> Iterator[str]:
     op, impl = case.op, case.impl
+    reused_any = False
     for sample in _samples(case):
         args = sample.clone().args
         before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
@@ -289,6 +332,16 @@ def _check_mutation(case: ConformanceCase) -> Iterator[str]:
             yield f"sample {sample.name}: writes non-activation arguments {bad}"
         if impl.inplace:
             names = list(op.signature.parameters)
+            reused_any = reused_any or any(
+                isinstance(o, torch.Tensor)
+                and any(
+                    isinstance(args[names.index(a)], torch.Tensor)
+                    and o.data_ptr() == args[names.index(a)].data_ptr()
+                    for a in op.activations
+                    if names.index(a) < len(args)
+                )
+                for o in outs
+            )
             lost = [
                 m
                 for m in mutated
@@ -303,6 +356,13 @@ def _check_mutation(case: ConformanceCase) -> Iterator[str]:
                     f"sample {sample.name}: inplace impl writes {lost} but does not return "
                     "them: an output written into an activation must be returned"
                 )
+    if impl.inplace and not reused_any:
+        yield (
+            f"registered inplace=True but returned none of the activations "
+            f"{list(op.activations)} on any sample: the compiler removes the clones of "
+            "donated activations on this promise; write the outputs into them, or register "
+            "without inplace=True"
+        )
 
 
 @contextlib.contextmanager
@@ -391,8 +451,38 @@ def conformance_cases(
             for dtype in dtypes[:1] if check == "compiled" else dtypes:
                 cases.append(ConformanceCase(op, provider, check, dtype, device))
     if not cases:
-        raise LookupError(f"provider {provider!r} implements none of the ops checked")
+        raise LookupError(_no_cases_message(provider, selected))
     return cases
+
+
+def _no_cases_message(provider: str, checked: Sequence[IrOp]) -> str:
+    """Why ``provider`` has nothing to check: a typo, a filtered or failed provider, other ops."""
+    import difflib
+
+    from vllm_ir import envs
+    from vllm_ir.op import IrOp as _IrOp
+    from vllm_ir.providers import load_errors
+
+    everywhere = sorted({p for op in _IrOp.registry.values() for p in op.impls})
+    mine = sorted(op.name for op in _IrOp.registry.values() if provider in op.impls)
+    if mine:
+        return (
+            f"provider {provider!r} implements none of the ops checked "
+            f"({', '.join(op.name for op in checked) or 'none'}); it implements {', '.join(mine)}"
+        )
+    lines = [f"provider {provider!r} has no impls; providers with impls: {', '.join(everywhere)}"]
+    close = difflib.get_close_matches(provider, everywhere, n=1)
+    if close:
+        lines.append(f"did you mean {close[0]!r}?")
+    allow = envs.provider_allow_list()
+    if allow is not None and provider not in allow:
+        lines.append(
+            f"{envs.VLLM_IR_PROVIDERS}={','.join(sorted(allow)) or 'none'} does not name it: "
+            "providers it does not name are not loaded"
+        )
+    for name, error in sorted(load_errors().items()):
+        lines.append(f"provider {name} ({error.package}) failed to load: {error.cause}")
+    return "; ".join(lines)
 
 
 @dataclass

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
-import argparse
+import os
+import types
+import typing
+from pathlib import Path
 from typing import Any
 
 import torch
+from vllm_ir_cli import UsageError
 
 from vllm_ir.op import IrOp, get_op
 
-__all__ = ["DTYPES", "UsageError", "call_args_for", "parse_dtype", "parse_op", "parse_shape"]
+__all__ = [
+    "DTYPES",
+    "UsageError",
+    "apply_threads",
+    "call_args_for",
+    "check_native_accepts",
+    "parse_device",
+    "parse_dtype",
+    "parse_op",
+    "parse_shape",
+    "writable_file",
+]
 
 DTYPES = {
     "fp32": torch.float32,
@@ -20,10 +35,6 @@ DTYPES = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
 }
-
-
-class UsageError(ValueError):
-    """Bad command-line input: printed without a traceback, exit status 2."""
 
 
 def parse_op(name: str) -> IrOp:
@@ -88,6 +99,8 @@ def call_args_for(
         raise UsageError(
             f"{op.name} has no parameter {unknown[0]!r}; parameters: {', '.join(names)}"
         )
+    for name, value in overrides.items():
+        _check_arg_type(op, name, value)
     args: list[Any] = []
     for i, name in enumerate(names):
         if name in overrides:
@@ -103,9 +116,111 @@ def call_args_for(
     return tuple(args)
 
 
-def add_priority_help(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = (
-        "Kernel selection: --ir-op-priority.OP=a,b (repeatable) or "
-        '--ir-op-priority \'{"OP": ["a", "b"]}\'. '
-        "Compile passes: --ir-pass.NAME=on|off (e.g. --ir-pass.fuse_norm_quant=off)."
+def parse_device(text: str) -> str:
+    """A device this torch can allocate on: ``cpu``, ``cuda``, ``cuda:1`` ..."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise UsageError(f"unknown device {text!r}; use e.g. cpu or cuda") from None
+    if device.type != "cpu":
+        backend = getattr(torch, device.type, None)
+        available = getattr(backend, "is_available", None)
+        if available is None or not available():
+            raise UsageError(
+                f"--device {text}: torch {torch.__version__} has no usable {device.type} "
+                f"device here; use --device cpu, or VLLM_IR_PLATFORM={device.type} to see "
+                f"the {device.type} defaults on this machine"
+            )
+    return text
+
+
+def _hint_text(op: IrOp, name: str) -> str:
+    annotation = op.signature.parameters[name].annotation
+    if isinstance(annotation, str):
+        return annotation
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether a literal from the command line fits an annotation (unknown ones fit)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_matches(value, h) for h in typing.get_args(hint))
+    if hint is type(None) or hint is None:
+        return value is None
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is torch.Tensor:
+        return False  # tensors come from --shape / --dtype, never from --arg
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _check_arg_type(op: IrOp, name: str, value: Any) -> None:
+    try:
+        hint = typing.get_type_hints(op.native).get(name, Any)
+    except Exception:  # an annotation that does not evaluate: nothing to check against
+        return
+    if hint is Any or _matches(value, hint):
+        return
+    alternatives = typing.get_args(hint) or (hint,)
+    if torch.Tensor in alternatives:
+        none_ok = f" ({name}=None is accepted)" if type(None) in alternatives else ""
+        raise UsageError(
+            f"--arg {name}={value!r}: {name} is a tensor argument of {op.name}{none_ok}; "
+            "tensors are built from --shape and --dtype"
+        )
+    raise UsageError(
+        f"--arg {name}={value!r}: {type(value).__name__} does not fit {op.name}'s "
+        f"{name} ({_hint_text(op, name)}); give a literal of that type"
     )
+
+
+def check_native_accepts(op: IrOp, call: tuple[Any, ...], shape: tuple[int, ...]) -> None:
+    """Run the native function once, so that arguments the op cannot take are a usage error."""
+    try:
+        with torch.inference_mode():
+            op.native(*call)
+    except (RuntimeError, ValueError, IndexError, TypeError) as e:
+        samples = ", ".join(
+            "x".join(map(str, s.args[0].shape))
+            for s in op.sample_inputs(torch.float32, "cpu")
+            if isinstance(s.args[0], torch.Tensor)
+        )
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UsageError(
+            f"{op.name} cannot take shape {'x'.join(map(str, shape))}: {first}; "
+            f"shapes it takes include {samples}"
+        ) from None
+
+
+def apply_threads(threads: int) -> str:
+    """Set torch's intra-op threads (``0``: keep torch's choice); returns a line saying so.
+
+    Timings on a shared machine swing by orders of magnitude when every core
+    is asked for; one thread gives steady figures, more threads show scaling.
+    """
+    default = torch.get_num_threads()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    chosen = torch.get_num_threads()
+    origin = "torch's default" if threads == 0 else "--threads"
+    return (
+        f"threads: {chosen} ({origin}; torch's default here is {default}, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})"
+    )
+
+
+def writable_file(option: str, path: str) -> Path:
+    """``path`` for ``option``, checked before any work: its directory exists."""
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(
+            f"{option} {path}: directory {str(parent)!r} does not exist; create it first"
+        )
+    if target.is_dir():
+        raise UsageError(f"{option} {path}: is a directory; give a file name")
+    return target

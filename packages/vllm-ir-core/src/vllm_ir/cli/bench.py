@@ -8,7 +8,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,16 +17,20 @@ import torch
 
 from vllm_ir.cli.args import (
     UsageError,
+    apply_threads,
     call_args_for,
+    check_native_accepts,
     parse_assignments,
+    parse_device,
     parse_dtype,
     parse_op,
     parse_shape,
+    writable_file,
 )
 from vllm_ir.cli.table import render_table
 from vllm_ir.op import IrOp
 
-__all__ = ["add_parser", "time_call"]
+__all__ = ["NOISY", "is_noisy", "run", "spread", "time_call"]
 
 COMPILED = "native (compiled)"
 
@@ -37,7 +41,11 @@ def _sync(device: str) -> None:
 
 
 def time_call(fn: Callable[[], Any], device: str, rounds: int, warmup: int) -> list[float]:
-    """Microseconds per call, one sample per round; calls per round sized to ~10 ms."""
+    """Microseconds per call, one sample per round; calls per round sized to ~10 ms.
+
+    ``warmup`` untimed calls first (caches, allocator, lazy initialization),
+    then one more timed call sizes the rounds.
+    """
     for _ in range(warmup):
         fn()
     _sync(device)
@@ -56,6 +64,23 @@ def time_call(fn: Callable[[], Any], device: str, rounds: int, warmup: int) -> l
     return samples
 
 
+NOISY = 0.25
+"""A spread (p90 - p10) above this fraction of the median is flagged as too large to trust."""
+
+
+def spread(samples: Sequence[float]) -> tuple[float, float, float]:
+    """``(median, p10, p90)`` of ``samples`` (p10 = p90 = median for fewer than 2)."""
+    median = statistics.median(samples)
+    if len(samples) < 2:
+        return median, median, median
+    deciles = statistics.quantiles(samples, n=10, method="inclusive")
+    return median, deciles[0], deciles[-1]
+
+
+def is_noisy(median: float, p10: float, p90: float) -> bool:
+    return median > 0 and (p90 - p10) / median > NOISY
+
+
 def _candidates(op: IrOp, call: tuple[Any, ...]) -> dict[str, Callable[..., Any]]:
     found: dict[str, Callable[..., Any]] = {}
     for provider, impl in sorted(op.impls.items()):
@@ -72,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     shapes = [parse_shape(s) for s in re.split(r"[\s;]+", args.shapes.strip()) if s]
     dtypes = [parse_dtype(d) for d in args.dtypes.split(",")]
     overrides = parse_assignments(args.arg)
+    device = parse_device(args.device)
+    json_path = writable_file("--json", args.json) if args.json else None
+    plot_path = writable_file("--plot", args.plot) if args.plot else None
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -83,36 +111,49 @@ def run(args: argparse.Namespace) -> int:
     jobs: list[tuple[tuple[int, ...], torch.dtype, str, Callable[..., Any], tuple[Any, ...]]] = []
     for shape in shapes:
         for dtype in dtypes:
-            call = call_args_for(op, shape, dtype, args.device, overrides)
+            call = call_args_for(op, shape, dtype, device, overrides)
+            check_native_accepts(op, call, shape)
             impls = _candidates(op, call)
             if compiled_native is not None:
                 impls[COMPILED] = compiled_native
             jobs.extend((shape, dtype, name, fn, call) for name, fn in impls.items())
+    print(apply_threads(args.threads))
+    print(f"warm-up: {args.warmup} calls; then {args.rounds} rounds of ~10 ms per impl")
     records = []
     for i, (shape, dtype, name, fn, call) in enumerate(jobs, 1):
         label = f"{'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')} {name}"
-        print(f"[{i}/{len(jobs)}] {label}", file=sys.stderr, flush=True)
+        note = (
+            " (compiles first: may take a minute in a fresh environment)"
+            if name == COMPILED
+            else ""
+        )
+        print(f"[{i}/{len(jobs)}] {label}{note}", file=sys.stderr, flush=True)
         with torch.inference_mode():
-            samples = time_call(partial(fn, *call), args.device, args.rounds, args.warmup)
+            samples = time_call(partial(fn, *call), device, args.rounds, args.warmup)
+        median, p10, p90 = spread(samples)
         records.append(
             {
                 "op": op.name,
                 "shape": list(shape),
                 "dtype": str(dtype).removeprefix("torch."),
                 "impl": name,
-                "median_us": round(statistics.median(samples), 3),
-                "stdev_us": round(statistics.stdev(samples), 3) if len(samples) > 1 else 0.0,
+                "median_us": round(median, 3),
+                "p10_us": round(p10, 3),
+                "p90_us": round(p90, 3),
+                "noisy": is_noisy(median, p10, p90),
                 "rounds": len(samples),
             }
         )
     _print(records)
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({"device": args.device, "results": records}, indent=2) + "\n"
-        )
+    if json_path is not None:
+        data = {"device": device, "threads": torch.get_num_threads(), "results": records}
+        try:
+            json_path.write_text(json.dumps(data, indent=2) + "\n")
+        except OSError as e:
+            raise UsageError(f"--json {args.json}: cannot write: {e.strerror}") from None
         print(f"wrote {args.json}")
-    if args.plot:
-        _plot(records, Path(args.plot))
+    if plot_path is not None:
+        _plot(records, plot_path)
         print(f"wrote {args.plot}")
     return 0
 
@@ -131,13 +172,21 @@ def _print(records: list[dict[str, Any]]) -> None:
                 r["dtype"],
                 r["impl"],
                 f"{r['median_us']:.2f}",
-                f"{r['stdev_us']:.2f}",
+                f"{r['p10_us']:.2f}-{r['p90_us']:.2f}",
                 speedup,
+                "too noisy to trust" if r["noisy"] else "",
             ]
         )
-    print(
-        render_table(["shape", "dtype", "impl", "median us", "stdev us", "vs native eager"], rows)
-    )
+    headers = ["shape", "dtype", "impl", "median us", "p10-p90 us", "vs native eager", ""]
+    print(render_table(headers, rows))
+    noisy = sum(bool(r["noisy"]) for r in records)
+    if noisy:
+        fewer = ", --threads 1" if torch.get_num_threads() != 1 else ""
+        print(
+            f"\n{noisy} of {len(records)} timings spread over {NOISY:.0%} of their median "
+            "(p90 - p10): the machine is busy or the rounds too few. Rerun with more "
+            f"--rounds{fewer}, or on an idle machine before comparing them."
+        )
 
 
 def _plot(records: list[dict[str, Any]], path: Path) -> None:
@@ -170,24 +219,3 @@ def _plot(records: list[dict[str, Any]], path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="time every applicable impl of an op side by side")
-    parser.add_argument("op")
-    parser.add_argument(
-        "--shapes",
-        default="1x4096 64x4096",
-        help="activation shapes, space separated (default '1x4096 64x4096')",
-    )
-    parser.add_argument("--dtypes", default="fp32,bf16", help="comma separated (default fp32,bf16)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument(
-        "--no-compiled", action="store_true", help="skip native compiled by Inductor"
-    )
-    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="FILE.png", help="draw the results (needs matplotlib)")
-    parser.set_defaults(func=run)

@@ -8,16 +8,19 @@ an all-native run, the clones the compiler removed, and tokens/s.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
 
+from vllm_ir.cli.args import apply_threads
+from vllm_ir.cli.bench import NOISY, is_noisy, spread
 from vllm_ir.config import IrOpPriorityConfig
 from vllm_ir.ops import fused_add_rms_norm, rms_norm
 from vllm_ir.platform import current_platform
 from vllm_ir.providers import load_errors, loaded_providers
 
-__all__ = ["TinyDecoder", "add_parser"]
+__all__ = ["TinyDecoder", "run"]
 
 
 class DecoderLayer(torch.nn.Module):
@@ -47,12 +50,22 @@ class TinyDecoder(torch.nn.Module):
         return h
 
 
-def _tokens_per_s(fn: object, x: torch.Tensor, runs: int) -> float:
-    fn(x.clone())  # type: ignore[operator]
-    start = time.perf_counter()
-    for _ in range(runs):
+def _tokens_per_s(fn: object, x: torch.Tensor, warmup: int, runs: int) -> list[float]:
+    """Tokens/s of each of ``runs`` timed forward passes, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
         fn(x.clone())  # type: ignore[operator]
-    return runs * x.shape[0] / (time.perf_counter() - start)
+    rates = []
+    for _ in range(runs):
+        inp = x.clone()  # the model donates its input: a fresh copy per pass, not timed
+        start = time.perf_counter()
+        fn(inp)  # type: ignore[operator]
+        rates.append(x.shape[0] / (time.perf_counter() - start))
+    return rates
+
+
+def _rate_line(rates: list[float]) -> tuple[str, bool]:
+    median, p10, p90 = spread(rates)
+    return f"{median:,.0f} (p10-p90 {p10:,.0f}-{p90:,.0f})", is_noisy(median, p10, p90)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     ops = [rms_norm, fused_add_rms_norm]
     print(f"vllm-ir demo: {args.layers}-layer decoder, hidden {args.hidden}, {args.tokens} tokens")
     print(f"platform {current_platform()}, torch {torch.__version__}")
+    print(apply_threads(args.threads))
     for name, provider in sorted(loaded_providers().items()):
         print(f"  provider {name}: {provider.package}")
     for name, error in sorted(load_errors().items()):
@@ -81,17 +95,24 @@ def run(args: argparse.Namespace) -> int:
         eager = model(x.clone())
         with IrOpPriorityConfig(**{op.name: ["native"] for op in ops}).scope():
             reference = model(x.clone())
-        eager_tps = _tokens_per_s(model, x, args.runs)
+        eager_tps = _tokens_per_s(model, x, args.warmup, args.runs)
 
     backend = VllmIRBackend(passes=args.passes)
     compiled = torch.compile(model, backend=backend)
     print("\ncompiled (torch.compile, backend vllm_ir):")
     # caches off, so the passes run and report what they did every time
+    sys.stdout.flush()
+    print(
+        "compiling with the vllm_ir backend; in a fresh environment Inductor first builds "
+        "its C++ kernels, which may take a minute ...",
+        file=sys.stderr,
+        flush=True,
+    )
     with torch.inference_mode(), inductor_caches_off():
         start = time.perf_counter()
         out = compiled(x.clone())
         compile_s = time.perf_counter() - start
-        compiled_tps = _tokens_per_s(compiled, x, args.runs)
+        compiled_tps = _tokens_per_s(compiled, x, args.warmup, args.runs)
     for op_name, nodes in backend.lowering_pass.selected_impls.items():
         chosen = ", ".join(sorted(set(nodes.values())))
         priority = ir_priority(op_name)
@@ -107,7 +128,18 @@ def run(args: argparse.Namespace) -> int:
     print("\nresults:")
     print(f"  max |eager - all-native|    = {(eager - reference).abs().max().item():.3e}")
     print(f"  max |compiled - all-native| = {(out - reference).abs().max().item():.3e}")
-    print(f"  tokens/s: eager {eager_tps:,.0f}, compiled {compiled_tps:,.0f}")
+    eager_line, eager_noisy = _rate_line(eager_tps)
+    compiled_line, compiled_noisy = _rate_line(compiled_tps)
+    print(f"  tokens/s, median of {args.runs} passes after {args.warmup} warm-up:")
+    print(f"    eager    {eager_line}")
+    print(f"    compiled {compiled_line}")
+    if eager_noisy or compiled_noisy:
+        fewer = ", --threads 1" if torch.get_num_threads() != 1 else ""
+        print(
+            f"  the spread (p90 - p10) is over {NOISY:.0%} of the median: too large to trust; "
+            f"the machine is busy or the passes too few. Rerun with more --runs{fewer}, "
+            "or on an idle machine."
+        )
     return 0
 
 
@@ -115,12 +147,3 @@ def ir_priority(op_name: str) -> list[str]:
     from vllm_ir.op import get_op
 
     return get_op(op_name).get_priority("compiled")
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="run a small IR model eager and compiled")
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--runs", type=int, default=20, help="timed forward passes per mode")
-    parser.set_defaults(func=run)

@@ -3,20 +3,62 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from vllm_ir.cli.args import call_args_for, parse_assignments, parse_dtype, parse_op, parse_shape
-from vllm_ir.dispatch import describe
+from vllm_ir import envs
+from vllm_ir.cli.args import (
+    call_args_for,
+    parse_assignments,
+    parse_device,
+    parse_dtype,
+    parse_op,
+    parse_shape,
+)
+from vllm_ir.dispatch import _rejection, describe
+from vllm_ir.op import IrOp
 from vllm_ir.platform import current_platform
 from vllm_ir.priority import MODES, Mode
 
-__all__ = ["add_parser"]
+__all__ = ["candidate_lines", "run"]
+
+
+def candidate_lines(op: IrOp, call: tuple[Any, ...], mode: Mode) -> list[str]:
+    """One line per registered impl: selected, rejected (why), not reached, or not listed.
+
+    Entries after the selected one are not asked by dispatch; their line says
+    what they would answer, so that a reordered list can be judged here.
+    """
+    selection = op.select(*call, mode=mode)
+    lines = []
+    for decision in selection.decisions:
+        provider = decision.entry.provider
+        if decision.accepted:
+            lines.append(f"{provider}: selected (first on the list that accepts)")
+        else:
+            lines.append(f"{provider}: rejected: {decision.reason}")
+    entries = op.get_priority_entries(mode)
+    invariant = envs.batch_invariant()
+    for entry in entries[len(selection.decisions) :]:
+        why = _rejection(op.name, op.impls.get(entry.provider), call, invariant)
+        would = "would accept" if why is None else f"would be rejected: {why}"
+        lines.append(f"{entry.provider}: not reached ({would})")
+    listed = {entry.provider for entry in entries}
+    for provider in sorted(set(op.impls) - listed):
+        why = _rejection(op.name, op.impls[provider], call, invariant)
+        would = "would accept" if why is None else f"would be rejected: {why}"
+        lines.append(
+            f"{provider}: not on the priority list ({would}; "
+            f"--ir-op-priority.{op.name}={provider} puts it first)"
+        )
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
     op = parse_op(args.op)
     dtype = parse_dtype(args.dtype)
     shape = parse_shape(args.shape)
-    call = call_args_for(op, shape, dtype, args.device, parse_assignments(args.arg))
+    device = parse_device(args.device)
+    call = call_args_for(op, shape, dtype, device, parse_assignments(args.arg))
     modes: list[Mode] = ["compiled"] if args.compiled else ["eager"] if args.eager else list(MODES)
     print(f"{op.name}{describe(call)} on {current_platform()}")
     for mode in modes:
@@ -28,27 +70,8 @@ def run(args: argparse.Namespace) -> int:
         print("  priority list:")
         for i, entry in enumerate(op.get_priority_entries(mode), 1):
             print(f"    {i}. {entry.provider}  <- {entry.source}")
-        selection = op.select(*call, mode=mode)
         print("  candidates:")
-        for decision in selection.decisions:
-            mark = "accepted" if decision.accepted else "rejected"
-            print(f"    {decision.entry.provider}: {mark} ({decision.reason})")
-        print(f"  selected: {selection.impl.provider}")
+        for line in candidate_lines(op, call, mode):
+            print(f"    {line}")
+        print(f"  selected: {op.select(*call, mode=mode).impl.provider}")
     return 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "explain", help="why an impl is selected for given arguments, in eager and compiled mode"
-    )
-    parser.add_argument("op", help="op name, e.g. rms_norm")
-    parser.add_argument("--dtype", default="bf16", help="fp32, fp16 or bf16 (default bf16)")
-    parser.add_argument("--shape", default="8,4096", help="activation shape (default 8,4096)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument(
-        "--arg", action="append", default=[], metavar="NAME=VALUE", help="a non-tensor argument"
-    )
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--compiled", action="store_true", help="compiled mode only")
-    which.add_argument("--eager", action="store_true", help="eager mode only")
-    parser.set_defaults(func=run)

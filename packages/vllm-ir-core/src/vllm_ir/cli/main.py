@@ -1,43 +1,52 @@
-"""Entry point of the ``vllm-ir`` command."""
+"""Running a parsed ``vllm-ir`` command line (parsing is torch-free: :mod:`vllm_ir_cli`)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Sequence
+import contextlib
+import importlib
+import logging
+from collections.abc import Iterator, Sequence
 
-from vllm_ir._version import __version__
-from vllm_ir.cli import bench, demo, explain, ops_cmd
-from vllm_ir.cli.args import UsageError, add_priority_help
+from vllm_ir_cli import COMMANDS, build_parser, main
+
 from vllm_ir.config import parse_ir_op_priority_args, parse_ir_pass_args
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run"]
+
+# commands that list provider load failures themselves: the logged warning would repeat them
+_LISTS_LOAD_ERRORS = {"ops", "demo"}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="vllm-ir", description="Inspect, explain and benchmark vllm-ir kernel selection."
-    )
-    parser.add_argument("--version", action="version", version=f"vllm-ir {__version__}")
-    add_priority_help(parser)
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    for module in (ops_cmd, explain, bench, demo):
-        module.add_parser(subparsers)
-    for sub in subparsers.choices.values():
-        add_priority_help(sub)
-    return parser
+class _DropLoadFailures(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "failed to load" not in record.getMessage()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``vllm-ir``; returns the exit status (2 for bad input)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+@contextlib.contextmanager
+def _load_failures_not_logged(command: str) -> Iterator[None]:
+    if command not in _LISTS_LOAD_ERRORS:
+        yield
+        return
+    log = logging.getLogger("vllm_ir.providers")
+    drop = _DropLoadFailures()
+    log.addFilter(drop)
     try:
-        config, rest = parse_ir_op_priority_args(argv)
-        passes, rest = parse_ir_pass_args(rest)
-        args = build_parser().parse_args(rest)
+        from vllm_ir.providers import ensure_loaded
+
+        ensure_loaded()  # discovery happens here, under the filter
+    finally:
+        log.removeFilter(drop)
+    yield
+
+
+def run(args: argparse.Namespace, priority_flags: Sequence[str], pass_flags: Sequence[str]) -> int:
+    """Validate the selection flags against the registry, then run ``args.command``."""
+    with _load_failures_not_logged(args.command):
+        config, rest = parse_ir_op_priority_args(priority_flags)
+        passes, rest = parse_ir_pass_args([*rest, *pass_flags])
+        assert not rest, rest  # split_selection_flags only passes flags of these two kinds
         args.passes = passes
+        module = importlib.import_module(COMMANDS[args.command])
         with config.scope():
-            return int(args.func(args))
-    except (UsageError, ValueError) as e:
-        print(f"vllm-ir: error: {e}", file=sys.stderr)
-        return 2
+            return int(module.run(args))

@@ -3,14 +3,64 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+from collections.abc import Iterable
 
 from vllm_ir.cli.table import render_table
 from vllm_ir.op import IrOp
 from vllm_ir.platform import current_platform
 from vllm_ir.providers import load_errors, loaded_providers
 
-__all__ = ["add_parser"]
+__all__ = ["op_table_markdown", "run"]
+
+_TABLE_DTYPES = (("fp32", "float32"), ("fp16", "float16"), ("bf16", "bfloat16"))
+
+
+def _signature(op: IrOp) -> str:
+    def text(annotation: object) -> str:
+        return inspect.formatannotation(annotation).replace("torch.", "")
+
+    params = []
+    for param in op.signature.parameters.values():
+        item = f"{param.name}: {text(param.annotation)}"
+        if param.default is not param.empty:
+            item += f" = {param.default!r}"
+        params.append(item)
+    return f"({', '.join(params)}) -> {text(op.signature.return_annotation)}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def op_table_markdown(ops: Iterable[IrOp]) -> str:
+    """The Markdown table of ``ops`` that the docs embed: signature, the first line of
+    the native function's docstring, activations, tolerances against native per dtype.
+
+    Generated so that it cannot drift from the registry (a test compares the docs'
+    copies with it); ``vllm-ir ops --markdown`` prints it.
+    """
+    import torch
+
+    headers = ("Op", "Signature", "Semantics (the native function)", "Activations")
+    rows = [f"| {' | '.join(headers)} | Tolerance (atol / rtol) |", "|---|---|---|---|---|"]
+    for op in sorted(ops, key=lambda o: o.name):
+        doc = inspect.getdoc(op.native) or ""
+        semantics = doc.strip().splitlines()[0].replace("``", "`") if doc.strip() else ""
+        activations = ", ".join(f"`{a}`" for a in op.activations)
+        if op.allow_inplace:
+            activations += " (`maybe_inplace` may reuse them)"
+        tolerances = "; ".join(
+            f"{short} {t.atol:g} / {t.rtol:g}"
+            for short, name in _TABLE_DTYPES
+            for t in [op.tolerance(getattr(torch, name))]
+        )
+        rows.append(
+            f"| `{op.name}` | `{_cell(_signature(op))}` | {_cell(semantics)} | "
+            f"{activations} | {tolerances} |"
+        )
+    return "\n".join(rows)
 
 
 def _rows() -> list[dict[str, object]]:
@@ -35,6 +85,9 @@ def _rows() -> list[dict[str, object]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(op_table_markdown(IrOp.registry.values()))
+        return 0
     rows = _rows()
     errors = load_errors()
     if args.json:
@@ -76,9 +129,3 @@ def run(args: argparse.Namespace) -> int:
     for name, error in sorted(errors.items()):
         print(f"provider {name} ({error.package}) failed to load: {error.cause}")
     return 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("ops", help="list every op and provider on this machine")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.set_defaults(func=run)

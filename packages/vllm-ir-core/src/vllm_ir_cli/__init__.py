@@ -1,0 +1,264 @@
+"""The ``vllm-ir`` command's front end: parsing, ``--help``, ``--version``, argument errors.
+
+Importing anything under ``vllm_ir`` imports the package and with it torch,
+which takes seconds. This module is separate and imports neither, so
+``vllm-ir --help``, ``--version`` and malformed command lines answer at
+once; the commands (:mod:`vllm_ir.cli`) are imported only once the arguments
+parse.
+
+Every error is one line, ``vllm-ir: error: ...``, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+__all__ = ["COMMANDS", "UsageError", "build_parser", "main", "split_selection_flags"]
+
+PRIORITY_FLAG = "--ir-op-priority"
+PASS_FLAG = "--ir-pass"
+PASSES = ("fuse_norm_quant", "sequence_parallel")
+"""The built-in IR passes (``vllm_ir.config.IR_PASSES``; a test keeps the two equal)."""
+
+COMMANDS = {
+    "ops": "vllm_ir.cli.ops_cmd",
+    "explain": "vllm_ir.cli.explain",
+    "bench": "vllm_ir.cli.bench",
+    "demo": "vllm_ir.cli.demo",
+}
+"""Command name -> the module whose ``run(args)`` carries it out."""
+
+
+class UsageError(ValueError):
+    """Bad command-line input: printed as one line without a traceback, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports an argument error as one ``vllm-ir: error:`` line saying where to read more."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm-ir-core")
+    except metadata.PackageNotFoundError:
+        return "unknown (vllm-ir-core is not installed)"
+
+
+class _Version(argparse.Action):
+    """``--version``, looked up only when asked (reading package metadata takes time)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(
+            option_strings, dest=argparse.SUPPRESS, nargs=0, help="show the version and exit"
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        print(f"vllm-ir {_version()}")
+        parser.exit()
+
+
+def _int_at_least(low: int) -> type[int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            what = "a positive integer" if low == 1 else f"an integer >= {low}"
+            raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse  # type: ignore[return-value]
+
+
+POSITIVE = _int_at_least(1)
+NON_NEGATIVE = _int_at_least(0)
+
+_SELECTION_HELP = (
+    "Kernel selection: --ir-op-priority.OP=a,b (repeatable) or "
+    '--ir-op-priority \'{"OP": ["a", "b"]}\'. '
+    f"Compile passes: --ir-pass.NAME=on|off, NAME one of {', '.join(PASSES)} "
+    "(e.g. --ir-pass.fuse_norm_quant=off)."
+)
+
+
+def _add_ops(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("ops", help="list every op and provider on this machine")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="machine-readable output")
+    output.add_argument(
+        "--markdown",
+        action="store_true",
+        help="the table of ops (signature, semantics, activations, tolerances) as in the docs",
+    )
+
+
+def _add_explain(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "explain", help="why an impl is selected for given arguments, in eager and compiled mode"
+    )
+    parser.add_argument("op", help="op name, e.g. rms_norm")
+    parser.add_argument("--dtype", default="bf16", help="fp32, fp16 or bf16 (default bf16)")
+    parser.add_argument("--shape", default="8,4096", help="activation shape (default 8,4096)")
+    parser.add_argument("--device", default="cpu", help="device of the tensors (default cpu)")
+    parser.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a non-tensor argument, as a Python literal (repeatable)",
+    )
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--compiled", action="store_true", help="compiled mode only")
+    which.add_argument("--eager", action="store_true", help="eager mode only")
+
+
+def _add_threads(parser: argparse.ArgumentParser, default: int) -> None:
+    parser.add_argument(
+        "--threads",
+        type=NON_NEGATIVE,
+        default=default,
+        help=f"CPU threads for torch and Inductor's kernels (default {default}; "
+        "0 keeps torch's own choice)",
+    )
+
+
+def _add_bench(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="time every applicable impl of an op side by side")
+    parser.add_argument("op")
+    parser.add_argument(
+        "--shapes",
+        default="1x4096 64x4096",
+        help="activation shapes, space separated (default '1x4096 64x4096')",
+    )
+    parser.add_argument("--dtypes", default="fp32,bf16", help="comma separated (default fp32,bf16)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--rounds", type=POSITIVE, default=30, help="timed rounds of ~10 ms each (default 30)"
+    )
+    parser.add_argument(
+        "--warmup", type=NON_NEGATIVE, default=20, help="untimed calls first (default 20)"
+    )
+    _add_threads(parser, 1)
+    parser.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--no-compiled", action="store_true", help="skip native compiled by Inductor"
+    )
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the results (needs matplotlib)")
+
+
+def _add_demo(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("demo", help="run a small IR model eager and compiled")
+    parser.add_argument("--tokens", type=POSITIVE, default=64, help="batch size (default 64)")
+    parser.add_argument("--hidden", type=POSITIVE, default=256, help="hidden size (default 256)")
+    parser.add_argument("--layers", type=POSITIVE, default=4, help="decoder layers (default 4)")
+    parser.add_argument(
+        "--runs", type=POSITIVE, default=50, help="timed forward passes per mode (default 50)"
+    )
+    parser.add_argument(
+        "--warmup", type=NON_NEGATIVE, default=5, help="untimed forward passes first (default 5)"
+    )
+    _add_threads(parser, 1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="vllm-ir",
+        description="Inspect, explain and benchmark vllm-ir kernel selection.",
+        epilog=_SELECTION_HELP,
+    )
+    parser.add_argument("--version", action=_Version)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_ops, _add_explain, _add_bench, _add_demo):
+        add(subparsers)
+    for sub in subparsers.choices.values():
+        sub.epilog = _SELECTION_HELP
+    return parser
+
+
+def split_selection_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """Split ``argv`` into ``--ir-op-priority*`` flags, ``--ir-pass.*`` flags and the rest.
+
+    Only the syntax is checked here (values are validated against the ops and
+    passes once torch is imported). A flag written ``--flag VALUE`` takes the
+    next argument as its value, unless that is a command name or another
+    flag: then the value was forgotten.
+
+    >>> split_selection_flags(["--ir-op-priority.rms_norm=native", "ops", "--json"])
+    (['--ir-op-priority.rms_norm=native'], [], ['ops', '--json'])
+    """
+    priority: list[str] = []
+    passes: list[str] = []
+    rest: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "--":
+            rest.extend(args[i - 1 :])
+            break
+        if arg.startswith(PRIORITY_FLAG):
+            target, example = priority, f"{PRIORITY_FLAG}.rms_norm=native"
+        elif arg.startswith(PASS_FLAG + "."):
+            target, example = passes, f"{PASS_FLAG}.fuse_norm_quant=off"
+        else:
+            rest.append(arg)
+            continue
+        flag, eq, _ = arg.partition("=")
+        if eq:
+            target.append(arg)
+            continue
+        value = args[i] if i < len(args) else None
+        if value is None or value.startswith("--") or value in COMMANDS:
+            got = "nothing" if value is None else repr(value)
+            raise UsageError(
+                f"{flag} expects a value before the command, got {got}; write e.g. {example}"
+            )
+        target.append(f"{flag}={value}")
+        i += 1
+    return priority, passes, rest
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader stopped reading (``vllm-ir ... | head``): stop without a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the final flush at exit must not fail again
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``vllm-ir``; returns the exit status (2 for bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        try:
+            priority, passes, rest = split_selection_flags(argv)
+            args = build_parser().parse_args(rest)
+            command = importlib.import_module("vllm_ir.cli.main")
+            status = int(command.run(args, priority, passes))
+            sys.stdout.flush()
+            return status
+        except ValueError as e:  # UsageError, and the config's validation errors
+            sys.stdout.flush()
+            print(f"vllm-ir: error: {e}", file=sys.stderr)
+            return 2
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except KeyboardInterrupt:
+        print("vllm-ir: interrupted", file=sys.stderr)
+        return 130
