@@ -64,7 +64,7 @@ class DecoderSpec:
     how: str
 
 
-def is_decoder_candidate(module: nn.Module) -> bool:
+def is_decoder_candidate(module: Any) -> bool:
     return all(isinstance(getattr(module, a, None), nn.Module) for a in REQUIRED)
 
 
@@ -84,7 +84,7 @@ class _StandInMlp(nn.Module):
         return x * x * 0.5 - 1.0
 
 
-def _signature(module: nn.Module) -> tuple[str, tuple[str, ...], dict[str, Any], str | None]:
+def _signature(module: Any) -> tuple[str, tuple[str, ...], dict[str, Any], str | None]:
     sig = inspect.signature(type(module).forward)
     params = list(sig.parameters.values())[1:]  # drop self
     if not params or params[0].kind not in (
@@ -106,9 +106,7 @@ def _signature(module: nn.Module) -> tuple[str, tuple[str, ...], dict[str, Any],
     return hidden_name, tuple(positional), defaults, varkw
 
 
-def analyze_decoder(
-    module: nn.Module, norm: NormSpec | None, norm_reason: str | None
-) -> DecoderSpec:
+def analyze_decoder(module: Any, norm: NormSpec | None, norm_reason: str | None) -> DecoderSpec:
     """The fused forward's spec for ``module``; raises :class:`NotApplicable`."""
     if norm is None:
         raise NotApplicable(f"post_attention_layernorm is not a verified RMSNorm ({norm_reason})")
@@ -163,7 +161,7 @@ class _Marker:
 
 
 def _fused(
-    self: nn.Module,
+    self: Any,
     spec: DecoderSpec,
     hidden_states: Tensor,
     args: tuple[Any, ...],
@@ -177,7 +175,7 @@ def _fused(
             f"arguments but {len(args) + 1} were given"
         )
     attn_kwargs = dict(spec.defaults)
-    attn_kwargs.update(zip(spec.positional, args))
+    attn_kwargs.update(zip(spec.positional, args, strict=False))
     attn_kwargs.update(kwargs)
     residual = hidden_states
     hidden_states = self.input_layernorm(hidden_states)
@@ -196,7 +194,7 @@ def _fused(
     return residual + hidden_states
 
 
-def _forward(self: nn.Module, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+def _forward(self: Any, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     spec: DecoderSpec = self.__dict__[STATE_ATTR]
     if hidden_states.dtype != spec.norm.dtype:
         return type(self).forward(self, hidden_states, *args, **kwargs)
@@ -204,11 +202,11 @@ def _forward(self: nn.Module, hidden_states: Tensor, *args: Any, **kwargs: Any) 
     return _fused(self, spec, hidden_states, args, kwargs, inplace=inplace)
 
 
-def apply_decoder(module: nn.Module, spec: DecoderSpec) -> None:
+def apply_decoder(module: Any, spec: DecoderSpec) -> None:
     module.__dict__[STATE_ATTR] = spec
     module.forward = MethodType(_forward, module)  # type: ignore[method-assign]
 
 
-def revert_decoder(module: nn.Module) -> None:
+def revert_decoder(module: Any) -> None:
     module.__dict__.pop("forward", None)
     module.__dict__.pop(STATE_ATTR, None)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MethodType
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -50,11 +51,11 @@ class MlpSpec:
     how: str
 
 
-def _act_attr(module: nn.Module) -> str | None:
+def _act_attr(module: Any) -> str | None:
     return next((a for a in ACT_ATTRS if callable(getattr(module, a, None))), None)
 
 
-def is_mlp_candidate(module: nn.Module) -> bool:
+def is_mlp_candidate(module: Any) -> bool:
     if not isinstance(getattr(module, "down_proj", None), nn.Module):
         return False
     split = all(isinstance(getattr(module, a, None), nn.Module) for a in ("gate_proj", "up_proj"))
@@ -74,7 +75,7 @@ def _check_linear(name: str, linear: object) -> nn.Linear:
     return linear
 
 
-def analyze_mlp(module: nn.Module) -> MlpSpec:
+def analyze_mlp(module: Any) -> MlpSpec:
     act_attr = _act_attr(module)
     if act_attr is None:
         raise NotApplicable(f"no activation attribute ({', '.join(ACT_ATTRS)})")
@@ -83,7 +84,7 @@ def analyze_mlp(module: nn.Module) -> MlpSpec:
     if split:
         gate = _check_linear("gate_proj", module.gate_proj)
         up = _check_linear("up_proj", module.up_proj)
-        linears = (gate, up, down)
+        linears: tuple[nn.Linear, ...] = (gate, up, down)
         if gate.weight.shape != up.weight.shape:
             raise NotApplicable(
                 f"gate_proj {tuple(gate.weight.shape)} and up_proj {tuple(up.weight.shape)} differ"
@@ -125,7 +126,7 @@ def analyze_mlp(module: nn.Module) -> MlpSpec:
     return MlpSpec(split, act_attr, f"{kind} + silu_and_mul, {how}")
 
 
-def _fused_weight(module: nn.Module) -> tuple[Tensor, Tensor | None]:
+def _fused_weight(module: Any) -> tuple[Tensor, Tensor | None]:
     gate, up = module.gate_proj, module.up_proj
     weight = torch.cat([gate.weight.detach(), up.weight.detach()])
     bias = None if gate.bias is None else torch.cat([gate.bias.detach(), up.bias.detach()])
@@ -133,7 +134,7 @@ def _fused_weight(module: nn.Module) -> tuple[Tensor, Tensor | None]:
 
 
 def _compute(
-    module: nn.Module, spec: MlpSpec, x: Tensor, weight: Tensor | None, bias: Tensor | None
+    module: Any, spec: MlpSpec, x: Tensor, weight: Tensor | None, bias: Tensor | None
 ) -> Tensor:
     if spec.split:
         assert weight is not None
@@ -151,7 +152,7 @@ def _backs(param: Tensor, fused: Tensor, offset: int) -> bool:
     )
 
 
-def _share(module: nn.Module) -> None:
+def _share(module: Any) -> None:
     """(Re)build the fused weight and make the gate/up parameters views of it."""
     weight, bias = _fused_weight(module)
     gate, up = module.gate_proj, module.up_proj
@@ -165,7 +166,7 @@ def _share(module: nn.Module) -> None:
         up.bias.data = bias[n:]
 
 
-def _in_sync(module: nn.Module) -> bool:
+def _in_sync(module: Any) -> bool:
     weight = module._buffers[WEIGHT_BUFFER]
     gate, up = module.gate_proj, module.up_proj
     if weight is None:
@@ -178,7 +179,7 @@ def _in_sync(module: nn.Module) -> bool:
     return _backs(gate.bias, bias, 0) and _backs(up.bias, bias, gate.bias.numel())
 
 
-def _forward(self: nn.Module, x: Tensor) -> Tensor:
+def _forward(self: Any, x: Tensor) -> Tensor:
     spec: MlpSpec = self.__dict__[STATE_ATTR]
     if not spec.split:
         return _compute(self, spec, x, None, None)
@@ -193,7 +194,7 @@ def _forward(self: nn.Module, x: Tensor) -> Tensor:
     return _compute(self, spec, x, self._buffers[WEIGHT_BUFFER], self._buffers[BIAS_BUFFER])
 
 
-def apply_mlp(module: nn.Module, spec: MlpSpec) -> None:
+def apply_mlp(module: Any, spec: MlpSpec) -> None:
     module.__dict__[STATE_ATTR] = spec
     if spec.split:
         with torch.no_grad():
@@ -201,7 +202,7 @@ def apply_mlp(module: nn.Module, spec: MlpSpec) -> None:
     module.forward = MethodType(_forward, module)  # type: ignore[method-assign]
 
 
-def revert_mlp(module: nn.Module) -> None:
+def revert_mlp(module: Any) -> None:
     module.__dict__.pop("forward", None)
     spec = module.__dict__.pop(STATE_ATTR, None)
     if spec is None or not spec.split:

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MethodType
+from typing import Any
 
 import torch
 import vllm_ir as ir
-from torch import Tensor, nn
+from torch import Tensor
 
 from vllm_ir_transformers._checks import NotApplicable, compare, probe_input, weight_problem
 
@@ -45,7 +46,7 @@ class NormSpec:
     how: str
 
 
-def _eps_of(module: nn.Module) -> float | None:
+def _eps_of(module: Any) -> float | None:
     for attr in EPS_ATTRS:
         value = getattr(module, attr, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -53,7 +54,7 @@ def _eps_of(module: nn.Module) -> float | None:
     return None
 
 
-def is_norm_candidate(module: nn.Module) -> bool:
+def is_norm_candidate(module: Any) -> bool:
     """A leaf module with a 1-D ``weight`` and an epsilon attribute."""
     weight = getattr(module, "weight", None)
     if not isinstance(weight, Tensor) or weight.dim() != 1:
@@ -63,7 +64,7 @@ def is_norm_candidate(module: nn.Module) -> bool:
     return any(hasattr(module, attr) for attr in EPS_ATTRS)
 
 
-def analyze_norm(module: nn.Module) -> NormSpec:
+def analyze_norm(module: Any) -> NormSpec:
     """The mapping of ``module`` onto ``rms_norm``; raises :class:`NotApplicable`."""
     weight = module.weight
     assert isinstance(weight, Tensor)
@@ -105,14 +106,14 @@ def analyze_norm(module: nn.Module) -> NormSpec:
     )
 
 
-def _forward(self: nn.Module, hidden_states: Tensor) -> Tensor:
+def _forward(self: Any, hidden_states: Tensor) -> Tensor:
     spec: NormSpec = getattr(self, STATE_ATTR)
     if hidden_states.dtype != spec.dtype:
         return type(self).forward(self, hidden_states)  # not what the probe verified
     return ir.ops.rms_norm(hidden_states, self.weight, spec.eps)
 
 
-def _forward_offset(self: nn.Module, hidden_states: Tensor) -> Tensor:
+def _forward_offset(self: Any, hidden_states: Tensor) -> Tensor:
     spec: NormSpec = getattr(self, STATE_ATTR)
     if hidden_states.dtype != spec.dtype:
         return type(self).forward(self, hidden_states)
@@ -120,18 +121,18 @@ def _forward_offset(self: nn.Module, hidden_states: Tensor) -> Tensor:
     return ir.ops.rms_norm(hidden_states, self.weight + spec.offset, spec.eps)
 
 
-def apply_norm(module: nn.Module, spec: NormSpec) -> None:
+def apply_norm(module: Any, spec: NormSpec) -> None:
     setattr(module, STATE_ATTR, spec)
     fn = _forward if spec.offset == 0.0 else _forward_offset
     module.forward = MethodType(fn, module)  # type: ignore[method-assign]
 
 
-def revert_norm(module: nn.Module) -> None:
+def revert_norm(module: Any) -> None:
     module.__dict__.pop("forward", None)
     module.__dict__.pop(STATE_ATTR, None)
 
 
-def norm_weight(module: nn.Module, spec: NormSpec) -> Tensor:
+def norm_weight(module: Any, spec: NormSpec) -> Tensor:
     """The weight ``rms_norm`` receives for this layer, as of now."""
     weight = module.weight
     assert isinstance(weight, Tensor)
