@@ -57,7 +57,13 @@ ARCHS = [
     # post-norm layers: norms and MLPs, no fused residual add
     Arch("olmo2", "Olmo2Config", "Olmo2ForCausalLM", {}, {"rms_norm": 9, "silu_and_mul": 2}),
     # (1 + weight) norms mapped in float32; GELU MLPs left alone
-    Arch("gemma", "GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}, {"rms_norm": 5, "fused_add_rms_norm": 2}),
+    Arch(
+        "gemma",
+        "GemmaConfig",
+        "GemmaForCausalLM",
+        {"head_dim": 16},
+        {"rms_norm": 5, "fused_add_rms_norm": 2},
+    ),
     # sandwich norms: no fused residual add
     Arch("gemma2", "Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}, {"rms_norm": 9}),
     Arch("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16}, {"rms_norm": 13}),
@@ -68,7 +74,9 @@ def arch_params() -> list[Any]:
     return [
         pytest.param(a, id=a.name)
         if a.available()
-        else pytest.param(a, id=a.name, marks=pytest.mark.skip(reason=f"transformers lacks {a.model}"))
+        else pytest.param(
+            a, id=a.name, marks=pytest.mark.skip(reason=f"transformers lacks {a.model}")
+        )
         for a in ARCHS
     ]
 

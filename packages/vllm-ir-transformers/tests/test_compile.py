@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import LLAMA
-
 import vllm_ir as ir
+from conftest import LLAMA
 from vllm_ir_transformers import kernelize
 
 

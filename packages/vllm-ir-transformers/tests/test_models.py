@@ -9,7 +9,6 @@ import pytest
 import torch
 from conftest import LLAMA, Arch, arch_params
 from torch.utils._python_dispatch import TorchDispatchMode
-
 from vllm_ir_transformers import is_kernelized, kernelize, undo
 
 # float32 models; kernels (cpu_c when installed) differ from torch in summation order only
