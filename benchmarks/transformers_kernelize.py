@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 import transformers
-
 import vllm_ir as ir
 from vllm_ir_transformers import kernelize
 
@@ -118,8 +117,9 @@ def main() -> int:
     probe = torch.randn(1, args.hidden)
     eager_impls = {
         "rms_norm": ir.ops.rms_norm.dispatch(probe, probe[0], 1e-6).provider,
-        "fused_add_rms_norm": ir.ops.fused_add_rms_norm.dispatch(probe, probe, probe[0], 1e-6)
-        .provider,
+        "fused_add_rms_norm": ir.ops.fused_add_rms_norm.dispatch(
+            probe, probe, probe[0], 1e-6
+        ).provider,
         "silu_and_mul": ir.ops.silu_and_mul.dispatch(torch.randn(1, 64)).provider,
     }
     result = {

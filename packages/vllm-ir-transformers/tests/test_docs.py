@@ -22,7 +22,8 @@ def test_transformers_page_examples(tmp_path: Path) -> None:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("core_docs_examples", CORE_DOCS_TEST)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     try:

@@ -14,8 +14,8 @@ import time
 from collections.abc import Sequence
 
 import torch
-
 import vllm_ir as ir
+
 from vllm_ir_transformers import kernelize
 
 
@@ -60,7 +60,9 @@ def demo(args: argparse.Namespace) -> int:
 
     if args.eager_only:
         return 0
-    backend = ir.VllmIRBackend()
+    from vllm_ir.compilation import VllmIRBackend
+
+    backend = VllmIRBackend()
     compiled = torch.compile(model, backend=backend)
     print('\ncompiled (torch.compile, backend="vllm_ir"):')
     with torch.inference_mode():
