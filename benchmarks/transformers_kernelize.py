@@ -70,6 +70,12 @@ def _decode(model: Callable, prompt: torch.Tensor, steps: int) -> tuple[float, t
     return elapsed, torch.cat(tokens, dim=1)
 
 
+def _ratio(samples: dict[str, list[float]], num: str, den: str) -> float:
+    return round(
+        statistics.median(a / b for a, b in zip(samples[num], samples[den], strict=True)), 3
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=512)
@@ -145,11 +151,14 @@ def main() -> int:
         "rounds": args.rounds,
         "decode_tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
         "decode_tokens_per_s_samples": {k: [round(x, 1) for x in v] for k, v in samples.items()},
+        # median of the per-round ratios: a round's samples are taken back to back,
+        # so load that drifts between rounds cancels
         "ratios": {
-            "kernelized_eager / hf_eager": round(tps["kernelized_eager"] / tps["hf_eager"], 3),
-            "kernelized_compiled / hf_compiled": round(
-                tps["kernelized_compiled"] / tps["hf_compiled"], 3
+            "kernelized_eager / hf_eager": _ratio(samples, "kernelized_eager", "hf_eager"),
+            "kernelized_compiled / hf_compiled": _ratio(
+                samples, "kernelized_compiled", "hf_compiled"
             ),
+            "kernelized_compiled / hf_eager": _ratio(samples, "kernelized_compiled", "hf_eager"),
         },
         "same_greedy_tokens_as_hf_eager": same_tokens,
         "warmup_s (incl. compile)": {k: round(v, 1) for k, v in compile_s.items()},
