@@ -6,6 +6,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from conftest import LLAMA
+from vllm_ir.testing import inductor_caches_off
 from vllm_ir_transformers import kernelize
 
 
@@ -18,7 +19,8 @@ def compiled_llama():
     kernelize(model)
     backend = ir.VllmIRBackend()
     compiled = torch.compile(model, backend=backend)
-    with torch.no_grad():
+    # caches off: the passes run (and record their selections) on every run of the tests
+    with torch.no_grad(), inductor_caches_off():
         got = compiled(ids).logits
     return want, got, backend
 
