@@ -4,7 +4,10 @@
 * core depends on torch through a range, never a pin;
 * providers depend on ``vllm-ir-core`` through a compatible range
   (``>=X.Y,<X+1``), never on another provider, and declare a
-  ``vllm_ir.providers`` entry point.
+  ``vllm_ir.providers`` entry point;
+* integrations (``vllm-ir-transformers``) depend on core the same way and on
+  no provider, and declare no provider entry point: they use whichever
+  providers are installed.
 
     python tools/check_wheels.py DIST_DIR
 """
@@ -18,6 +21,7 @@ from email.parser import Parser
 from pathlib import Path
 
 CORE = "vllm-ir-core"
+INTEGRATIONS = frozenset({"vllm-ir-transformers"})
 
 
 def _metadata(wheel: zipfile.ZipFile) -> tuple[dict[str, list[str]], str]:
@@ -52,7 +56,10 @@ def check(path: Path) -> list[str]:
     others = [r for r in runtime if r.startswith("vllm-ir-") and not r.startswith(CORE)]
     if others:
         problems.append(f"{name}: providers must not depend on each other: {others}")
-    if "[vllm_ir.providers]" not in eps:
+    if name in INTEGRATIONS:
+        if "[vllm_ir.providers]" in eps:
+            problems.append(f"{name}: an integration must not register a provider")
+    elif "[vllm_ir.providers]" not in eps:
         problems.append(f"{name}: no vllm_ir.providers entry point")
     return problems
 

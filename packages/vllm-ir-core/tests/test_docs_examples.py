@@ -25,7 +25,10 @@ rendered, as the nearest non-blank line before its fence::
 
     <!-- docs-test: skip -->
 
-Use it sparingly: a skipped example is not tested at all. Blocks in other
+Use it sparingly: a skipped example is not tested at all. A page about a
+package other than core names the modules its examples import with
+``<!-- docs-test: requires vllm_ir_transformers, transformers -->``; it is
+skipped where they are not installed (that package's tests run it). Blocks in other
 languages (``text``, ``toml``, ``console`` ...) are never run.
 
 ``VLLM_*`` environment variables are removed and ``VLLM_IR_PROVIDERS=none``
@@ -52,6 +55,7 @@ import pytest
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 SKIP_MARKER = "<!-- docs-test: skip -->"
+_REQUIRES = re.compile(r"<!--\s*docs-test:\s*requires\s+(?P<modules>[\w., ]+?)\s*-->")
 _DIRECTIVE = re.compile(r"<!--\s*docs-test\b.*?-->")
 _FENCE_OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")
 PYTHON_INFO = {"python", "py"}
@@ -77,10 +81,14 @@ def extract_python_blocks(text: str) -> list[Block]:
             if lines[i].strip():
                 previous = lines[i].strip()
                 directive = _DIRECTIVE.search(previous)
-                if directive and directive.group(0) != SKIP_MARKER:
+                if (
+                    directive
+                    and directive.group(0) != SKIP_MARKER
+                    and not _REQUIRES.fullmatch(directive.group(0))
+                ):
                     raise ValueError(
                         f"line {i + 1}: unknown docs-test directive {directive.group(0)!r}; "
-                        f"the only one is {SKIP_MARKER!r}"
+                        f"known: {SKIP_MARKER!r}, '<!-- docs-test: requires MODULE, ... -->'"
                     )
             i += 1
             continue
@@ -196,7 +204,11 @@ def _pages() -> list[Any]:
 @pytest.mark.parametrize("page", _pages())
 def test_page_examples(page: Path, tmp_path: Path) -> None:
     name = Path(os.path.relpath(page, DOCS.parent)).as_posix()  # docs/<page>.md
-    blocks = extract_python_blocks(page.read_text(encoding="utf-8"))
+    text = page.read_text(encoding="utf-8")
+    for match in _REQUIRES.finditer(text):
+        for module in match["modules"].replace(",", " ").split():
+            pytest.importorskip(module, reason=f"{name} needs {module}")
+    blocks = extract_python_blocks(text)
     runnable = [{"line": b.line, "code": b.code} for b in blocks if not b.skipped]
     if not runnable:
         pytest.skip(f"{name} has no runnable python examples")

@@ -1,0 +1,64 @@
+"""Checks shared by the layer analyses: can a weight be handed to an IR op, and
+do two probe results agree.
+
+A layer is only replaced when its weights are plain, materialized floating-point
+tensors and a probe shows that the replacement computes what the layer computes.
+Each check returns ``None`` when it passes and the reason otherwise, so the
+analyses can collect reasons for the report instead of raising.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from vllm_ir.tolerances import Tolerance
+
+__all__ = ["NotApplicable", "compare", "probe_input", "weight_problem"]
+
+FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
+
+
+class NotApplicable(Exception):
+    """A layer cannot be replaced; the message is the reason shown in the report."""
+
+
+def weight_problem(name: str, tensor: Tensor | None) -> str | None:
+    """Why ``tensor`` cannot be passed to an IR op, or ``None`` if it can."""
+    if tensor is None:
+        return f"{name} is None"
+    data = tensor.data if isinstance(tensor, nn.Parameter) else tensor
+    if type(data) is not torch.Tensor:
+        # DTensor, quantized tensor subclasses, FakeTensor, ...
+        return f"{name} is a {type(data).__name__}, not a plain tensor (sharded or quantized?)"
+    if data.is_meta:
+        return f"{name} is on the meta device (not materialized)"
+    if data.dtype not in FLOAT_DTYPES:
+        return f"{name} has dtype {data.dtype} (quantized?); supported: float32, float16, bfloat16"
+    if data.layout is not torch.strided:
+        return f"{name} has layout {data.layout}, not strided"
+    return None
+
+
+def probe_input(shape: tuple[int, ...], like: Tensor, seed: int = 0) -> Tensor:
+    """A deterministic random activation with ``like``'s dtype and device."""
+    gen = torch.Generator().manual_seed(seed)
+    x = 2.0 * torch.randn(*shape, generator=gen) + 0.25
+    return x.to(dtype=like.dtype, device=like.device)
+
+
+def compare(got: Tensor, want: Tensor, tol: Tolerance) -> tuple[bool, str]:
+    """``(agrees, how)``: bit-exact, within ``tol``, or the largest difference."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return (
+            False,
+            f"result {tuple(got.shape)} {got.dtype}, expected {tuple(want.shape)} {want.dtype}",
+        )
+    if torch.equal(got, want):
+        return True, "bit-exact on the probe"
+    try:
+        torch.testing.assert_close(got, want, atol=tol.atol, rtol=tol.rtol)
+    except AssertionError:
+        diff = (got.float() - want.float()).abs().max().item()
+        return False, f"max abs difference {diff:.3g} beyond atol={tol.atol}, rtol={tol.rtol}"
+    diff = (got.float() - want.float()).abs().max().item()
+    return True, f"within tolerance on the probe (max abs difference {diff:.3g})"

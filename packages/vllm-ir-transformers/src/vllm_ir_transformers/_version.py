@@ -1,0 +1,3 @@
+"""The version of vllm-ir-transformers."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,84 @@
+"""Tiny randomly initialised transformers models, built from configs (no downloads)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    config: str
+    model: str
+    extra: dict[str, Any]
+    expected: dict[str, int]
+    """Replacements per op in the 2-layer model."""
+
+    def available(self) -> bool:
+        return hasattr(transformers, self.config) and hasattr(transformers, self.model)
+
+    def build(self, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        config = getattr(transformers, self.config)(**SMALL, **self.extra)
+        model = getattr(transformers, self.model)(config).to(dtype).eval()
+        # Gemma initialises norm weights to zero; random weights make the test meaningful
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 1 and "norm" in name:
+                    p.copy_(0.2 * torch.randn_like(p) + (0.0 if "gemma" in self.name else 1.0))
+        return model
+
+
+LLAMA_LIKE = {"rms_norm": 5, "silu_and_mul": 2, "fused_add_rms_norm": 2}
+ARCHS = [
+    Arch("llama", "LlamaConfig", "LlamaForCausalLM", {}, LLAMA_LIKE),
+    Arch("mistral", "MistralConfig", "MistralForCausalLM", {}, LLAMA_LIKE),
+    Arch("qwen2", "Qwen2Config", "Qwen2ForCausalLM", {}, LLAMA_LIKE),
+    # q_norm and k_norm per layer too
+    Arch("qwen3", "Qwen3Config", "Qwen3ForCausalLM", {}, {**LLAMA_LIKE, "rms_norm": 9}),
+    Arch("phi3", "Phi3Config", "Phi3ForCausalLM", {}, LLAMA_LIKE),
+    # post-norm layers: norms and MLPs, no fused residual add
+    Arch("olmo2", "Olmo2Config", "Olmo2ForCausalLM", {}, {"rms_norm": 9, "silu_and_mul": 2}),
+    # (1 + weight) norms mapped in float32; GELU MLPs left alone
+    Arch(
+        "gemma",
+        "GemmaConfig",
+        "GemmaForCausalLM",
+        {"head_dim": 16},
+        {"rms_norm": 5, "fused_add_rms_norm": 2},
+    ),
+    # sandwich norms: no fused residual add
+    Arch("gemma2", "Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}, {"rms_norm": 9}),
+    Arch("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16}, {"rms_norm": 13}),
+]
+
+
+def arch_params() -> list[Any]:
+    return [
+        pytest.param(a, id=a.name)
+        if a.available()
+        else pytest.param(
+            a, id=a.name, marks=pytest.mark.skip(reason=f"transformers lacks {a.model}")
+        )
+        for a in ARCHS
+    ]
+
+
+LLAMA = ARCHS[0]
