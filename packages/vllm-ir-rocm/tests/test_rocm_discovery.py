@@ -46,7 +46,7 @@ def test_explain_on_rocm_shows_aiter_first_and_why_it_is_skipped() -> None:
     out = done.stdout
     assert "1. aiter  <- rocm eager default of vllm-ir-rocm" in out
     assert "2. vllm_c  <- rocm eager default of vllm-ir-rocm" in out
-    assert "aiter: rejected (not supported on this platform: torch" in out
+    assert "aiter: rejected: not supported on this platform: torch" in out
     assert "selected: aiter" not in out  # native, or another installed provider
     # the reason, logged when the provider registered its impls
     assert "provider 'aiter' registered as unsupported: torch" in done.stderr

@@ -50,7 +50,7 @@ def test_explain_on_xpu_shows_xpu_kernels_first_and_why_it_is_skipped() -> None:
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "1. xpu_kernels  <- xpu eager default of vllm-ir-xpu" in out
-    assert "xpu_kernels: rejected (not supported on this platform: torch" in out
+    assert "xpu_kernels: rejected: not supported on this platform: torch" in out
     assert "selected: xpu_kernels" not in out  # native, or another installed provider
     # the reason, logged when the provider registered its impls
     assert "provider 'xpu_kernels' registered as unsupported: torch" in done.stderr
