@@ -35,7 +35,7 @@ TYPES = {
     "static_scaled_fp8_quant_kernel": {**ROWS, **FP8_OUT, "scale_ptr": "*fp32", "n_cols": "i32"},
     "dynamic_per_token_fp8_quant_kernel": {**ROWS, **FP8_OUT, "scales_ptr": "*fp32",
                                            "ub_ptr": "*fp32", "n_cols": "i32",
-                                           "min_scale": "fp32"},
+                                           "min_scale": "fp32", "inv_fp8_max": "fp32"},
 }
 # bfloat16 exercises the rounding helper; both loop shapes, with and without weight,
 # FP8 quantization on and off
@@ -51,8 +51,8 @@ VARIANTS = {
     "silu_and_mul_kernel": [("bf16", {})],
     "static_scaled_fp8_quant_kernel": [("fp16", {})],
     "dynamic_per_token_fp8_quant_kernel": [
-        ("bf16", {"HAS_UB": True, "SINGLE_PASS": True}),
-        ("fp32", {"HAS_UB": False, "SINGLE_PASS": False}),
+        ("bf16", {"HAS_UB": True, "RECIPROCAL_SCALE": True, "SINGLE_PASS": True}),
+        ("fp32", {"HAS_UB": False, "RECIPROCAL_SCALE": False, "SINGLE_PASS": False}),
     ],
 }
 TARGETS = {"nvidia": GPUTarget("cuda", 90, 32), "amd": GPUTarget("hip", "gfx942", 64)}
