@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from vllm_ir.cli import tune
 from vllm_ir.cli.args import call_args_for, parse_assignments, parse_dtype, parse_op, parse_shape
 from vllm_ir.dispatch import describe
 from vllm_ir.platform import current_platform
@@ -34,6 +35,10 @@ def run(args: argparse.Namespace) -> int:
             mark = "accepted" if decision.accepted else "rejected"
             print(f"    {decision.entry.provider}: {mark} ({decision.reason})")
         print(f"  selected: {selection.impl.provider}")
+        if mode == "compiled" and args.autotune:
+            tune.explain_autotune(op, call)
+    if args.tuned:
+        tune.explain_tuned(args.tuned, op)
     return 0
 
 
@@ -48,6 +53,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--arg", action="append", default=[], metavar="NAME=VALUE", help="a non-tensor argument"
     )
+    parser.add_argument(
+        "--autotune", action="store_true", help="compiled mode: measure as autotuning does"
+    )
+    parser.add_argument("--tuned", metavar="FILE", help="show the measurements in a tune file")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--compiled", action="store_true", help="compiled mode only")
     which.add_argument("--eager", action="store_true", help="eager mode only")

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from vllm_ir._version import __version__
-from vllm_ir.cli import bench, demo, explain, ops_cmd
+from vllm_ir.cli import bench, demo, explain, ops_cmd, tune
 from vllm_ir.cli.args import UsageError, add_priority_help
 from vllm_ir.config import parse_ir_op_priority_args, parse_ir_pass_args
 
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vllm-ir {__version__}")
     add_priority_help(parser)
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for module in (ops_cmd, explain, bench, demo):
+    for module in (ops_cmd, explain, bench, demo, tune):
         module.add_parser(subparsers)
     for sub in subparsers.choices.values():
         add_priority_help(sub)

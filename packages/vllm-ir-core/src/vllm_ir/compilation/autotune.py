@@ -128,12 +128,15 @@ class TuningRecord:
     winner: str
     margin: float
     from_cache: bool = False
+    tuning_s: float = 0.0
+    """Seconds this decision took to measure (0 when read from the cache)."""
     nodes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("nodes")
         d.pop("from_cache")
+        d.pop("tuning_s")
         d["candidates"] = list(self.candidates)
         return d
 
@@ -276,7 +279,7 @@ def _compile_alone(fn: Callable[..., object], tensors: list[torch.Tensor]) -> Ca
     )
     with inductor_config.patch(hooks):
         gm = make_fx(fn)(*tensors)
-        return compile_fx(gm, tensors)  # type: ignore[no-any-return]
+        return compile_fx(gm, tensors)  # type: ignore[return-value]
 
 
 def measure(
@@ -393,8 +396,9 @@ class Autotuner:
             start = time.perf_counter()
             times = measure(op, impls, args, self.timer)
             winner = decide(times, order, self.margin, self.tie_tolerance)
-            record = TuningRecord(op.name, order, times, winner, self.margin)
-            logger.debug("autotune %s: tuned in %.2f s", op.name, time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            record = TuningRecord(op.name, order, times, winner, self.margin, tuning_s=elapsed)
+            logger.debug("autotune %s: tuned in %.2f s", op.name, elapsed)
             if cache is not None:
                 cache.put(key, record.to_json())
         logger.debug(
