@@ -376,6 +376,7 @@ class Autotuner:
         record = self.records.get(key) or self._lookup(op, key, impls, args)
         if node not in record.nodes:
             record.nodes.append(node)
+            logger.debug("autotune: node %s (%s) lowered to %s", node, op.name, record.winner)
             ctx = _current_context()
             if ctx is not None:
                 ctx.autotuned[node] = record

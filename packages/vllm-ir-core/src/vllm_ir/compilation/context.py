@@ -67,7 +67,8 @@ class PassContext:
     timings_ms: dict[str, float] = field(default_factory=dict)
     fusions: dict[str, int] = field(default_factory=dict)
     autotuned: dict[str, Any] = field(default_factory=dict)
-    """With ``autotune``: node name -> its ``TuningRecord`` (candidates, times, winner)."""
+    """With ``autotune``: node name -> its ``TuningRecord`` (candidates, times, winner),
+    for every node that had more than one candidate."""
     from_cache: bool = False
     """Inductor served the graph from its caches, so no pass ran and the
     fields above are empty; disable ``fx_graph_cache`` (and
