@@ -275,3 +275,18 @@ def test_cli_flags_and_kernel_config(tmp_path: Path) -> None:
         ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority=@{tmp_path / 'missing.json'}"])
     with pytest.raises(ValueError, match="autotune_margin"):
         ir.KernelConfig(autotune=True, autotune_margin=-0.1)
+
+
+def test_compiled_call_overhead_is_taken_off_native(
+    op: ir.IrOp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_ir.compilation import autotune
+
+    monkeypatch.setattr(autotune, "_overheads", {"cpu": 2.0})  # as if measured
+    times = {"native": 10.0, "slow": 8.5, "fast": 9.9, "invariant": 9.9}  # slow: 15 % faster
+    assert choose(op, Autotuner(timer=FakeTimer(times), persist=False), ALL) == "slow"
+    tuner = Autotuner(timer=FakeTimer(times), persist=False, subtract_overhead=True)
+    with op.set_priority(ALL), compiled_selection(), pass_context() as ctx:
+        assert tuner.choose(op, "n", (X, 2.0)).provider == "native"  # native: 8.0
+    assert ctx.autotuned["n"].native_overhead_s == 2.0
+    assert ctx.autotuned["n"].times_s["native"] == 8.0
