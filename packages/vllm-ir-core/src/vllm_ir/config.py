@@ -15,23 +15,30 @@ import contextlib
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from vllm_ir.op import IrOp, get_op
 from vllm_ir.priority import scoped_priority, set_process_priority
 
 __all__ = [
+    "AUTOTUNE_FLAG",
     "CLI_FLAG",
+    "DEFAULT_AUTOTUNE_MARGIN",
     "IR_PASSES",
     "IrPassConfig",
     "parse_ir_pass_args",
     "clear_process_priority",
     "IrOpPriorityConfig",
     "KernelConfig",
+    "parse_ir_autotune_args",
     "parse_ir_op_priority_args",
 ]
 
 CLI_FLAG = "--ir-op-priority"
+
+DEFAULT_AUTOTUNE_MARGIN = 0.10
+"""Autotuning: a kernel must beat Inductor-compiled native by 10 % (it cannot fuse)."""
 
 _MAX_JSON_DEPTH = 32  # a priority map nests two levels; deeper input is not a priority map
 
@@ -87,6 +94,12 @@ class IrOpPriorityConfig:
         if rest:
             raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
         return config
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> IrOpPriorityConfig:
+        """From a JSON file (a path) or text: ``{"OP": ["a", "b"]}``, or a document
+        holding that map under ``"ir_op_priority"`` (what ``vllm-ir tune`` writes)."""
+        return cls.from_dict(_parse_json(_read_json_source(source)))
 
     def to_dict(self) -> dict[str, list[str]]:
         return {op: list(p) for op, p in self._priorities.items()}
@@ -213,8 +226,21 @@ class KernelConfig:
         default_factory=IrOpPriorityConfig
     )
     ir_passes: IrPassConfig | Mapping[str, bool] = field(default_factory=IrPassConfig)
+    autotune: bool = False
+    """Compiled mode: choose each IR node's impl by measurement (docs/compile.md, Autotuning)."""
+    autotune_margin: float = DEFAULT_AUTOTUNE_MARGIN
+    """How much faster than Inductor-compiled native a kernel must be to be chosen."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.autotune, bool):
+            raise TypeError(f"autotune must be a bool, got {_short(self.autotune)}")
+        if not isinstance(self.autotune_margin, (int, float)) or not (
+            0.0 <= self.autotune_margin < 1.0
+        ):
+            raise ValueError(
+                f"autotune_margin must be a fraction in [0, 1), e.g. 0.1, "
+                f"got {_short(self.autotune_margin)}"
+            )
         if not isinstance(self.ir_op_priority, IrOpPriorityConfig):
             self.ir_op_priority = IrOpPriorityConfig.from_dict(self.ir_op_priority)
         if not isinstance(self.ir_passes, IrPassConfig):
@@ -239,6 +265,57 @@ class KernelConfig:
 
     def apply(self, *, replace: bool = False) -> None:
         self.priority.apply(replace=replace)
+
+    @classmethod
+    def from_cli_args(cls, argv: Sequence[str]) -> KernelConfig:
+        """``--ir-op-priority...``, ``--ir-pass.NAME=...`` and ``--ir-autotune[=...]``."""
+        priority, rest = parse_ir_op_priority_args(argv)
+        passes, rest = parse_ir_pass_args(rest)
+        autotune, margin, rest = parse_ir_autotune_args(rest)
+        if rest:
+            raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
+        return cls(priority, passes, autotune, margin)
+
+    def backend(self, **kwargs: Any) -> Any:
+        """A ``VllmIRBackend`` with these settings (``kwargs`` go to it too)."""
+        from vllm_ir.compilation.autotune import Autotuner
+        from vllm_ir.compilation.backend import VllmIRBackend
+
+        tuner = Autotuner(margin=self.autotune_margin) if self.autotune else False
+        return VllmIRBackend(
+            priority=self.priority, passes=self.ir_passes, autotune=tuner, **kwargs
+        )
+
+
+AUTOTUNE_FLAG = "--ir-autotune"
+
+
+def parse_ir_autotune_args(argv: Sequence[str]) -> tuple[bool, float, list[str]]:
+    """Split ``--ir-autotune`` (on), ``--ir-autotune=on|off`` and
+    ``--ir-autotune.margin=0.05`` out of ``argv``.
+
+    >>> parse_ir_autotune_args(["--ir-autotune", "--ir-autotune.margin=0.05", "-v"])
+    (True, 0.05, ['-v'])
+    """
+    on, margin, rest = False, DEFAULT_AUTOTUNE_MARGIN, []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        if flag == AUTOTUNE_FLAG:
+            if eq and value.strip().lower() not in _ON:
+                raise ValueError(f"{arg!r}: expected {AUTOTUNE_FLAG}, or ={{on,off}}")
+            on = _ON[value.strip().lower()] if eq else True
+        elif flag == AUTOTUNE_FLAG + ".margin":
+            try:
+                margin = float(value)
+            except ValueError:
+                raise ValueError(
+                    f"{arg!r}: the margin is a fraction, e.g. {AUTOTUNE_FLAG}.margin=0.1"
+                ) from None
+            if not 0.0 <= margin < 1.0:
+                raise ValueError(f"{arg!r}: the margin must be in [0, 1)")
+        else:
+            rest.append(arg)
+    return on, margin, rest
 
 
 def clear_process_priority() -> None:
@@ -276,6 +353,23 @@ def _parse_json(value: str) -> dict[str, Any]:
             f"{CLI_FLAG} JSON must map op names to lists of provider names, got {_short(value)}"
         )
     return parsed
+
+
+def _read_json_source(source: str | Path) -> str:
+    """JSON text from ``source``: a path (``Path``, or text not starting with ``{``)."""
+    if isinstance(source, str) and source.lstrip().startswith("{"):
+        return source
+    path = Path(source)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"{CLI_FLAG}=@{path}: cannot read the file ({e.strerror})") from None
+    if _nesting_depth(text) <= _MAX_JSON_DEPTH:
+        with contextlib.suppress(json.JSONDecodeError):
+            doc = json.loads(text)
+            if isinstance(doc, dict) and isinstance(doc.get("ir_op_priority"), dict):
+                return json.dumps(doc["ir_op_priority"])  # a `vllm-ir tune` document
+    return text
 
 
 def _nesting_depth(text: str) -> int:
@@ -320,7 +414,8 @@ def parse_ir_op_priority_args(
 
     Accepts ``--ir-op-priority.OP=a,b`` / ``--ir-op-priority.OP a,b`` (repeatable,
     later flags win per op) and ``--ir-op-priority '{"OP": ["a", "b"]}'`` /
-    ``--ir-op-priority={...}``. Returns the config and the other arguments.
+    ``--ir-op-priority={...}``, or ``--ir-op-priority=@FILE`` (a JSON file, e.g.
+    the output of ``vllm-ir tune``). Returns the config and the other arguments.
     Malformed flags, unknown ops and unknown providers raise ``ValueError``.
 
     >>> config, rest = parse_ir_op_priority_args(
@@ -346,7 +441,9 @@ def parse_ir_op_priority_args(
             if value.startswith("--"):  # provider lists never start so: a missing value
                 raise ValueError(f"{flag} expects a value, got the next flag {_short(value)}")
             i += 1
-        if flag == CLI_FLAG:
+        if flag == CLI_FLAG and value.startswith("@"):  # @file: a JSON file
+            priorities.update(_parse_json(_read_json_source(Path(value[1:]))))
+        elif flag == CLI_FLAG:
             priorities.update(_parse_json(value))
         elif flag.startswith(CLI_FLAG + "."):
             op_name = flag[len(CLI_FLAG) + 1 :].replace("-", "_")

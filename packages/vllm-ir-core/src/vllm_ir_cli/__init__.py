@@ -30,6 +30,7 @@ COMMANDS = {
     "explain": "vllm_ir.cli.explain",
     "bench": "vllm_ir.cli.bench",
     "demo": "vllm_ir.cli.demo",
+    "tune": "vllm_ir.cli.tune",
 }
 """Command name -> the module whose ``run(args)`` carries it out."""
 
@@ -119,6 +120,10 @@ def _add_explain(subparsers: argparse._SubParsersAction) -> None:
         metavar="NAME=VALUE",
         help="a non-tensor argument, as a Python literal (repeatable)",
     )
+    parser.add_argument(
+        "--autotune", action="store_true", help="compiled mode: measure as autotuning does"
+    )
+    parser.add_argument("--tuned", metavar="FILE", help="show the measurements in a tune file")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--compiled", action="store_true", help="compiled mode only")
     which.add_argument("--eager", action="store_true", help="eager mode only")
@@ -173,6 +178,24 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
     _add_threads(parser, 1)
 
 
+def _add_tune(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "tune", help="measure candidate impls on this machine and write a priority config"
+    )
+    parser.add_argument("--ops", default="", help="comma-separated ops (default: all)")
+    parser.add_argument(
+        "--shapes",
+        default="decode=1x4096,prefill=4096x4096",
+        help="NAME=SHAPE items, dims joined by x (default decode=1x4096,prefill=4096x4096)",
+    )
+    parser.add_argument("--dtype", default="bf16", help="fp32, fp16 or bf16 (default bf16)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--runs", type=POSITIVE, default=25, help="timed calls per candidate (default 25)"
+    )
+    parser.add_argument("--out", required=True, help="the JSON file to write")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="vllm-ir",
@@ -181,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_Version)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_ops, _add_explain, _add_bench, _add_demo):
+    for add in (_add_ops, _add_explain, _add_bench, _add_demo, _add_tune):
         add(subparsers)
     for sub in subparsers.choices.values():
         sub.epilog = _SELECTION_HELP

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from vllm_ir import envs
+from vllm_ir.cli import tune
 from vllm_ir.cli.args import (
     call_args_for,
     parse_assignments,
@@ -74,4 +75,8 @@ def run(args: argparse.Namespace) -> int:
         for line in candidate_lines(op, call, mode):
             print(f"    {line}")
         print(f"  selected: {op.select(*call, mode=mode).impl.provider}")
+        if mode == "compiled" and args.autotune:
+            tune.explain_autotune(op, call)
+    if args.tuned:
+        tune.explain_tuned(args.tuned, op)
     return 0

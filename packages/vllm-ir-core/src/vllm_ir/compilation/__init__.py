@@ -1,5 +1,6 @@
 """vllm-ir's torch.compile integration: the backend and its passes."""
 
+from vllm_ir.compilation.autotune import Autotuner, Timer, TuningRecord, WallClockTimer
 from vllm_ir.compilation.backend import ComposedPass, VllmIRBackend, compile, vllm_ir_backend
 from vllm_ir.compilation.clone_elimination import CloneEliminationPass, eliminate_clones
 from vllm_ir.compilation.context import PassContext, get_pass_context, pass_context
@@ -11,6 +12,7 @@ from vllm_ir.compilation.sequence_parallel import SequenceParallelismPass
 
 __all__ = [
     "DUMP_ENV",
+    "Autotuner",
     "CloneEliminationPass",
     "ComposedPass",
     "InplaceFunctionalizationPass",
@@ -18,8 +20,11 @@ __all__ = [
     "NormQuantFusionPass",
     "PassContext",
     "SequenceParallelismPass",
+    "Timer",
+    "TuningRecord",
     "VllmIRBackend",
     "VllmIRPass",
+    "WallClockTimer",
     "compile",
     "eliminate_clones",
     "get_pass_context",

@@ -24,6 +24,7 @@ from torch import fx
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from vllm_ir.compilation.autotune import Autotuner
 from vllm_ir.compilation.clone_elimination import CloneEliminationPass
 from vllm_ir.compilation.context import PassContext, pass_context
 from vllm_ir.compilation.functionalize import InplaceFunctionalizationPass
@@ -105,6 +106,7 @@ class VllmIRBackend:
         options: Mapping[str, Any] | None = None,
         ir_passes: Sequence[Callable[[fx.Graph], Any]] = (),
         passes: IrPassConfig | Mapping[str, bool] | None = None,
+        autotune: bool | Autotuner = False,
     ) -> None:
         given: Mapping[str, Sequence[str]]
         if priority is None:
@@ -115,6 +117,9 @@ class VllmIRBackend:
             given = IrOpPriorityConfig.from_dict(priority).to_dict()
         # every op pinned, so later priority changes never reach this backend
         self.lowering_pass = LoweringPass({**_user_priorities(), **given})
+        # autotune: the lowering times the candidates its priorities accept
+        self.autotuner = Autotuner() if autotune is True else autotune or None
+        self.lowering_pass.autotuner = self.autotuner
         if not isinstance(passes, IrPassConfig):
             passes = IrPassConfig(**(passes or {}))
         self.passes = passes
@@ -200,6 +205,7 @@ def compile(
     options: Mapping[str, Any] | None = None,
     ir_passes: Sequence[Callable[[fx.Graph], Any]] = (),
     passes: IrPassConfig | Mapping[str, bool] | None = None,
+    autotune: bool | Autotuner = False,
     **torch_compile_kwargs: Any,
 ) -> Any:
     """``torch.compile(model, backend=VllmIRBackend(...), **torch_compile_kwargs)``.
@@ -207,7 +213,9 @@ def compile(
     The backend is reachable as ``compiled.vllm_ir_backend`` where the result
     accepts attributes (modules and functions do).
     """
-    backend = VllmIRBackend(priority=priority, options=options, ir_passes=ir_passes, passes=passes)
+    backend = VllmIRBackend(
+        priority=priority, options=options, ir_passes=ir_passes, passes=passes, autotune=autotune
+    )
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     with contextlib.suppress(AttributeError):
         compiled.vllm_ir_backend = backend  # type: ignore[attr-defined]

@@ -6,6 +6,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "DONATED_INPUTS_META",
@@ -65,6 +66,9 @@ class PassContext:
     clones_kept: dict[str, str] = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
     fusions: dict[str, int] = field(default_factory=dict)
+    autotuned: dict[str, Any] = field(default_factory=dict)
+    """With ``autotune``: node name -> its ``TuningRecord`` (candidates, times, winner),
+    for every node that had more than one candidate."""
     from_cache: bool = False
     """Inductor served the graph from its caches, so no pass ran and the
     fields above are empty; disable ``fx_graph_cache`` (and

@@ -70,6 +70,8 @@ class LoweringPass:
 
     def __init__(self, priorities: Mapping[str, Sequence[str]]) -> None:
         self.priorities = {op: tuple(p) for op, p in priorities.items()}
+        self.autotuner: Any = None
+        """An ``Autotuner`` choosing impls by measurement, or None: ``op.dispatch``."""
         self.selected_impls: dict[str, dict[str, str]] = {}
         self._traced: dict[tuple[Any, ...], tuple[fx.GraphModule, frozenset[fx.Node]]] = {}
         self.pre = _LoweringStage(self, inplace=False)
@@ -91,6 +93,8 @@ class LoweringPass:
                 impls = op.impls
                 sources = [source_hash(impls[p].impl_fn) for p in entries if p in impls]
                 state.append((name, tuple(entries), tuple(sources)))
+        if self.autotuner is not None:
+            state.append(self.autotuner.cache_state())
         return tuple(state)
 
     def lower(self, graph: fx.Graph, *, inplace: bool) -> None:
@@ -124,7 +128,10 @@ class LoweringPass:
         op = ir_op_of(node)
         args = call_args(node, op)
         fake_args = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
-        impl = op.dispatch(*fake_args)
+        if self.autotuner is None:
+            impl = op.dispatch(*fake_args)
+        else:
+            impl = self.autotuner.choose(op, node.name, fake_args)
         if impl.inplace and not inplace:
             return 0
         self.selected_impls.setdefault(op.name, {})[node.name] = impl.provider

@@ -1,0 +1,166 @@
+"""``vllm-ir tune``: measure each op's candidate impls here, write a priority config.
+
+For eager deployments, where no compiler chooses: every impl eager selection
+would accept is timed at each named shape (``native`` eagerly, as eager runs
+it), and each op gets a priority list ordered by measurement. The output loads
+with ``--ir-op-priority=@tuned.json`` or ``IrOpPriorityConfig.from_json``, and
+keeps the measured times, which ``vllm-ir explain OP --tuned tuned.json`` shows.
+
+A priority list is per op, not per shape (selection may not depend on sizes),
+so the list orders providers by their time relative to the fastest, averaged
+geometrically over the shapes; each shape's own winner is recorded too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vllm_ir.cli.args import UsageError, call_args_for, parse_dtype, parse_op, parse_shape
+from vllm_ir.compilation.autotune import (
+    DEFAULT_MARGIN,
+    WallClockTimer,
+    candidates,
+    decide,
+    measure,
+)
+from vllm_ir.compilation.tuning_cache import environment
+from vllm_ir.op import IrOp
+
+__all__ = ["explain_autotune", "explain_tuned", "parse_named_shapes", "run", "tune"]
+
+_TIE = 0.02  # within 2 % of the fastest: a tie, the earlier priority keeps its place
+
+
+def parse_named_shapes(text: str) -> dict[str, tuple[int, ...]]:
+    """``"decode=1x4096,prefill=4096x4096"`` (names optional) -> ``{name: shape}``."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, eq, shape = item.rpartition("=")
+        if "," in shape or not shape:
+            raise UsageError(f"--shapes item {item!r}: dims are joined by x, e.g. decode=1x4096")
+        shapes[name if eq else shape] = parse_shape(shape)
+    if not shapes:
+        raise UsageError("--shapes is empty; e.g. --shapes decode=1x4096,prefill=4096x4096")
+    return shapes
+
+
+def tune(
+    ops: list[IrOp],
+    shapes: dict[str, tuple[int, ...]],
+    dtype: torch.dtype,
+    device: str,
+    timer: Any,
+) -> dict[str, Any]:
+    """The ``vllm-ir tune`` document (see module doc) for ``ops`` at ``shapes``."""
+    priority: dict[str, list[str]] = {}
+    measured: dict[str, Any] = {}
+    for op in ops:
+        per_shape: dict[str, Any] = {}
+        order: list[str] = []
+        for name, shape in shapes.items():
+            call = call_args_for(op, shape, dtype, device)
+            impls = candidates(op, call, mode="eager")
+            order = order or [i.provider for i in impls]
+            times = measure(op, impls, call, timer, compiled_native=False)
+            per_shape[name] = {
+                "shape": list(shape),
+                "times_us": {p: round(t * 1e6, 3) for p, t in times.items()},
+                "winner": decide(times, [i.provider for i in impls], 0.0, _TIE),
+            }
+        if len(order) < 2:
+            continue  # nothing to choose: leave the op to its defaults
+        priority[op.name] = _rank(order, per_shape)
+        measured[op.name] = per_shape
+    return {
+        "ir_op_priority": priority,
+        "measured": measured,
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": device,
+        "environment": environment(torch.device(device)),
+    }
+
+
+def _rank(order: list[str], per_shape: dict[str, Any]) -> list[str]:
+    """Providers by geometric mean of time / fastest time over the shapes."""
+
+    def score(provider: str) -> float:
+        ratios = []
+        for result in per_shape.values():
+            times = result["times_us"]
+            if provider not in times:
+                return math.inf
+            ratios.append(times[provider] / max(min(times.values()), 1e-9))
+        return math.exp(sum(map(math.log, ratios)) / len(ratios))
+
+    scores = {p: score(p) for p in order}
+    best = min(scores.values())
+    # ties keep priority order: quantize relative to the best
+    return sorted(order, key=lambda p: (scores[p] > best * (1 + _TIE), scores[p], order.index(p)))
+
+
+def explain_tuned(path: str, op: IrOp) -> None:
+    """Print the measurements behind ``op``'s list in a ``vllm-ir tune`` file."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--tuned {path}: cannot read a vllm-ir tune file ({e})") from None
+    if not isinstance(doc, dict) or "measured" not in doc:
+        raise UsageError(f"--tuned {path}: not a vllm-ir tune file (no 'measured' key)")
+    print(f"\ntuned in {path} ({doc.get('dtype')}, {doc.get('environment', {}).get('device')})")
+    if op.name not in doc["measured"]:
+        print(f"  {op.name}: not tuned (fewer than two candidates)")
+        return
+    print(f"  priority: {', '.join(doc['ir_op_priority'][op.name])}")
+    for name, result in doc["measured"][op.name].items():
+        times = ", ".join(f"{p} {t:.1f} us" for p, t in result["times_us"].items())
+        shape = "x".join(map(str, result["shape"]))
+        print(f"  {name} ({shape}): {times} -> {result['winner']}")
+
+
+def explain_autotune(op: IrOp, call: tuple[Any, ...], margin: float = DEFAULT_MARGIN) -> None:
+    """Print what compiled-mode autotuning measures and decides for ``call``."""
+    from vllm_ir.priority import compiled_selection
+
+    with compiled_selection():
+        impls = candidates(op, call)
+    order = [i.provider for i in impls]
+    print(f"  autotune candidates: {', '.join(order)}")
+    if len(impls) < 2:
+        print(f"  autotuned: {order[0]} (the only candidate)")
+        return
+    times = measure(op, impls, call, WallClockTimer())
+    for p in order:
+        note = " (Inductor-compiled, alone)" if p == "native" else ""
+        print(f"    {p}: {times[p] * 1e6:.1f} us{note}")
+    winner = decide(times, order, margin, _TIE)
+    print(f"  autotuned: {winner} (a kernel must beat native by {margin:.0%})")
+
+
+def run(args: argparse.Namespace) -> int:
+    ops = (
+        [parse_op(name.strip()) for name in args.ops.split(",") if name.strip()]
+        if args.ops
+        else [op for name, op in sorted(IrOp.registry.items()) if op._input_generator is not None]
+    )
+    shapes = parse_named_shapes(args.shapes)
+    dtype = parse_dtype(args.dtype)
+    if args.runs < 1:
+        raise UsageError(f"--runs must be at least 1, got {args.runs}")
+    doc = tune(ops, shapes, dtype, args.device, WallClockTimer(warmup=3, runs=args.runs))
+    out = Path(args.out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(out)  # a reader never sees half a file
+    for op_name, providers in doc["ir_op_priority"].items():
+        winners = ", ".join(f"{n}: {r['winner']}" for n, r in doc["measured"][op_name].items())
+        print(f"{op_name}: {','.join(providers)}  ({winners})")
+    print(f"wrote {out}; use it with --ir-op-priority=@{out}")
+    return 0

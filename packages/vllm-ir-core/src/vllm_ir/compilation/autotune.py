@@ -1,0 +1,457 @@
+"""Kernel choice by measurement: time every candidate impl of an IR node, keep the fastest.
+
+Used by the lowering pass when the backend is created with ``autotune=True``
+(:class:`Autotuner`), and by ``vllm-ir tune`` for eager deployments
+(:func:`measure`, :func:`decide`).
+
+What is timed, for one distinct ``(op, argument metadata)``:
+
+* **Candidates** are the impls compiled selection would accept on the node's
+  FakeTensors, in priority order: each entry of the effective compiled list
+  (then, if the user set no list for the op, the platform's eager entries the
+  compiled list left out), checked by ``op.select`` (``supported``,
+  ``VLLM_BATCH_INVARIANT``, ``supports_args``). Anything selection rejects is
+  never run.
+* **Inputs** are real tensors with the node's dtypes, shapes and strides.
+  A dynamic dimension is taken at its hint (the size Dynamo saw when it traced
+  the graph, from ``torch.fx.experimental.symbolic_shapes.optimization_hint``,
+  which adds no guard); the choice is then used for every size of that
+  dimension, as a compiled graph serves them all. Values follow the op's input
+  generator (:mod:`vllm_ir.samples`): the mean and spread of its first sample's
+  tensor in the same position, so scales stay positive and weights near one.
+  Ops without one get ``randn`` (``rand + 0.5`` for parameters named ``*scale*``).
+* **In-place impls** run on fresh copies of their activations each call (made
+  outside the timed region), so every call sees the same inputs.
+* **native** is timed as Inductor compiles it on its own (``make_fx`` of the
+  native function, then ``compile_fx``), not eagerly: that is what lowering
+  to native produces. A compiled graph called alone pays its Python wrapper
+  (argument handling, output allocation: ~10 us per call on a CPU), which
+  inside a model is paid once per graph, not per op; with the default timer
+  that cost, measured on a trivial compiled graph, is subtracted from native's
+  time (``TuningRecord.native_overhead_s``).
+
+The decision (:func:`decide`): a candidate other than native must beat native
+by ``margin`` (default 10 %). Inside a model, the lowered native function fuses
+with its neighbours (the residual add into the preceding GEMM, the norm into
+the next quantization), which an opaque kernel cannot; timing the op alone
+credits native none of that, so a kernel has to win clearly. Among the
+candidates left, the fastest wins; times within ``tie_tolerance`` of the
+fastest count as ties, broken by priority order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch.fx.experimental.symbolic_shapes import optimization_hint
+from torch.utils._python_dispatch import _disable_current_modes
+
+from vllm_ir.compilation.context import _current_context
+from vllm_ir.compilation.pass_base import source_hash
+from vllm_ir.compilation.tuning_cache import TuningCache
+from vllm_ir.config import DEFAULT_AUTOTUNE_MARGIN
+from vllm_ir.impl import IrOpImpl
+from vllm_ir.logger import get_logger
+from vllm_ir.op import IrOp
+from vllm_ir.priority import Mode, user_priority
+
+__all__ = [
+    "DEFAULT_MARGIN",
+    "Autotuner",
+    "Timer",
+    "TuningRecord",
+    "WallClockTimer",
+    "candidates",
+    "decide",
+    "measure",
+    "real_inputs",
+]
+
+logger = get_logger(__name__)
+
+DEFAULT_MARGIN = DEFAULT_AUTOTUNE_MARGIN
+"""How much faster than Inductor-compiled native a kernel must be to replace it."""
+
+_UNBACKED_HINT = 4096  # a dynamic dim without a hint (data-dependent): a typical token count
+
+Prepare = Callable[[], Callable[[], object]]
+"""Returns a ready call (fresh inputs already made); only the call is timed."""
+
+
+class Timer(Protocol):
+    """Seconds per call of ``provider``'s impl; ``prepare()`` gives one ready call."""
+
+    def __call__(self, provider: str, prepare: Prepare, device: torch.device) -> float: ...
+
+
+@dataclass
+class WallClockTimer:
+    """Median over ``runs`` calls after ``warmup``; CUDA events on a GPU."""
+
+    warmup: int = 3
+    runs: int = 25
+
+    def __call__(self, provider: str, prepare: Prepare, device: torch.device) -> float:
+        for _ in range(self.warmup):
+            prepare()()
+        cuda = device.type == "cuda"
+        samples = []
+        for _ in range(self.runs):
+            call = prepare()
+            if cuda:
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
+                start.record()
+                call()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                call()
+                samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+
+
+@dataclass(frozen=True)
+class TuningRecord:
+    """One tuning decision: candidates in priority order, their times, the winner."""
+
+    op: str
+    candidates: tuple[str, ...]
+    times_s: dict[str, float]
+    winner: str
+    margin: float
+    from_cache: bool = False
+    tuning_s: float = 0.0
+    """Seconds this decision took to measure (0 when read from the cache)."""
+    native_overhead_s: float = 0.0
+    """Call overhead of a compiled graph, subtracted from native's measured time."""
+    nodes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("nodes")
+        d.pop("from_cache")
+        d.pop("tuning_s")
+        d["candidates"] = list(self.candidates)
+        return d
+
+
+def candidates(op: IrOp, args: Sequence[Any], mode: Mode = "compiled") -> list[IrOpImpl]:
+    """The impls selection would accept for ``args``, in effective priority order.
+
+    In compiled mode, when the user set no list for the op, the platform's eager
+    kernels follow the compiled list: compiled defaults often name only native
+    (fused, it beat the kernels where it was measured), and measuring that again
+    here is the point of autotuning. A user's list is the candidate set as given.
+    """
+    providers = op.get_priority(mode)
+    if mode == "compiled" and not user_priority(op.name)[0]:
+        providers += [p for p in op.get_priority("eager") if p not in providers]
+    accepted = []
+    for provider in providers:
+        if provider not in op.impls:
+            continue
+        # Put the entry first: select() then decides on it before anything else.
+        with op.set_priority([provider]):
+            decision = op.select(*args, mode=mode).decisions[0]
+        if decision.accepted and decision.entry.provider == provider:
+            accepted.append(op.impls[provider])
+        else:
+            logger.debug("autotune %s: %s not a candidate: %s", op.name, provider, decision.reason)
+    return accepted
+
+
+def decide(
+    times: dict[str, float], order: Sequence[str], margin: float, tie_tolerance: float = 0.0
+) -> str:
+    """The winner among ``times`` (keys in priority ``order``); see the module doc."""
+    native = times.get("native")
+    eligible = [
+        p
+        for p in order
+        if p in times and (p == "native" or native is None or times[p] < native * (1 - margin))
+    ]
+    best = min(times[p] for p in eligible)
+    return next(p for p in eligible if times[p] <= best * (1 + tie_tolerance))
+
+
+def _hint(value: Any) -> Any:
+    if isinstance(value, torch.SymInt):
+        return optimization_hint(value, fallback=_UNBACKED_HINT)
+    if isinstance(value, (torch.SymFloat, torch.SymBool)):
+        return value.node.hint
+    return value
+
+
+def _sample_stats(
+    op: IrOp, dtype: torch.dtype, device: torch.device
+) -> dict[int, tuple[float, float]]:
+    """Mean and std of each tensor argument of the op's first sample input."""
+    try:
+        sample = next(op.sample_inputs(dtype, device))
+    except (LookupError, StopIteration):
+        return {}
+    stats = {}
+    for i, a in enumerate(sample.args):
+        if isinstance(a, torch.Tensor) and a.numel():
+            f = a.detach().float().cpu()
+            stats[i] = (f.mean().item(), f.std().item() if f.numel() > 1 else 0.0)
+    return stats
+
+
+def real_inputs(op: IrOp, args: Sequence[Any]) -> tuple[Any, ...]:
+    """Real arguments with the metadata of ``args`` (FakeTensors or tensors); see module doc."""
+    names = list(op.signature.parameters)
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    stats = _sample_stats(op, first.dtype, first.device) if first is not None else {}
+    gen = torch.Generator().manual_seed(0)
+    out: list[Any] = []
+    with _disable_current_modes():
+        for i, a in enumerate(args):
+            if not isinstance(a, torch.Tensor):
+                out.append(_hint(a))
+                continue
+            shape = [int(_hint(s)) for s in a.shape]
+            stride = [int(_hint(s)) for s in a.stride()]
+            if i in stats:
+                mean, std = stats[i]
+            else:
+                mean, std = (1.0, 0.25) if "scale" in names[i] else (0.0, 1.0)
+            # the elements a tensor of this shape and these strides spans
+            size = sum((s - 1) * st for s, st in zip(shape, stride, strict=True)) + 1
+            size = size if all(shape) else 0
+            values = torch.randn(size, generator=gen) * std + mean
+            if std == 0.0 or "scale" in names[i]:
+                values = values.abs()
+            buffer = values.to(dtype=a.dtype, device=a.device)
+            out.append(buffer.as_strided(shape, stride))
+    return tuple(out)
+
+
+def _fresh_call(op: IrOp, impl: IrOpImpl, inputs: tuple[Any, ...]) -> Prepare:
+    if not impl.inplace:
+        return lambda: lambda: impl.impl_fn(*inputs)
+    idx = op._activation_idx  # the positions an in-place impl writes
+
+    def prepare() -> Callable[[], object]:
+        fresh = tuple(a.clone() if i in idx else a for i, a in enumerate(inputs))
+        return lambda: impl.impl_fn(*fresh)
+
+    return prepare
+
+
+def _inductor_native(op: IrOp, inputs: tuple[Any, ...]) -> Prepare:
+    """native as Inductor compiles it on its own; compiled on the first call only,
+    so a timer that never runs it (a cache hit, a fake timer) costs nothing."""
+    compiled: list[Callable[..., object]] = []
+    positions = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor)]
+    tensors = [inputs[i] for i in positions]
+    native = op.impls["native"].impl_fn
+
+    def call(*ts: torch.Tensor) -> object:
+        full = list(inputs)
+        for i, t in zip(positions, ts, strict=True):
+            full[i] = t
+        return native(*full)
+
+    def prepare() -> Callable[[], object]:
+        if not compiled:
+            compiled.append(_compile_alone(call, tensors))
+        fn = compiled[0]
+        return lambda: fn(*tensors)
+
+    return prepare
+
+
+def _compile_alone(fn: Callable[..., object], tensors: list[torch.Tensor]) -> Callable[..., object]:
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    # Called from inside a compilation: none of its hooks (our passes) may run here.
+    hooks = dict.fromkeys(
+        ("pre_grad_custom_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass")
+    )
+    with inductor_config.patch(hooks):
+        gm = make_fx(fn)(*tensors)
+        return compile_fx(gm, tensors)  # type: ignore[return-value]
+
+
+_overheads: dict[str, float] = {}
+
+
+def compiled_call_overhead(timer: Timer, device: torch.device) -> float:
+    """Seconds per call of a trivial Inductor-compiled graph on ``device`` (once per
+    process and device): the wrapper cost an op pays alone but not inside a model."""
+    name = str(device)
+    if name not in _overheads:
+        with _disable_current_modes(), torch.no_grad():
+            t = torch.zeros(1, device=device)
+            fn = _compile_alone(lambda a: a + 1, [t])
+            _overheads[name] = float(timer("overhead", lambda: lambda: fn(t), device))
+    return _overheads[name]
+
+
+def measure(
+    op: IrOp,
+    impls: Sequence[IrOpImpl],
+    args: Sequence[Any],
+    timer: Timer,
+    *,
+    compiled_native: bool = True,
+) -> dict[str, float]:
+    """Seconds per call of each impl on real inputs shaped like ``args``."""
+    with _disable_current_modes(), torch.no_grad():
+        inputs = real_inputs(op, args)
+        device = next(a.device for a in inputs if isinstance(a, torch.Tensor))
+        times = {}
+        for impl in impls:
+            if impl.provider == "native" and compiled_native:
+                prepare = _inductor_native(op, inputs)
+            else:
+                prepare = _fresh_call(op, impl, inputs)
+            times[impl.provider] = float(timer(impl.provider, prepare, device))
+    return times
+
+
+def metadata_key(op: IrOp, impls: Sequence[IrOpImpl], args: Sequence[Any], settings: Any) -> str:
+    """The tuning cache key: op, candidates and their sources, argument metadata, and the
+    decision settings (margin, overhead subtraction)."""
+    parts: list[Any] = [op.name, settings]
+    parts += [(i.provider, source_hash(i.impl_fn)) for i in impls]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            parts.append(
+                (
+                    str(a.dtype),
+                    a.device.type,
+                    [int(_hint(s)) for s in a.shape],
+                    [int(_hint(s)) for s in a.stride()],
+                )
+            )
+        else:
+            parts.append(repr(_hint(a)))
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
+
+
+class Autotuner:
+    """Chooses each IR node's impl by measurement (the lowering pass asks :meth:`choose`).
+
+    ``timer`` times one candidate (default :class:`WallClockTimer`);
+    ``margin`` is how much faster than native a kernel must be;
+    ``cache`` persists results (default: a :class:`TuningCache` in the vllm-ir cache
+    dir, per device; ``persist=False`` keeps them in memory only).
+    """
+
+    def __init__(
+        self,
+        *,
+        margin: float = DEFAULT_MARGIN,
+        timer: Timer | None = None,
+        tie_tolerance: float = 0.02,
+        persist: bool = True,
+        subtract_overhead: bool | None = None,
+    ) -> None:
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"autotune margin must be in [0, 1), got {margin!r}")
+        self.margin = margin
+        self.timer: Timer = timer if timer is not None else WallClockTimer()
+        self.tie_tolerance = tie_tolerance
+        self.persist = persist
+        # by default with the default timer only: a fake timer knows no "overhead"
+        self.subtract_overhead = timer is None if subtract_overhead is None else subtract_overhead
+        self.records: dict[str, TuningRecord] = {}
+        """Every decision of this tuner, by cache key."""
+        self._caches: dict[str, TuningCache] = {}
+
+    def _cache(self, device: torch.device) -> TuningCache | None:
+        if not self.persist:
+            return None
+        name = str(device)
+        if name not in self._caches:
+            self._caches[name] = TuningCache(device)
+        return self._caches[name]
+
+    def cache_state(self) -> tuple[Any, ...]:
+        """What the FX graph cache key must cover: the settings and the tuning results
+        a compile would read (a digest of the persistent records for this device)."""
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        cache = self._cache(device)
+        digest = cache.digest() if cache is not None else "memory"
+        memo = sorted((k, r.winner) for k, r in self.records.items())
+        settings = (self.margin, self.tie_tolerance, self.subtract_overhead)
+        return ("autotune", *settings, digest, tuple(memo))
+
+    def choose(self, op: IrOp, node: str, args: Sequence[Any]) -> IrOpImpl:
+        """The impl lowered for ``node``: measured, or read from the caches."""
+        impls = candidates(op, args)
+        if len(impls) == 1:
+            return impls[0]
+        key = metadata_key(op, impls, args, (self.margin, self.subtract_overhead))
+        record = self.records.get(key) or self._lookup(op, key, impls, args)
+        if node not in record.nodes:
+            record.nodes.append(node)
+            logger.debug("autotune: node %s (%s) lowered to %s", node, op.name, record.winner)
+            ctx = _current_context()
+            if ctx is not None:
+                ctx.autotuned[node] = record
+        return op.impls[record.winner]
+
+    def _lookup(
+        self, op: IrOp, key: str, impls: list[IrOpImpl], args: Sequence[Any]
+    ) -> TuningRecord:
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        cache = self._cache(device)
+        stored = cache.get(key) if cache is not None else None
+        order = tuple(i.provider for i in impls)
+        if stored is not None and stored.get("winner") in order:
+            record = TuningRecord(
+                op.name,
+                order,
+                dict(stored["times_s"]),
+                stored["winner"],
+                self.margin,
+                from_cache=True,
+                native_overhead_s=float(stored.get("native_overhead_s", 0.0)),
+            )
+        else:
+            start = time.perf_counter()
+            times = measure(op, impls, args, self.timer)
+            overhead = 0.0
+            if self.subtract_overhead and "native" in times:
+                overhead = min(compiled_call_overhead(self.timer, device), times["native"] / 2)
+                times["native"] -= overhead  # never below half of what was measured
+            winner = decide(times, order, self.margin, self.tie_tolerance)
+            elapsed = time.perf_counter() - start
+            record = TuningRecord(
+                op.name,
+                order,
+                times,
+                winner,
+                self.margin,
+                tuning_s=elapsed,
+                native_overhead_s=overhead,
+            )
+            logger.debug("autotune %s: tuned in %.2f s", op.name, elapsed)
+            if cache is not None:
+                cache.put(key, record.to_json())
+        logger.debug(
+            "autotune %s%s: %s -> %s",
+            op.name,
+            " (cached)" if record.from_cache else "",
+            ", ".join(f"{p} {record.times_s[p] * 1e6:.1f} us" for p in order),
+            record.winner,
+        )
+        self.records[key] = record
+        return record

@@ -1,0 +1,292 @@
+"""Autotuning: candidates, the decision rule, the tuning cache, the FX cache key.
+
+Deterministic: a fake timer returns set times and records what was timed. One
+real compile (the last test) checks eager == compiled with autotune on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import vllm_ir as ir
+from torch import Tensor
+from vllm_ir.compilation import LoweringPass, VllmIRBackend, pass_context
+from vllm_ir.compilation.autotune import Autotuner, candidates, decide
+from vllm_ir.compilation.tuning_cache import TuningCache
+from vllm_ir.dispatch import invalidate_caches
+from vllm_ir.priority import compiled_selection
+
+X = torch.randn(4, 8)
+
+
+class FakeTimer:
+    """Times from a table; remembers which providers it was asked to time."""
+
+    def __init__(self, times: dict[str, float]) -> None:
+        self.times = times
+        self.timed: list[str] = []
+
+    def __call__(self, provider: str, prepare: object, device: torch.device) -> float:
+        self.timed.append(provider)
+        return self.times[provider]
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("VLLM_IR_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def op(make_op: Callable[..., ir.IrOp]) -> ir.IrOp:
+    def tuned(x: Tensor, factor: float) -> Tensor:
+        return x * factor
+
+    op = make_op(tuned)
+
+    def impl(x: Tensor, factor: float) -> Tensor:
+        return x * factor
+
+    for name in ("fast", "slow"):
+        op.register_impl(name)(impl)
+    op.register_impl("unsupported", supported=False)(impl)
+    op.register_impl("declines", supports_args=lambda x, factor: False)(impl)
+    op.register_impl("invariant", batch_invariant=True)(impl)
+    return op
+
+
+ALL = ["slow", "fast", "unsupported", "declines", "invariant"]
+
+
+def choose(op: ir.IrOp, tuner: Autotuner, priority: list[str]) -> str:
+    with op.set_priority(priority), compiled_selection(), pass_context() as ctx:
+        impl = tuner.choose(op, "node0", (X, 2.0))
+    assert ctx.autotuned["node0"].winner == impl.provider
+    return impl.provider
+
+
+def test_a_candidate_made_slower_loses(op: ir.IrOp) -> None:
+    times = {"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0}
+    assert choose(op, Autotuner(timer=FakeTimer(times), persist=False), ALL) == "slow"
+    times["slow"] = 3.0
+    assert choose(op, Autotuner(timer=FakeTimer(times), persist=False), ALL) == "fast"
+
+
+def test_ties_go_to_the_earlier_priority(op: ir.IrOp) -> None:
+    times = {"native": 10.0, "slow": 1.0, "fast": 1.0, "invariant": 1.0}
+    tuner = Autotuner(timer=FakeTimer(times), persist=False, tie_tolerance=0.0)
+    assert choose(op, tuner, ["fast", "slow", "invariant"]) == "fast"
+    tuner = Autotuner(timer=FakeTimer(times), persist=False, tie_tolerance=0.0)
+    assert choose(op, tuner, ["invariant", "slow", "fast"]) == "invariant"
+
+
+def test_unsupported_candidates_are_never_timed(op: ir.IrOp) -> None:
+    timer = FakeTimer({"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0})
+    choose(op, Autotuner(timer=timer, persist=False), ALL)
+    assert sorted(timer.timed) == ["fast", "invariant", "native", "slow"]
+    with op.set_priority(ALL), compiled_selection():
+        names = [i.provider for i in candidates(op, (X, 2.0))]
+    assert names == ["slow", "fast", "invariant", "native"]
+
+
+def test_batch_invariant_mode_restricts_candidates(
+    op: ir.IrOp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    native = op.impls["native"]
+    if not native.batch_invariant:
+        pytest.skip("native is not batch invariant here")
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    invalidate_caches()
+    timer = FakeTimer({"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0})
+    assert choose(op, Autotuner(timer=timer, persist=False), ALL) == "invariant"
+    assert sorted(timer.timed) == ["invariant", "native"]
+
+
+def test_a_kernel_must_beat_native_by_the_margin(op: ir.IrOp) -> None:
+    times = {"native": 10.0, "slow": 9.5, "fast": 9.5, "invariant": 9.5}  # 5 % faster
+    assert choose(op, Autotuner(timer=FakeTimer(times), persist=False), ALL) == "native"
+    tuner = Autotuner(timer=FakeTimer(times), persist=False, margin=0.01)
+    assert choose(op, tuner, ALL) == "slow"
+    assert decide({"native": 10.0, "k": 8.9}, ["k", "native"], 0.1) == "k"
+    assert decide({"native": 10.0, "k": 9.1}, ["k", "native"], 0.1) == "native"
+
+
+def test_a_cache_hit_times_nothing(op: ir.IrOp, cache_dir: Path) -> None:
+    times = {"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0}
+    assert choose(op, Autotuner(timer=FakeTimer(times)), ALL) == "slow"
+    assert list(cache_dir.glob("autotune/*.json"))
+    second = FakeTimer({})  # any timing would raise KeyError
+    with op.set_priority(ALL), compiled_selection(), pass_context() as ctx:
+        assert Autotuner(timer=second).choose(op, "n", (X, 2.0)).provider == "slow"
+    assert second.timed == []
+    assert ctx.autotuned["n"].from_cache
+    assert ctx.autotuned["n"].times_s["fast"] == 2.0
+    # another shape is another entry: timed
+    third = FakeTimer(times)
+    with op.set_priority(ALL), compiled_selection():
+        Autotuner(timer=third).choose(op, "n", (torch.randn(16, 8), 2.0))
+    assert third.timed
+
+
+def test_a_corrupted_cache_is_retuned_with_a_warning(
+    op: ir.IrOp, cache_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    times = {"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0}
+    choose(op, Autotuner(timer=FakeTimer(times)), ALL)
+    (path,) = cache_dir.glob("autotune/*.json")
+    path.write_text(path.read_text()[:40])  # truncated
+    timer = FakeTimer({**times, "fast": 0.5})
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        assert choose(op, Autotuner(timer=timer), ALL) == "fast"
+    assert timer.timed
+    assert "unreadable" in caplog.text
+    assert json.loads(path.read_text())["entries"]  # rewritten whole
+
+
+def test_uuid_changes_when_tuning_results_change(op: ir.IrOp) -> None:
+    lowering = LoweringPass({op.name: ALL})
+    lowering.autotuner = Autotuner(timer=FakeTimer({}))
+    before = lowering.pre.uuid()
+    assert lowering.pre.uuid() == before
+    plain = LoweringPass({op.name: ALL}).pre.uuid()
+    assert plain != before  # the autotune setting is in the key
+    times = {"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0}
+    choose(op, Autotuner(timer=FakeTimer(times)), ALL)  # another process tuned
+    lowering.autotuner = Autotuner(timer=FakeTimer({}))
+    after = lowering.pre.uuid()
+    assert after != before
+    margin = LoweringPass({op.name: ALL})
+    margin.autotuner = Autotuner(timer=FakeTimer({}), margin=0.2)
+    assert margin.pre.uuid() != after
+
+
+def test_tuning_cache_refuses_a_file_others_can_write(tmp_path: Path) -> None:
+    cache = TuningCache(torch.device("cpu"), root=tmp_path / "t")
+    cache.put("k", {"op": "o", "winner": "native", "times_s": {}})
+    cache.path.chmod(0o666)
+    from vllm_ir.build_cache import UnsafeCacheError
+
+    with pytest.raises(UnsafeCacheError, match="writable by group or others"):
+        TuningCache(torch.device("cpu"), root=tmp_path / "t").entries()
+
+
+def test_inplace_candidates_run_on_fresh_copies(inplace_op: ir.IrOp) -> None:
+    """The in-place impl writes its activations; each timed call gets new copies."""
+    seen: list[Tensor] = []
+
+    class Runs:
+        def __call__(self, provider: str, prepare: Callable[..., object], device: object) -> float:
+            if provider == "writes_inputs":
+                for _ in range(3):
+                    call = prepare()
+                    outputs = call()  # type: ignore[operator]
+                    seen.append(outputs[1].clone())
+            return 1.0
+
+    args = (torch.ones(2, 4), torch.ones(2, 4))
+    with inplace_op.set_priority(["writes_inputs"]), compiled_selection():
+        Autotuner(timer=Runs(), persist=False, margin=0.0).choose(inplace_op, "n", args)
+    assert len(seen) == 3
+    torch.testing.assert_close(seen[0], seen[2])  # not accumulated across calls
+    assert torch.equal(args[0], torch.ones(2, 4))
+
+
+def test_compile_with_autotune_matches_eager() -> None:
+    """One real compile: candidates measured on this CPU, lowered, run."""
+    from vllm_ir.compilation.autotune import WallClockTimer
+    from vllm_ir.testing import inductor_caches_off
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.linear = torch.nn.Linear(32, 32)
+            self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(32))
+
+        def forward(self, x: Tensor) -> Tensor:
+            h = ir.ops.rms_norm(x, self.weight, 1e-6)
+            h, _ = ir.ops.fused_add_rms_norm.maybe_inplace(self.linear(h), x, self.weight, 1e-6)
+            return h
+
+    model, x = Block().eval(), torch.randn(8, 32)
+    tuner = Autotuner(timer=WallClockTimer(warmup=1, runs=3))
+    backend = VllmIRBackend(autotune=tuner)
+    with torch.no_grad(), inductor_caches_off():
+        expected = model(x.clone())
+        compiled: Any = torch.compile(model, backend=backend)
+        got = compiled(x.clone())
+    torch.testing.assert_close(got, expected)
+    ctx = backend.pass_contexts[-1]
+    records = {r.op: r for r in ctx.autotuned.values()}
+    eager_kernels = set(ir.ops.rms_norm.get_priority("eager")) - {"native"}
+    if not eager_kernels:
+        assert records == {}  # native alone: nothing to measure
+        return
+    assert set(records) == {"rms_norm", "fused_add_rms_norm"}
+    for op_name, record in records.items():
+        assert "native" in record.candidates
+        assert len(record.candidates) >= 2
+        assert all(t > 0 for t in record.times_s.values())
+        assert ctx.selected_impls[op_name] == {n: record.winner for n in record.nodes}
+
+
+def test_tune_writes_a_loadable_priority_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vllm_ir.cli.main import main
+
+    out = tmp_path / "tuned.json"
+    argv = ["tune", "--ops", "rms_norm", "--shapes", "decode=2x64,prefill=16x64"]
+    assert main([*argv, "--dtype", "fp32", "--runs", "2", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    if "rms_norm" not in doc["ir_op_priority"]:  # native alone here: nothing to choose
+        assert doc["measured"] == {}
+        return
+    measured = doc["measured"]["rms_norm"]
+    assert set(measured) == {"decode", "prefill"}
+    assert set(measured["decode"]["times_us"]) == set(doc["ir_op_priority"]["rms_norm"])
+    config = ir.IrOpPriorityConfig.from_json(out)
+    assert config.to_dict() == doc["ir_op_priority"]
+    assert ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority=@{out}"]) == config
+    capsys.readouterr()
+    assert main(["explain", "rms_norm", "--eager", "--tuned", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "decode (2x64): " in text
+    assert " us" in text
+
+
+def test_cli_flags_and_kernel_config(tmp_path: Path) -> None:
+    config = ir.KernelConfig.from_cli_args(["--ir-autotune", "--ir-autotune.margin=0.05"])
+    assert config.autotune
+    assert config.autotune_margin == 0.05
+    backend = config.backend()
+    assert backend.autotuner is not None
+    assert backend.autotuner.margin == 0.05
+    assert ir.KernelConfig.from_cli_args(["--ir-autotune=off"]).backend().autotuner is None
+    with pytest.raises(ValueError, match="margin must be in"):
+        ir.KernelConfig.from_cli_args(["--ir-autotune.margin=1.5"])
+    with pytest.raises(ValueError, match="cannot read the file"):
+        ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority=@{tmp_path / 'missing.json'}"])
+    with pytest.raises(ValueError, match="autotune_margin"):
+        ir.KernelConfig(autotune=True, autotune_margin=-0.1)
+
+
+def test_compiled_call_overhead_is_taken_off_native(
+    op: ir.IrOp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_ir.compilation import autotune
+
+    monkeypatch.setattr(autotune, "_overheads", {"cpu": 2.0})  # as if measured
+    times = {"native": 10.0, "slow": 8.5, "fast": 9.9, "invariant": 9.9}  # slow: 15 % faster
+    assert choose(op, Autotuner(timer=FakeTimer(times), persist=False), ALL) == "slow"
+    tuner = Autotuner(timer=FakeTimer(times), persist=False, subtract_overhead=True)
+    with op.set_priority(ALL), compiled_selection(), pass_context() as ctx:
+        assert tuner.choose(op, "n", (X, 2.0)).provider == "native"  # native: 8.0
+    assert ctx.autotuned["n"].native_overhead_s == 2.0
+    assert ctx.autotuned["n"].times_s["native"] == 8.0
