@@ -70,9 +70,7 @@ def invalidate_caches() -> None:
     """Forget every cached selection, and re-read ``VLLM_BATCH_INVARIANT`` and
     ``VLLM_IR_PLATFORM`` at the next selection (call after changing them)."""
     with _lock:
-        _generation[0] += 1
-        for cache in _caches:
-            cache.clear()
+        _clear_then_advance()
 
 
 @contextlib.contextmanager
@@ -82,9 +80,16 @@ def invalidating() -> Iterator[None]:
     new inputs under the old generation."""
     with _lock:
         yield
-        _generation[0] += 1
-        for cache in _caches:
-            cache.clear()
+        _clear_then_advance()
+
+
+def _clear_then_advance() -> None:
+    # Clear first, then advance (under the lock): a lock-free reader that sees
+    # the new generation must not find a previous generation's entry still in
+    # a cache and store it again as current.
+    for cache in _caches:
+        cache.clear()
+    _generation[0] += 1
 
 
 def store(cache: dict[Any, Any], key: Any, value: Any, since: int) -> bool:
