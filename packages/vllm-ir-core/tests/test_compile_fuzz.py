@@ -56,3 +56,13 @@ def test_compiled_equals_eager_on_random_programs(capsys: pytest.CaptureFixture[
     assert not stats.miscompiles, "\n\n".join(stats.miscompiles[:3])
     assert not stats.eager_errors  # every generated program is valid
     assert stats.clones_inserted > 0  # in-place impls were selected and lowered
+
+
+@pytest.mark.parametrize("seed", [1085])
+def test_programs_that_once_miscompiled(seed: int) -> None:
+    """Seed 1085: an impl reading its argument's storage offset, given a copy
+    of a row-slice input; traced before Inductor's no-op removal it baked the
+    copy's offset (0), and the removal then handed it the slice (a nonzero offset)."""
+    stats = compile_fuzz.Stats()
+    compile_fuzz.check_case(compile_fuzz.make_case(seed), stats)
+    assert not stats.miscompiles, "\n\n".join(stats.miscompiles[:3])

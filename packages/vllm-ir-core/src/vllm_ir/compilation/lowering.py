@@ -134,8 +134,14 @@ class LoweringPass:
             impl = self.autotuner.choose(op, node.name, fake_args)
         if impl.inplace and not inplace:
             return 0
-        self.selected_impls.setdefault(op.name, {})[node.name] = impl.provider
         gm, fresh = self._trace(op, impl, args, fake_args)
+        if not inplace and _addresses_storage(gm):
+            # Traced here, the impl saw its arguments before Inductor's no-op
+            # removal, which may replace one (a copy) by an alias at another
+            # storage offset: an absolute offset baked into the trace would
+            # then address other memory. Lowered after that removal instead.
+            return 0
+        self.selected_impls.setdefault(op.name, {})[node.name] = impl.provider
         _inline(graph, node, gm, fresh, args, op, _donations(node, inputs))
         logger.debug("lowered %s to %s", node.name, impl.provider)
         return 1
@@ -185,6 +191,20 @@ class _LoweringStage(VllmIRPass):
 
     def cache_state(self) -> Any:
         return (self.inplace, self.lowering.cache_state())
+
+
+_ABSOLUTE_VIEWS = frozenset(
+    {
+        torch.ops.aten.as_strided.default,
+        torch.ops.aten.as_strided_.default,
+        torch.ops.aten.as_strided_scatter.default,
+    }
+)
+
+
+def _addresses_storage(gm: fx.GraphModule) -> bool:
+    """Whether the trace takes views at absolute storage offsets."""
+    return any(n.target in _ABSOLUTE_VIEWS for n in gm.graph.nodes)
 
 
 def _metadata(value: Any) -> Any:
