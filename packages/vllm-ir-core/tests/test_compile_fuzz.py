@@ -58,7 +58,20 @@ def test_compiled_equals_eager_on_random_programs(capsys: pytest.CaptureFixture[
     assert stats.clones_inserted > 0  # in-place impls were selected and lowered
 
 
-@pytest.mark.parametrize("seed", [1085])
+@pytest.mark.parametrize(
+    "seed",
+    [
+        1085,
+        pytest.param(
+            1115,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="open: dynamic shapes, an impl reading storage offsets on row-slice "
+                "inputs; not yet minimized (see docs/compile.md, Soundness testing)",
+            ),
+        ),
+    ],
+)
 def test_programs_that_once_miscompiled(seed: int) -> None:
     """Seed 1085: an impl reading its argument's storage offset, given a copy
     of a row-slice input; traced before Inductor's no-op removal it baked the
