@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import operator
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import fx
@@ -62,6 +62,16 @@ donated with it — the only graph inputs the copy's writes may be moved to."""
 _MAX_ROUNDS = 8  # impls may call other IR ops; each round lowers one level
 
 
+class _Trace(NamedTuple):
+    """An impl traced for one argument metadata, shared by every node with it."""
+
+    gm: fx.GraphModule
+    fresh: frozenset[fx.Node]
+    """Nodes whose copies may get a new FakeTensor directly (``_fresh_static_nodes``)."""
+    absolute_views: bool
+    """Whether the trace takes views at absolute storage offsets (``_addresses_storage``)."""
+
+
 class LoweringPass:
     """Lowers IR nodes; ``selected_impls`` records every node's provider.
 
@@ -73,7 +83,7 @@ class LoweringPass:
         self.autotuner: Any = None
         """An ``Autotuner`` choosing impls by measurement, or None: ``op.dispatch``."""
         self.selected_impls: dict[str, dict[str, str]] = {}
-        self._traced: dict[tuple[Any, ...], tuple[fx.GraphModule, frozenset[fx.Node]]] = {}
+        self._traced: dict[tuple[Any, ...], _Trace] = {}
         self.pre = _LoweringStage(self, inplace=False)
         self.post = _LoweringStage(self, inplace=True)
 
@@ -134,21 +144,19 @@ class LoweringPass:
             impl = self.autotuner.choose(op, node.name, fake_args)
         if impl.inplace and not inplace:
             return 0
-        gm, fresh = self._trace(op, impl, args, fake_args)
-        if not inplace and _addresses_storage(gm):
+        trace = self._trace(op, impl, args, fake_args)
+        if not inplace and trace.absolute_views:
             # Traced here, the impl saw its arguments before Inductor's no-op
             # removal, which may replace one (a copy) by an alias at another
             # storage offset: an absolute offset baked into the trace would
             # then address other memory. Lowered after that removal instead.
             return 0
         self.selected_impls.setdefault(op.name, {})[node.name] = impl.provider
-        _inline(graph, node, gm, fresh, args, op, _donations(node, inputs))
+        _inline(graph, node, trace.gm, trace.fresh, args, op, _donations(node, inputs))
         logger.debug("lowered %s to %s", node.name, impl.provider)
         return 1
 
-    def _trace(
-        self, op: IrOp, impl: IrOpImpl, args: list[Any], fake_args: list[Any]
-    ) -> tuple[fx.GraphModule, frozenset[fx.Node]]:
+    def _trace(self, op: IrOp, impl: IrOpImpl, args: list[Any], fake_args: list[Any]) -> _Trace:
         # A trace of op(c, c) reads one placeholder for both arguments: it must
         # not serve op(a, b), so which arguments are the same node is keyed too.
         same = tuple(next(j for j, b in enumerate(args) if b is a) for a in args)
@@ -176,8 +184,9 @@ class LoweringPass:
             gm = fwd_only(traced, [fake_args[i] for i in tensor_pos], run_functional_passes=False)
         if not impl.inplace:
             gm.graph.eliminate_dead_code()
-        self._traced[key] = (gm, _fresh_static_nodes(gm))
-        return self._traced[key]
+        trace = _Trace(gm, _fresh_static_nodes(gm), _addresses_storage(gm))
+        self._traced[key] = trace
+        return trace
 
 
 class _LoweringStage(VllmIRPass):
