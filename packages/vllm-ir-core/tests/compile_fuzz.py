@@ -170,9 +170,7 @@ class Fragment:
     donated: set[int] = field(default_factory=set)  # inputs the program may have written
 
 
-def generate(
-    rng: random.Random, *, grad: bool, allow_break: bool, views_of_intermediates: bool = True
-) -> Fragment:
+def generate(rng: random.Random, *, grad: bool, allow_break: bool) -> Fragment:
     n_inputs = rng.randint(1, 3)
     inputs = []
     for i in range(n_inputs):
@@ -224,8 +222,6 @@ def generate(
             steps.append(("copy", rng.choice(COPIES), t))
             new(v.rows, v.grad)
         elif kind == "view":
-            if not views_of_intermediates and t >= n_inputs:
-                continue
             if v.rows == "R":
                 how = rng.choice(["rows", "as_strided_abs"])
                 steps.append(("view", how, t))
@@ -380,15 +376,7 @@ def make_case(seed: int) -> Case:
         "fuzz_acc": [rng.choice(ACC_IMPLS)],
         "fuzz_copy": [rng.choice(COPY_IMPLS)],
     }
-    # Inductor (torch 2.13) miscompiles as_strided with an absolute storage offset
-    # on a view of an intermediate, without vllm-ir too (see
-    # test_compile_soundness.py::test_offset_reading_impl_on_a_slice_of_an_intermediate):
-    # impls that take such views get views of graph inputs only.
-    offset_impl = priority["fuzz_scale_add"][0] in ("fuzz_strided", "fuzz_offset_read")
-    frags = [
-        generate(rng, grad=grad, allow_break=allow_break, views_of_intermediates=not offset_impl)
-        for _ in range(rng.randint(1, 3))
-    ]
+    frags = [generate(rng, grad=grad, allow_break=allow_break) for _ in range(rng.randint(1, 3))]
     has_buffer = any(s["buffer"] for fr in frags for s in fr.inputs)
     calls = 2 if dynamic or has_buffer else 1
     return Case(seed, frags, priority, grad, dynamic, calls)

@@ -58,28 +58,15 @@ def test_compiled_equals_eager_on_random_programs(capsys: pytest.CaptureFixture[
     assert stats.clones_inserted > 0  # in-place impls were selected and lowered
 
 
-@pytest.mark.parametrize(
-    "seed",
-    [
-        1085,
-        *(
-            pytest.param(
-                seed,
-                marks=pytest.mark.xfail(
-                    strict=True,
-                    reason="open: dynamic shapes with views at absolute storage offsets "
-                    "(as_strided) of row slices; not yet minimized (docs/compile.md, "
-                    "Soundness testing)",
-                ),
-            )
-            for seed in (1115, 1183, 1185)
-        ),
-    ],
-)
+@pytest.mark.parametrize("seed", [1085, 1183, 1185])
 def test_programs_that_once_miscompiled(seed: int) -> None:
-    """Seed 1085: an impl reading its argument's storage offset, given a copy
-    of a row-slice input; traced before Inductor's no-op removal it baked the
-    copy's offset (0), and the removal then handed it the slice (a nonzero offset)."""
+    """1085: an impl reading its argument's storage offset, given a copy of a
+    row-slice input; traced before Inductor's no-op removal it baked the
+    copy's offset (0), and the removal then handed it the slice (a nonzero
+    offset). 1183: ``as_strided`` at an absolute offset on a slice of an
+    intermediate, which Inductor addresses from the slice. 1185: an impl's
+    ``x.storage_offset()``, traced with dynamic shapes, read as 0 by Inductor.
+    (Minimal forms of each are in test_compile_soundness.py.)"""
     stats = compile_fuzz.Stats()
     compile_fuzz.check_case(compile_fuzz.make_case(seed), stats)
     assert not stats.miscompiles, "\n\n".join(stats.miscompiles[:3])

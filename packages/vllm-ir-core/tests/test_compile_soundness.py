@@ -110,6 +110,7 @@ def compare(
     priority: dict[str, list[str]],
     *,
     donated: Sequence[int] = (),
+    dynamic: bool = False,
 ) -> ir.VllmIRBackend:
     """Run ``fn`` eager and compiled on copies of ``args``: outputs equal, and
     every argument not in ``donated`` left as eager leaves it."""
@@ -120,7 +121,7 @@ def compare(
     backend = ir.VllmIRBackend(priority=priority)
     compiled_args = [a.clone() for a in args]
     with inductor_caches_off(), torch.no_grad():
-        got = torch.compile(fn, backend=backend)(*compiled_args)
+        got = torch.compile(fn, backend=backend, dynamic=dynamic or None)(*compiled_args)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     for i, (g, w) in enumerate(zip(compiled_args, eager_args, strict=True)):
         if i not in donated:
@@ -476,19 +477,63 @@ def offset_read_of_an_intermediate_slice(a: Tensor) -> Tensor:
     return scale_add(rows, torch.ones_like(rows))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Inductor (torch 2.13) reads rows 0..1: as_strided with an absolute storage "
-    "offset on a slice of an intermediate miscompiles without vllm-ir too, e.g. "
-    "torch.compile(lambda a: (a * 2 + 1)[1:3].as_strided((2, 3), (3, 1), 3) * 1); "
-    "the lowering inlines the impl's as_strided(x, size, stride, x.storage_offset())",
-)
 def test_offset_reading_impl_on_a_slice_of_an_intermediate() -> None:
-    compare(
+    """Inductor (torch 2.13) miscompiles ``as_strided`` with an absolute offset
+    on a slice of a buffer it computes, without vllm-ir too:
+    ``torch.compile(lambda a: (a * 2 + 1)[1:3].as_strided((2, 3), (3, 1), 3))``
+    reads rows 2..3. The inlined impl takes exactly such a view; the
+    absolute-views pass takes it from the slice's root instead."""
+    backend = compare(
         offset_read_of_an_intermediate_slice,
         [arange(4, 3)],
         {"soundness_scale_add": ["soundness_reads_offset"]},
     )
+    assert backend.pass_contexts[0].views_rebased == 1
+
+
+def as_strided_of_an_intermediate_slice(a: Tensor) -> Tensor:
+    rows = (a * 2 + 1)[1:3]
+    return rows.as_strided(rows.size(), rows.stride(), rows.storage_offset()) + 1
+
+
+def test_as_strided_of_a_slice_of_an_intermediate_with_dynamic_shapes() -> None:
+    """Fuzz seed 1183: the program's own view, no IR op needed (plain
+    ``torch.compile`` reads the wrong rows as well)."""
+    compare(as_strided_of_an_intermediate_slice, [arange(4, 3)], {}, dynamic=True)
+
+
+def offset_read_of_a_later_slice(a: Tensor) -> Tensor:
+    rows = (a * 2 + 1)[2:4]  # storage offset 2 * columns: a product of symbols
+    return scale_add(rows, torch.ones_like(rows))
+
+
+def test_offset_reading_impl_on_an_intermediate_slice_with_dynamic_shapes() -> None:
+    compare(
+        offset_read_of_a_later_slice,
+        [arange(5, 3)],
+        {"soundness_scale_add": ["soundness_reads_offset"]},
+        dynamic=True,
+    )
+
+
+def test_offset_reading_impl_on_a_row_slice_input_with_dynamic_shapes() -> None:
+    """Fuzz seeds 1115 and 1185: traced with dynamic shapes, the impl's
+    ``x.storage_offset()`` became ``aten.sym_storage_offset(x)``, which
+    Inductor (torch 2.13) reads as 0: the impl read the rows before the slice.
+    The offset is one row (a symbol shared with the column count) or two (a
+    symbol of its own)."""
+
+    def fn(x: Tensor) -> Tensor:
+        return scale_add(x, torch.ones_like(x))
+
+    torch._dynamo.reset()
+    backend = ir.VllmIRBackend(priority={"soundness_scale_add": ["soundness_reads_offset"]})
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    with scale_add.set_priority(["soundness_reads_offset"]), inductor_caches_off():
+        for first, rows in ((1, 4), (2, 5)):
+            base = arange(rows + 2, 8)
+            got, want = compiled(base[first : first + rows]), fn(base[first : first + rows])
+            torch.testing.assert_close(got, want, atol=0, rtol=0, msg=f"rows {first}..")
 
 
 # -- what still goes: donation passes on through a chain ---------------------

@@ -24,6 +24,7 @@ from torch import fx
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from vllm_ir.compilation.absolute_views import AbsoluteViewPass
 from vllm_ir.compilation.autotune import Autotuner
 from vllm_ir.compilation.clone_elimination import CloneEliminationPass
 from vllm_ir.compilation.context import PassContext, pass_context
@@ -128,6 +129,7 @@ class VllmIRBackend:
         the enabled built-in ones (``passes``), then the user's (``ir_passes``)."""
         self.functionalization_pass = InplaceFunctionalizationPass()
         self.clone_elimination_pass = CloneEliminationPass()
+        self.absolute_view_pass = AbsoluteViewPass()
         self.options = dict(options or {})
         bad = [k for k in self.options if k in _HOOKS]
         if bad:
@@ -147,7 +149,7 @@ class VllmIRBackend:
                 else self.lowering_pass.pre
             ),
             "post_grad_custom_post_pass": ComposedPass(
-                self.lowering_pass.post, self.clone_elimination_pass
+                self.lowering_pass.post, self.clone_elimination_pass, self.absolute_view_pass
             ),
         }
         hooks = {}

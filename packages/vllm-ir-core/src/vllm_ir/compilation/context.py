@@ -64,6 +64,9 @@ class PassContext:
     clones_inserted: int = 0
     clones_removed: int = 0
     clones_kept: dict[str, str] = field(default_factory=dict)
+    views_rebased: int = 0
+    """``as_strided`` views taken from the root of their view chain instead
+    (see :mod:`vllm_ir.compilation.absolute_views`)."""
     timings_ms: dict[str, float] = field(default_factory=dict)
     fusions: dict[str, int] = field(default_factory=dict)
     autotuned: dict[str, Any] = field(default_factory=dict)

@@ -207,12 +207,13 @@ _ABSOLUTE_VIEWS = frozenset(
         torch.ops.aten.as_strided.default,
         torch.ops.aten.as_strided_.default,
         torch.ops.aten.as_strided_scatter.default,
+        torch.ops.aten.sym_storage_offset.default,  # with dynamic shapes
     }
 )
 
 
 def _addresses_storage(gm: fx.GraphModule) -> bool:
-    """Whether the trace takes views at absolute storage offsets."""
+    """Whether the trace takes views at absolute storage offsets (or reads one)."""
     return any(n.target in _ABSOLUTE_VIEWS for n in gm.graph.nodes)
 
 
