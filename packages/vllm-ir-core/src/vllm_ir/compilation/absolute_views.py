@@ -15,7 +15,9 @@ x.storage_offset())`` to address a tensor's memory directly).
 Since the view chain between the root and ``x`` cannot change which storage an
 ``as_strided`` reads, the pass rewires its input to the root, which Inductor
 lowers correctly. An ``as_strided`` without an explicit offset (which takes
-``x``'s own) is rebased only when that offset is a known integer.
+``x``'s own) is rebased only when that offset is a known integer, and never
+across a view that reinterprets the dtype (``x.view(torch.int32)``), which
+changes the unit offsets count in.
 
     >>> import torch
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -36,7 +38,8 @@ reads ``x.storage_offset()`` leaves ``aten.sym_storage_offset(x)`` in the graph
 Inductor (torch 2.13) has no lowering for it and reads 0, so
 ``x.as_strided(x.size(), x.stride(), x.storage_offset())`` of a row-slice input
 addresses the slice's base. The pass replaces each such node by the offset
-itself: an integer, or the graph's symbol inputs combined with ``+`` and ``*``.
+itself: an integer, or the graph's symbols (symbol inputs, sizes and strides of
+tensor inputs) combined with ``+`` and ``*``.
 An offset it cannot express that way is an error, never a silent 0.
 """
 
@@ -74,8 +77,10 @@ def rebase_absolute_views(graph: fx.Graph) -> int:
         if len(node.args) < 3 or not _is_view(source):
             continue
         root = source
-        while _is_view(root):
+        while _is_view(root) and _same_dtype(root, root.args[0]):
             root = root.args[0]  # type: ignore[assignment]
+        if root is source:
+            continue
         size, stride = node.args[1], node.args[2]
         offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
         if offset is None:
@@ -103,6 +108,12 @@ def _is_view(node: object) -> bool:
     return bool(set(arg.before_set) & set(ret.after_set)) and isinstance(node.args[0], fx.Node)
 
 
+def _same_dtype(a: Any, b: Any) -> bool:
+    """Offsets count elements: a view that reinterprets the dtype changes their unit."""
+    va, vb = a.meta.get("val"), b.meta.get("val")
+    return isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.dtype == vb.dtype
+
+
 def _static_offset(node: fx.Node) -> int | None:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
@@ -114,13 +125,7 @@ def _static_offset(node: fx.Node) -> int | None:
 def resolve_storage_offsets(graph: fx.Graph) -> int:
     """Replace each ``aten.sym_storage_offset`` node by the offset's value; the count."""
     nodes = list(graph.find_nodes(op="call_function", target=_STORAGE_OFFSET))
-    if not nodes:
-        return 0
-    symbols = {
-        p.meta["val"].node.expr: p
-        for p in graph.find_nodes(op="placeholder")
-        if isinstance(p.meta.get("val"), torch.SymInt)
-    }
+    symbols = _Symbols(graph)
     for node in nodes:
         tensor = node.args[0]
         val = tensor.meta.get("val") if isinstance(tensor, fx.Node) else None
@@ -132,17 +137,51 @@ def resolve_storage_offsets(graph: fx.Graph) -> int:
         if value is None:
             raise RuntimeError(
                 f"{node.format_node()}: the storage offset {offset} is not an integer nor "
-                "a sum of products of the graph's symbol inputs, and Inductor (torch 2.13) "
-                "would read 0; compile with static shapes, or do not read storage_offset() "
-                "in the impl"
+                "a sum of products of the graph's input sizes and symbols, and Inductor "
+                "(torch 2.13) would read 0; compile with static shapes, or do not read "
+                "storage_offset() in the impl"
             )
         node.replace_all_uses_with(value)  # type: ignore[arg-type]
         graph.erase_node(node)
     return len(nodes)
 
 
-def _build(graph: fx.Graph, expr: Any, symbols: dict[Any, fx.Node]) -> fx.Node | int | None:
-    """``expr`` as an int or FX nodes over the graph's symbol inputs; None if it cannot."""
+class _Symbols:
+    """Nodes giving a shape symbol's value: a symbol input, else a size or stride
+    of a tensor input (``aten.sym_size`` / ``aten.sym_stride``, which Inductor
+    lowers from their FakeTensor values)."""
+
+    def __init__(self, graph: fx.Graph) -> None:
+        self.graph = graph
+        self.found: dict[Any, fx.Node] = {}
+        self.tensors: list[fx.Node] = []
+        for p in graph.find_nodes(op="placeholder"):
+            val = p.meta.get("val")
+            if isinstance(val, torch.SymInt):
+                self.found.setdefault(val.node.expr, p)
+            elif isinstance(val, torch.Tensor):
+                self.tensors.append(p)
+
+    def get(self, symbol: Any) -> fx.Node | None:
+        if symbol in self.found:
+            return self.found[symbol]
+        for p in self.tensors:
+            val = p.meta["val"]
+            for target, dims in (
+                (torch.ops.aten.sym_size.int, val.shape),
+                (torch.ops.aten.sym_stride.int, val.stride()),
+            ):
+                for d, n in enumerate(dims):
+                    if isinstance(n, torch.SymInt) and n.node.expr == symbol:
+                        node = self.graph.call_function(target, (p, d))
+                        node.meta["val"] = n
+                        self.found[symbol] = node
+                        return node
+        return None
+
+
+def _build(graph: fx.Graph, expr: Any, symbols: _Symbols) -> fx.Node | int | None:
+    """``expr`` as an int or FX nodes over the graph's symbols; None if it cannot."""
     if expr.is_Integer:
         return int(expr)
     if expr.is_Symbol:
