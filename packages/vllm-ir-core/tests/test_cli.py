@@ -56,66 +56,103 @@ def test_explain_shows_sources_decisions_and_choice_per_mode() -> None:
     assert "compiled mode" in only
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["explain", "no_such_op"], "unknown IR op 'no_such_op'; known ops:"),
-        (["explain", "rms_norm", "--dtype", "int3"], "unknown dtype 'int3'"),
-        (["explain", "rms_norm", "--shape", "8,x"], "malformed shape '8,x'"),
-        (["explain", "rms_norm", "--shape", "0,8"], "every dimension must be positive"),
-        (["explain", "rms_norm", "--arg", "nope=1"], "rms_norm has no parameter 'nope'"),
-        (["--ir-op-priority.rms_norm=zzz", "ops"], "unknown provider(s) 'zzz' for op 'rms_norm'"),
-        (["--ir-op-priority", "{bad", "ops"], "is not valid JSON"),
-        (["bench", "rms_norm", "--dtypes", "fp8"], "unknown dtype 'fp8'"),
-        (
-            ["explain", "rms_norm", "--arg", "x=1"],
-            "--arg x=1: x is a tensor argument of rms_norm; tensors are built from --shape",
-        ),
-        (
-            ["explain", "rms_norm", "--arg", "weight=2"],
-            "weight is a tensor argument of rms_norm (weight=None is accepted)",
-        ),
-        (
-            ["explain", "rms_norm", "--arg", 'epsilon="a"'],
-            "--arg epsilon='a': str does not fit rms_norm's epsilon (float)",
-        ),
-        (
-            ["explain", "rms_norm", "--arg", "variance_size=1.5"],
-            "float does not fit rms_norm's variance_size (int | None)",
-        ),
-        (["explain", "rms_norm", "--device", "cuda"], "--device cuda: torch"),
-        (["explain", "rms_norm", "--device", "nonsense"], "unknown device 'nonsense'"),
-        (["demo", "--tokens", "0"], "argument --tokens: must be a positive integer, got 0"),
-        (["demo", "--hidden", "-1"], "argument --hidden: must be a positive integer, got -1"),
-        (["demo", "--runs", "0"], "argument --runs: must be a positive integer, got 0"),
-        (["demo", "--layers", "two"], "argument --layers: expected an integer, got 'two'"),
-        (["bench", "rms_norm", "--rounds", "0"], "argument --rounds: must be a positive"),
-        (["bench", "rms_norm", "--warmup", "-1"], "argument --warmup: must be an integer >= 0"),
-        (
-            ["bench", "rms_norm", "--json", "/nonexistent/x.json"],
-            "--json /nonexistent/x.json: directory '/nonexistent' does not exist",
-        ),
-        (
-            ["bench", "silu_and_mul", "--shapes", "4x7", "--no-compiled"],
-            "silu_and_mul cannot take shape 4x7: The size of tensor a (3) must match",
-        ),
-        (
-            ["--ir-op-priority.rms_norm", "ops"],
-            "--ir-op-priority.rms_norm expects a value before the command, got 'ops'",
-        ),
-        (["ops", "--ir-pass.fuse_norm_quant"], "--ir-pass.fuse_norm_quant expects a value"),
-        (["--ir-pass.nope=on", "ops"], "unknown IR pass(es) 'nope'"),
-        (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
-        ([], "the following arguments are required: COMMAND"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
-    result = vllm_ir(*args, check=False)
+BAD_INPUT = [
+    (["explain", "no_such_op"], "unknown IR op 'no_such_op'; known ops:"),
+    (["explain", "rms_norm", "--dtype", "int3"], "unknown dtype 'int3'"),
+    (["explain", "rms_norm", "--shape", "8,x"], "malformed shape '8,x'"),
+    (["explain", "rms_norm", "--shape", "0,8"], "every dimension must be positive"),
+    (["explain", "rms_norm", "--arg", "nope=1"], "rms_norm has no parameter 'nope'"),
+    (["--ir-op-priority.rms_norm=zzz", "ops"], "unknown provider(s) 'zzz' for op 'rms_norm'"),
+    (["--ir-op-priority", "{bad", "ops"], "is not valid JSON"),
+    (["bench", "rms_norm", "--dtypes", "fp8"], "unknown dtype 'fp8'"),
+    (
+        ["explain", "rms_norm", "--arg", "x=1"],
+        "--arg x=1: x is a tensor argument of rms_norm; tensors are built from --shape",
+    ),
+    (
+        ["explain", "rms_norm", "--arg", "weight=2"],
+        "weight is a tensor argument of rms_norm (weight=None is accepted)",
+    ),
+    (
+        ["explain", "rms_norm", "--arg", 'epsilon="a"'],
+        "--arg epsilon='a': str does not fit rms_norm's epsilon (float)",
+    ),
+    (
+        ["explain", "rms_norm", "--arg", "variance_size=1.5"],
+        "float does not fit rms_norm's variance_size (int | None)",
+    ),
+    (["explain", "rms_norm", "--device", "cuda"], "--device cuda: torch"),
+    (["explain", "rms_norm", "--device", "nonsense"], "unknown device 'nonsense'"),
+    (["demo", "--tokens", "0"], "argument --tokens: must be a positive integer, got 0"),
+    (["demo", "--hidden", "-1"], "argument --hidden: must be a positive integer, got -1"),
+    (["demo", "--runs", "0"], "argument --runs: must be a positive integer, got 0"),
+    (["demo", "--layers", "two"], "argument --layers: expected an integer, got 'two'"),
+    (["bench", "rms_norm", "--rounds", "0"], "argument --rounds: must be a positive"),
+    (["bench", "rms_norm", "--warmup", "-1"], "argument --warmup: must be an integer >= 0"),
+    (
+        ["bench", "rms_norm", "--json", "/nonexistent/x.json"],
+        "--json /nonexistent/x.json: directory '/nonexistent' does not exist",
+    ),
+    (
+        ["bench", "silu_and_mul", "--shapes", "4x7", "--no-compiled"],
+        "silu_and_mul cannot take shape 4x7: The size of tensor a (3) must match",
+    ),
+    (
+        ["--ir-op-priority.rms_norm", "ops"],
+        "--ir-op-priority.rms_norm expects a value before the command, got 'ops'",
+    ),
+    (["ops", "--ir-pass.fuse_norm_quant"], "--ir-pass.fuse_norm_quant expects a value"),
+    (["--ir-pass.nope=on", "ops"], "unknown IR pass(es) 'nope'"),
+    (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
+    ([], "the following arguments are required: COMMAND"),
+]
+
+# Every case runs in one interpreter, one after the other (importing torch once,
+# not 30 times): each must fail alone, and a failed command must leave nothing
+# behind that changes the next one.
+_RUN_EACH = """
+import contextlib, io, json, sys
+from vllm_ir_cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def bad_input_results() -> list[tuple[int, str]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    argvs = json.dumps([argv for argv, _ in BAD_INPUT])
+    result = subprocess.run(
+        [sys.executable, "-c", _RUN_EACH, argvs], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    return [(code, err) for code, err in json.loads(result.stdout.splitlines()[-1])]
+
+
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=lambda i: " ".join(BAD_INPUT[i][0]))
+def test_bad_input_is_one_line_and_exit_2(
+    bad_input_results: list[tuple[int, str]], case: int
+) -> None:
+    code, stderr = bad_input_results[case]
+    assert code == 2, stderr
+    assert BAD_INPUT[case][1] in stderr
+    assert stderr.startswith("vllm-ir: error: ")
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert "Traceback" not in stderr
+
+
+def test_bad_input_through_the_command() -> None:
+    """The same, as a user runs it: the exit status of the process."""
+    result = vllm_ir("explain", "rms_norm", "--dtype", "int3", check=False)
     assert result.returncode == 2, result.stderr
-    assert message in result.stderr
-    assert result.stderr.startswith("vllm-ir: error: ")
+    assert result.stderr.startswith("vllm-ir: error: unknown dtype 'int3'")
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert "Traceback" not in result.stderr
 
 
 def test_a_closed_pipe_ends_quietly() -> None:
