@@ -50,16 +50,25 @@ ENV = {
 }
 
 
+WORKERS = os.environ.get("VLLM_IR_TEST_WORKERS", str(min(2, os.cpu_count() or 1)))
+"""pytest-xdist workers per test session (one per core, at most two: the suites
+are dominated by single-threaded compiles, and CI machines have two cores)."""
+
+
 def _install(session: nox.Session, *names: str, extras: str = "test") -> None:
     """Install core and the named packages from this checkout, with test extras."""
     targets = [CORE, *[n for n in names if n != CORE]]
     args = [f"{PACKAGES[n]}[{extras}]" if extras else str(PACKAGES[n]) for n in targets]
-    session.install("-c", CONSTRAINTS, *args)
+    session.install("-c", CONSTRAINTS, *args, *(["pytest-xdist"] if extras == "test" else []))
 
 
-def _pytest(session: nox.Session, *args: str, posargs: bool = True) -> None:
+def _pytest(session: nox.Session, *args: str, posargs: bool = True, parallel: bool = True) -> None:
     extra = session.posargs if posargs else []
-    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, *extra, env=ENV)
+    workers = ["-n", WORKERS] if parallel and WORKERS != "1" else []
+    session.run(
+        *("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, *args, *extra),
+        env=ENV,
+    )
 
 
 # Core's docstring examples, imported from the installed package (not src/, which
@@ -79,7 +88,7 @@ def tests(session: nox.Session, package: str) -> None:
     _pytest(session, str(PACKAGES[package] / "tests"))
     if package == CORE:
         # posargs select among the unit tests; the doctests always run whole
-        _pytest(session, *CORE_DOCTESTS, posargs=False)
+        _pytest(session, *CORE_DOCTESTS, posargs=False, parallel=False)
 
 
 @nox.session
@@ -170,7 +179,6 @@ def fuzz(session: nox.Session) -> None:
     benchmarks/results/compile_fuzz.json. The two run side by side (pytest-xdist).
     """
     _install(session, CORE)
-    session.install("-c", CONSTRAINTS, "pytest-xdist")
     report = ROOT / "benchmarks" / "results" / "compile_fuzz.json"
     report.unlink(missing_ok=True)
     env = {

@@ -5,8 +5,8 @@ hidden 64) this compiles, cold (no FX graph cache), the IR model with the
 ``vllm_ir`` backend and the same maths written in plain torch with Inductor,
 and reports:
 
-* compile time of each and their ratio; each pass's own time; lowering time
-  per IR node;
+* compile time of each and their ratio (medians of 3 interleaved warm
+  compiles); each pass's own time; lowering time per IR node;
 * generated kernel counts;
 * steady-state runtime of both compiled models and the ratio;
 * for the IR model with an opaque in-place kernel: clones inserted, clones
@@ -33,6 +33,7 @@ from torch._inductor.utils import run_and_get_code
 HIDDEN = 64
 TOKENS = 16
 INPLACE = "bench_inplace"
+COMPILES = 3  # warm compiles of each model per size
 
 
 @torch.library.custom_op("vllm_ir_bench::fused_add_rms_norm_", mutates_args=("x", "x_residual"))
@@ -112,12 +113,19 @@ def measure(layers: int) -> dict[str, object]:
     # Cold: the first compile of each pays for the C++ compiler. Both models
     # generate the same kernels, so the second one would find them compiled;
     # compile each twice and compare the warm (kernel-cached) compiles too.
-    backend = ir.VllmIRBackend()
     _, ir_cold, _, _ = _compile(ir_model, ir.VllmIRBackend(), x)
     _, plain_cold, _, _ = _compile(plain_model, "inductor", x)
-    ir_fn, ir_s, ir_kernels, _ = _compile(ir_model, backend, x)
-    plain_fn, plain_s, plain_kernels, _ = _compile(plain_model, "inductor", x)
-    ctx = backend.pass_contexts[-1]
+    # warm compiles, interleaved; the medians (a single compile varies by ~15%)
+    ir_times, plain_times, pass_ms = [], [], []
+    for _ in range(COMPILES):
+        backend = ir.VllmIRBackend()
+        ir_fn, seconds, ir_kernels, _ = _compile(ir_model, backend, x)
+        ir_times.append(seconds)
+        pass_ms.append(backend.pass_contexts[-1].timings_ms)
+        plain_fn, seconds, plain_kernels, _ = _compile(plain_model, "inductor", x)
+        plain_times.append(seconds)
+    ir_s, plain_s = statistics.median(ir_times), statistics.median(plain_times)
+    timings = {k: statistics.median(t[k] for t in pass_ms) for k in pass_ms[0]}
     ir_nodes = 1 + layers
     inplace_backend = ir.VllmIRBackend(priority={"fused_add_rms_norm": [INPLACE]})
     _, _, _, inplace_code = _compile(ir_model, inplace_backend, x)
@@ -129,14 +137,14 @@ def measure(layers: int) -> dict[str, object]:
         "ir_nodes": ir_nodes,
         "compile_s_first": {"ir": round(ir_cold, 3), "plain": round(plain_cold, 3)},
         "compile_s": {"ir": round(ir_s, 3), "plain": round(plain_s, 3)},
+        "compile_s_samples": {
+            "ir": [round(t, 3) for t in ir_times],
+            "plain": [round(t, 3) for t in plain_times],
+        },
         "compile_ratio_ir_over_plain": round(ir_s / plain_s, 3),
-        "pass_ms": {k: round(v, 2) for k, v in ctx.timings_ms.items()},
+        "pass_ms": {k: round(v, 2) for k, v in timings.items()},
         "lowering_ms_per_ir_node": round(
-            (
-                ctx.timings_ms.get("lowering_functional", 0)
-                + ctx.timings_ms.get("lowering_inplace", 0)
-            )
-            / ir_nodes,
+            (timings.get("lowering_functional", 0) + timings.get("lowering_inplace", 0)) / ir_nodes,
             3,
         ),
         "kernels": {"ir": ir_kernels, "plain": plain_kernels},
