@@ -56,18 +56,30 @@ are dominated by single-threaded compiles, and CI machines have two cores)."""
 
 
 def _install(session: nox.Session, *names: str, extras: str = "test") -> None:
-    """Install core and the named packages from this checkout, with test extras."""
+    """Install core and the named packages from this checkout, with test extras.
+
+    Core's own extras only when core is named: a provider's tests need core,
+    not core's test dependencies (Triton alone is a 290 MB wheel).
+    """
     targets = [CORE, *[n for n in names if n != CORE]]
-    args = [f"{PACKAGES[n]}[{extras}]" if extras else str(PACKAGES[n]) for n in targets]
+    args = [
+        f"{PACKAGES[n]}[{extras}]" if extras and (n in names) else str(PACKAGES[n]) for n in targets
+    ]
     session.install("-c", CONSTRAINTS, *args, *(["pytest-xdist"] if extras == "test" else []))
 
 
-def _pytest(session: nox.Session, *args: str, posargs: bool = True, parallel: bool = True) -> None:
+def _pytest(
+    session: nox.Session,
+    *args: str,
+    posargs: bool = True,
+    parallel: bool = True,
+    env: dict[str, str] | None = None,
+) -> None:
     extra = session.posargs if posargs else []
     workers = ["-n", WORKERS] if parallel and WORKERS != "1" else []
     session.run(
         *("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, *args, *extra),
-        env=ENV,
+        env={**ENV, **(env or {})},
     )
 
 
@@ -106,19 +118,14 @@ def platform(session: nox.Session, platform: str) -> None:
 def integration(session: nox.Session) -> None:
     """Build every wheel, install them together with third-party providers, test."""
     dist = ROOT / ".cache" / "dist-integration"
-    session.install("-c", CONSTRAINTS, "build", "pytest", "numpy")
+    session.install("-c", CONSTRAINTS, "build", "pytest", "pytest-xdist", "numpy")
     _build_wheels(session, dist, [*PACKAGES.values(), *INTEGRATION_PACKAGES], sdist=False)
     wheels = sorted(str(w) for w in dist.glob("*.whl"))
     # one command, so the providers' vllm-ir-core requirement resolves to the wheel built here
     session.install("-c", CONSTRAINTS, *wheels)
     # a reused venv already holds these versions: replace them with what was just built
     session.install("--force-reinstall", "--no-deps", *wheels)
-    env = {**ENV, "VLLM_IR_WHEEL_DIR": str(dist)}
-    session.run(
-        *("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", str(INTEGRATION)),
-        *session.posargs,
-        env=env,
-    )
+    _pytest(session, str(INTEGRATION), env={"VLLM_IR_WHEEL_DIR": str(dist)})
 
 
 def _build_wheels(
