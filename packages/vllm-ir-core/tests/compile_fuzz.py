@@ -462,6 +462,7 @@ class Stats:
     kept: Counter[str] = field(default_factory=Counter)
     miscompiles: list[str] = field(default_factory=list)
     eager_errors: int = 0  # programs eager rejects (a generator bug if not 0)
+    eager_fallbacks: int = 0  # graphs the backend ran eagerly (upstream_hazards)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -512,6 +513,7 @@ def check_case(case: Case, stats: Stats) -> list[str]:
     stats.compiles += 1
     stats.programs += len(case.fragments)
     for ctx in backend.pass_contexts:
+        stats.eager_fallbacks += ctx.eager_fallback is not None
         stats.clones_inserted += ctx.clones_inserted
         stats.clones_removed += ctx.clones_removed
         stats.kept.update(reason_kind(r) for r in ctx.clones_kept.values())

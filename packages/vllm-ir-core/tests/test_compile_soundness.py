@@ -553,3 +553,29 @@ def test_a_chain_of_donations_needs_no_clones() -> None:
 def _no_leaked_priorities() -> Iterator[None]:
     yield
     torch._dynamo.reset()
+
+
+# -- programs torch itself compiles wrongly (compilation/upstream_hazards.py) ---
+
+
+def strided_view_of_a_written_input(x: Tensor) -> Tensor:
+    rows = x.as_strided((2, x.shape[1]), x.stride(), x.storage_offset() + x.stride(0))
+    x.add_(1)  # AOTAutograd replays `rows` on x + 1 with x's absolute offset
+    return rows * 2 + 1
+
+
+def test_as_strided_view_of_a_written_input_with_dynamic_shapes_runs_eagerly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Fuzz seeds 1302 and 1800: plain ``torch.compile(dynamic=True)`` reads the
+    rows after the view; the backend runs such a graph eagerly and says why."""
+    torch._dynamo.reset()
+    backend = ir.VllmIRBackend()
+    compiled = torch.compile(strided_view_of_a_written_input, backend=backend, dynamic=True)
+    want_base, got_base = arange(6, 8), arange(6, 8)
+    with inductor_caches_off():
+        got = compiled(got_base[1:5])
+    want = strided_view_of_a_written_input(want_base[1:5])
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(got_base, want_base, atol=0, rtol=0)
+    assert "writes in place (add_)" in (backend.pass_contexts[0].eager_fallback or "")

@@ -32,6 +32,7 @@ from vllm_ir.compilation.functionalize import InplaceFunctionalizationPass
 from vllm_ir.compilation.fusion import NormQuantFusionPass
 from vllm_ir.compilation.lowering import LoweringPass
 from vllm_ir.compilation.sequence_parallel import SequenceParallelismPass
+from vllm_ir.compilation.upstream_hazards import as_strided_input_mutation, has_dynamic_inputs
 from vllm_ir.config import IrOpPriorityConfig, IrPassConfig
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
@@ -163,6 +164,16 @@ class VllmIRBackend:
 
         ctx = PassContext()
         self.pass_contexts.append(ctx)
+        hazard = as_strided_input_mutation(gm.graph, dynamic=has_dynamic_inputs(example_inputs))
+        if hazard is not None:
+            # torch's own compile of this graph would be wrong (upstream_hazards)
+            logger.warning(
+                "vllm-ir runs a graph eagerly instead of compiling it: %s; torch 2.13's "
+                "AOTAutograd miscompiles that with dynamic shapes (docs/compile.md)",
+                hazard,
+            )
+            ctx.eager_fallback = hazard
+            return gm.forward
         with pass_context(ctx), inductor_config.patch({**self.options, **self._hooks()}):
             compiled = compile_fx(gm, list(example_inputs))
         # the post-grad pre pass always runs when Inductor compiles the graph

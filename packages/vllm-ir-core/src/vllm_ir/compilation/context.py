@@ -64,6 +64,9 @@ class PassContext:
     clones_inserted: int = 0
     clones_removed: int = 0
     clones_kept: dict[str, str] = field(default_factory=dict)
+    eager_fallback: str | None = None
+    """Why the graph was run eagerly instead of compiled (a program torch itself
+    compiles wrongly, :mod:`vllm_ir.compilation.upstream_hazards`), or None."""
     views_rebased: int = 0
     """``as_strided`` views taken from the root of their view chain instead
     (see :mod:`vllm_ir.compilation.absolute_views`)."""
