@@ -111,9 +111,16 @@ def _plan(model: nn.Module, ops: tuple[str, ...], report: Report) -> list[_Plan]
     def skip(name: str, module: nn.Module, op: str, reason: str) -> None:
         report.skipped.append(Skip(name or "<root>", type(module).__name__, op, reason))
 
-    def replace(name: str, module: nn.Module, op: str, how: str, plan: _Plan) -> None:
+    def replace(
+        name: str,
+        module: nn.Module,
+        op: str,
+        how: str,
+        apply: Callable[[], None],
+        revert: Callable[[], None],
+    ) -> None:
         report.replaced.append(Replacement(name or "<root>", type(module).__name__, op, how))
-        plans.append(plan)
+        plans.append(_Plan(name, module, op, apply, revert))
 
     modules = list(model.named_modules())
     with torch.no_grad():
@@ -133,13 +140,8 @@ def _plan(model: nn.Module, ops: tuple[str, ...], report: Report) -> list[_Plan]
                         module,
                         "rms_norm",
                         spec.how,
-                        _Plan(
-                            name,
-                            module,
-                            "rms_norm",
-                            _bind(norm.apply_norm, module, spec),
-                            _bind(norm.revert_norm, module),
-                        ),
+                        _bind(norm.apply_norm, module, spec),
+                        _bind(norm.revert_norm, module),
                     )
         if "silu_and_mul" in ops:
             for name, module in modules:
@@ -155,13 +157,8 @@ def _plan(model: nn.Module, ops: tuple[str, ...], report: Report) -> list[_Plan]
                     module,
                     "silu_and_mul",
                     mspec.how,
-                    _Plan(
-                        name,
-                        module,
-                        "silu_and_mul",
-                        _bind(mlp.apply_mlp, module, mspec),
-                        _bind(mlp.revert_mlp, module),
-                    ),
+                    _bind(mlp.apply_mlp, module, mspec),
+                    _bind(mlp.revert_mlp, module),
                 )
         if "fused_add_rms_norm" in ops:
             for name, module in modules:
@@ -180,13 +177,8 @@ def _plan(model: nn.Module, ops: tuple[str, ...], report: Report) -> list[_Plan]
                     module,
                     "fused_add_rms_norm",
                     how,
-                    _Plan(
-                        name,
-                        module,
-                        "fused_add_rms_norm",
-                        _bind(decoder.apply_decoder, module, dspec),
-                        _bind(decoder.revert_decoder, module),
-                    ),
+                    _bind(decoder.apply_decoder, module, dspec),
+                    _bind(decoder.revert_decoder, module),
                 )
     return plans
 

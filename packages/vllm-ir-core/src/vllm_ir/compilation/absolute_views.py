@@ -125,6 +125,8 @@ def _static_offset(node: fx.Node) -> int | None:
 def resolve_storage_offsets(graph: fx.Graph) -> int:
     """Replace each ``aten.sym_storage_offset`` node by the offset's value; the count."""
     nodes = list(graph.find_nodes(op="call_function", target=_STORAGE_OFFSET))
+    if not nodes:  # the common case: no impl read an offset under dynamic shapes
+        return 0
     symbols = _Symbols(graph)
     for node in nodes:
         tensor = node.args[0]
