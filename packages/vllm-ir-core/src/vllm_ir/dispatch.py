@@ -107,10 +107,30 @@ def _rejection(
     if batch_invariant and not impl.batch_invariant:
         return f"not batch invariant ({envs.VLLM_BATCH_INVARIANT}=1)"
     if impl.supports_args is not None:
-        answer = impl.supports_args(*args)
+        try:
+            answer = impl.supports_args(*args)
+        except RuntimeError as error:
+            if not _reads_missing_data_pointer(args, error):
+                raise
+            # FakeTensors (torch.compile) have no memory: the alignment is unknown
+            return NO_DATA_POINTER
         if not _check_plain_bool(op_name, impl, answer):
             return "arguments not supported (supports_args returned False)"
     return None
+
+
+NO_DATA_POINTER = (
+    "arguments not supported when compiling: supports_args reads the data pointer, "
+    "which torch.compile's FakeTensors do not have (compiled selection declines)"
+)
+"""The rejection of an impl whose ``supports_args`` reads ``data_ptr()`` of a FakeTensor."""
+
+
+def _reads_missing_data_pointer(args: tuple[Any, ...], error: RuntimeError) -> bool:
+    """Whether ``error`` is a FakeTensor's refusal to give its data pointer."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return "data pointer" in str(error) and any(is_fake(a) for a in args)
 
 
 def select(

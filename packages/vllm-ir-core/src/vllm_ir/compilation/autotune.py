@@ -20,6 +20,9 @@ What is timed, for one distinct ``(op, argument metadata)``:
   generator (:mod:`vllm_ir.samples`): the mean and spread of its first sample's
   tensor in the same position, so scales stay positive and weights near one.
   Ops without one get ``randn`` (``rand + 0.5`` for parameters named ``*scale*``).
+  Integer tensors (indices, positions) get values in ``[0, n)``, ``n`` the
+  smallest leading dimension of the other tensor arguments, so they index
+  valid rows; boolean tensors get random masks.
 * **In-place impls** run on fresh copies of their activations each call (made
   outside the timed region), so every call sees the same inputs.
 * **native** is timed as Inductor compiles it on its own (``make_fx`` of the
@@ -41,11 +44,12 @@ fastest count as ties, broken by priority order.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -224,19 +228,38 @@ def real_inputs(op: IrOp, args: Sequence[Any]) -> tuple[Any, ...]:
                 continue
             shape = [int(_hint(s)) for s in a.shape]
             stride = [int(_hint(s)) for s in a.stride()]
-            if i in stats:
-                mean, std = stats[i]
-            else:
-                mean, std = (1.0, 0.25) if "scale" in names[i] else (0.0, 1.0)
             # the elements a tensor of this shape and these strides spans
             size = sum((s - 1) * st for s, st in zip(shape, stride, strict=True)) + 1
             size = size if all(shape) else 0
-            values = torch.randn(size, generator=gen) * std + mean
-            if std == 0.0 or "scale" in names[i]:
-                values = values.abs()
+            if a.dtype == torch.bool:
+                values = torch.rand(size, generator=gen) < 0.5
+            elif not (a.dtype.is_floating_point or a.dtype.is_complex):
+                # integers are indices more often than not: keep them valid for
+                # every other tensor argument's leading dimension
+                values = torch.randint(0, _index_bound(args, i), (size,), generator=gen)
+            else:
+                if i in stats:
+                    mean, std = stats[i]
+                else:
+                    mean, std = (1.0, 0.25) if "scale" in names[i] else (0.0, 1.0)
+                values = torch.randn(size, generator=gen) * std + mean
+                if std == 0.0 or "scale" in names[i]:
+                    values = values.abs()
             buffer = values.to(dtype=a.dtype, device=a.device)
             out.append(buffer.as_strided(shape, stride))
     return tuple(out)
+
+
+def _index_bound(args: Sequence[Any], position: int) -> int:
+    """Exclusive bound for the values of integer argument ``position``: the smallest
+    leading dimension of the other tensor arguments (1 when there is none), so an
+    index tensor addresses valid rows of whichever tensor it indexes."""
+    rows = [
+        int(_hint(a.shape[0]))
+        for j, a in enumerate(args)
+        if j != position and isinstance(a, torch.Tensor) and a.dim() > 0
+    ]
+    return max(1, min(rows, default=1))
 
 
 def _fresh_call(op: IrOp, impl: IrOpImpl, inputs: tuple[Any, ...]) -> Prepare:
@@ -281,11 +304,39 @@ def _compile_alone(fn: Callable[..., object], tensors: list[torch.Tensor]) -> Ca
 
     # Called from inside a compilation: none of its hooks (our passes) may run here.
     hooks = dict.fromkeys(
-        ("pre_grad_custom_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass")
+        (
+            "pre_grad_custom_pass",
+            "joint_custom_pre_pass",
+            "post_grad_custom_pre_pass",
+            "post_grad_custom_post_pass",
+        )
     )
-    with inductor_config.patch(hooks):
+    with inductor_config.patch(hooks), _outside_current_compile():
         gm = make_fx(fn)(*tensors)
         return compile_fx(gm, tensors)  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _outside_current_compile() -> Iterator[None]:
+    """Run a nested ``compile_fx`` as if no compile were open.
+
+    With Inductor's caches on, a compile collects the Triton kernels it makes
+    into its cache entry through the class-level ``TritonBundler`` (torch 2.13):
+    a nested compile finds the outer one's bundle open (``begin_compile``
+    asserts) and closes it when done. The outer bundle is set aside and
+    restored, so both compiles bundle their own kernels.
+    """
+    from torch._inductor.triton_bundler import TritonBundler
+
+    fields = ("_entries", "_static_autotuners", "_winners")
+    saved = {name: getattr(TritonBundler, name, None) for name in fields}
+    for name in fields:
+        setattr(TritonBundler, name, None)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(TritonBundler, name, value)
 
 
 _overheads: dict[str, float] = {}

@@ -18,15 +18,18 @@ compile-mode priorities. Two stages, because of where Inductor looks:
   the clones that are provably unnecessary. Raw in-place kernels are placed
   after Inductor's passes because those assume a functional graph.
 
-Each ``(impl, argument metadata)`` is traced once and its graph reused for
-every other node with the same metadata (dtype, device, shape, strides and
-storage offset of every tensor: an impl may read any of them while traced).
+Each ``(impl, argument metadata)`` is traced once per compile and its graph
+reused for every other node with the same metadata (dtype, device, shape,
+strides and storage offset of every tensor: an impl may read any of them
+while traced). Traces are never reused across compiles: symbolic sizes of the
+same name stand for other sizes under other guards after a recompile.
 """
 
 from __future__ import annotations
 
 import contextlib
 import operator
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -84,6 +87,8 @@ class LoweringPass:
         """An ``Autotuner`` choosing impls by measurement, or None: ``op.dispatch``."""
         self.selected_impls: dict[str, dict[str, str]] = {}
         self._traced: dict[tuple[Any, ...], _Trace] = {}
+        self._traced_env: weakref.ref[Any] | None = None
+        """The ShapeEnv the traces in ``_traced`` were made in."""
         self.pre = _LoweringStage(self, inplace=False)
         self.post = _LoweringStage(self, inplace=True)
 
@@ -161,10 +166,12 @@ class LoweringPass:
         # not serve op(a, b), so which arguments are the same node is keyed too.
         same = tuple(next(j for j, b in enumerate(args) if b is a) for a in args)
         key = (op.name, impl.provider, impl.impl_fn, same, *map(_metadata, fake_args))
+        tensor_pos = [i for i, a in enumerate(args) if isinstance(a, fx.Node)]
+        fake_mode = detect_fake_mode([fake_args[i] for i in tensor_pos])
+        self._forget_other_shape_envs(fake_mode)
         cached = self._traced.get(key)
         if cached is not None:
             return cached
-        tensor_pos = [i for i, a in enumerate(args) if isinstance(a, fx.Node)]
         constants = list(fake_args)
         activations = op._activation_idx if impl.inplace else frozenset()
 
@@ -176,7 +183,6 @@ class LoweringPass:
 
         # The clones must survive tracing: no no-op removal for inplace impls.
         # In the arguments' fake mode, tensors an impl allocates are fake too.
-        fake_mode = detect_fake_mode([fake_args[i] for i in tensor_pos])
         names = list(op.signature.parameters)
         tensor_names = [names[i] for i in tensor_pos]
         traced = call if impl.inplace else _functionalized(call, op, impl, tensor_names)
@@ -187,6 +193,21 @@ class LoweringPass:
         trace = _Trace(gm, _fresh_static_nodes(gm), _addresses_storage(gm))
         self._traced[key] = trace
         return trace
+
+
+    def _forget_other_shape_envs(self, fake_mode: Any) -> None:
+        """Keep traces of this compile's ShapeEnv only.
+
+        A trace is valid under the guards its ShapeEnv held when it was made (an
+        impl branching on ``rows <= 8`` adds that guard); after a recompile the
+        same symbol names (``s0``) stand for sizes under other guards, so a trace
+        never outlives the ShapeEnv it was made in.
+        """
+        owner = getattr(fake_mode, "shape_env", None) or fake_mode
+        current = self._traced_env() if self._traced_env is not None else None
+        if owner is None or current is not owner:
+            self._traced.clear()
+            self._traced_env = weakref.ref(owner) if owner is not None else None
 
 
 class _LoweringStage(VllmIRPass):

@@ -76,7 +76,8 @@ class SequenceParallelismPass(VllmIRPass):
             return 0
         source, reduce_op, group_name = reduce.args[:3]
         value = wait.meta.get("val")
-        why = self._unsupported(wait, reduce, value, group_name)
+        residual = args[1] if op is fused_add_rms_norm else None
+        why = self._unsupported(wait, reduce, value, group_name, residual)
         if why:
             logger.debug("%s: %s left alone: %s", self.name, node.name, why)
             return 0
@@ -140,11 +141,22 @@ class SequenceParallelismPass(VllmIRPass):
         return 1
 
     @staticmethod
-    def _unsupported(wait: fx.Node, reduce: fx.Node, value: Any, group_name: Any) -> str | None:
+    def _unsupported(
+        wait: fx.Node, reduce: fx.Node, value: Any, group_name: Any, residual: Any = None
+    ) -> str | None:
         if len(wait.users) != 1 or len(reduce.users) != 1:
             return "the all-reduced value has other users"
-        if not isinstance(value, torch.Tensor) or value.dim() < 1:
+        if not isinstance(value, torch.Tensor):
             return "no tensor metadata"
+        # dim 0 is a token dimension only with a hidden dimension after it
+        if value.dim() < 2:
+            return f"a {value.dim()}-D value has no token dimension to split"
+        if residual is not None:
+            # the residual is sliced along the same tokens: it must have them all
+            rval = residual.meta.get("val") if isinstance(residual, fx.Node) else None
+            if not isinstance(rval, torch.Tensor) or tuple(rval.shape) != tuple(value.shape):
+                shape = tuple(rval.shape) if isinstance(rval, torch.Tensor) else None
+                return f"the residual's shape {shape} is not the value's {tuple(value.shape)}"
         tokens = value.shape[0]
         if not isinstance(tokens, int):
             return "the token count is dynamic"
