@@ -5,10 +5,13 @@ Pipeline per graph::
     Dynamo graph (vllm_ir.* nodes, maybe_inplace included)
       pre-grad      InplaceFunctionalizationPass   maybe_inplace -> default, donations checked
       AOTAutograd   functionalization
+      joint pre     AbsoluteViewRecordPass         as_strided input offsets recorded
+      (Inductor's no-op removal)
       post-grad pre LoweringPass.pre               functional impls inlined
       (Inductor's own post-grad passes: pattern matching, reinplacing)
       post-grad post LoweringPass.post             inplace impls inlined, with clones
                      CloneEliminationPass          unnecessary clones removed
+                     AbsoluteViewPass              as_strided addressed from storage roots
       Inductor codegen
 """
 
@@ -24,7 +27,7 @@ from torch import fx
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from vllm_ir.compilation.absolute_views import AbsoluteViewPass
+from vllm_ir.compilation.absolute_views import AbsoluteViewPass, AbsoluteViewRecordPass
 from vllm_ir.compilation.autotune import Autotuner
 from vllm_ir.compilation.clone_elimination import CloneEliminationPass
 from vllm_ir.compilation.context import PassContext, pass_context
@@ -48,7 +51,12 @@ _BUILTIN_PASSES: dict[str, Callable[[], Any]] = {
     "sequence_parallel": SequenceParallelismPass,
 }
 
-_HOOKS = ("pre_grad_custom_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass")
+_HOOKS = (
+    "pre_grad_custom_pass",
+    "joint_custom_pre_pass",
+    "post_grad_custom_pre_pass",
+    "post_grad_custom_post_pass",
+)
 
 
 class ComposedPass(CustomGraphPass):
@@ -131,6 +139,7 @@ class VllmIRBackend:
         self.functionalization_pass = InplaceFunctionalizationPass()
         self.clone_elimination_pass = CloneEliminationPass()
         self.absolute_view_pass = AbsoluteViewPass()
+        self.absolute_view_record_pass = AbsoluteViewRecordPass()
         self.options = dict(options or {})
         bad = [k for k in self.options if k in _HOOKS]
         if bad:
@@ -144,6 +153,7 @@ class VllmIRBackend:
     def _hooks(self) -> dict[str, Any]:
         ours = {
             "pre_grad_custom_pass": self.functionalization_pass,
+            "joint_custom_pre_pass": self.absolute_view_record_pass,
             "post_grad_custom_pre_pass": (
                 ComposedPass(*self.ir_passes, self.lowering_pass.pre)
                 if self.ir_passes

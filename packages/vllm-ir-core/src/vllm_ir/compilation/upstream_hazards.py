@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 __all__ = ["as_strided_input_mutation", "has_dynamic_inputs"]
 
@@ -69,7 +70,14 @@ _VIEW_METHODS = frozenset(
         "__getitem__",
     }
 )
-_AS_STRIDED = (torch.as_strided, torch.Tensor.as_strided, torch.ops.aten.as_strided.default)
+_AS_STRIDED = (
+    torch.as_strided,
+    torch.Tensor.as_strided,
+    torch.ops.aten.as_strided.default,
+    torch.as_strided_,
+    torch.Tensor.as_strided_,
+    torch.ops.aten.as_strided_.default,
+)
 _INPLACE_OPERATORS = frozenset(
     {
         operator.setitem,
@@ -119,15 +127,38 @@ def as_strided_input_mutation(graph: fx.Graph, *, dynamic: bool) -> str | None:
 
 
 def _aliases(placeholder: fx.Node) -> set[fx.Node]:
-    """The placeholder and the views taken of it (transitively)."""
+    """The placeholder and the views taken of it (transitively).
+
+    A node is a view when its example value (Dynamo's FakeTensor) shares the
+    placeholder's storage, however the view was spelled (``x.T``, ``x.real``,
+    ``x.data``, ``aten.alias``, ...); nodes without an example value are
+    followed by name, as before.
+    """
+    storage = _storage(placeholder)
     found = {placeholder}
     stack = [placeholder]
     while stack:
         for user in stack.pop().users:
-            if user not in found and _is_view_of(user, found):
+            if user in found:
+                continue
+            theirs = _storage(user) if storage is not None else None
+            same = theirs is not None and theirs == storage
+            if same or _is_view_of(user, found):
                 found.add(user)
                 stack.append(user)
     return found
+
+
+def _storage(node: fx.Node) -> Any:
+    value = node.meta.get("example_value", node.meta.get("val"))
+    if isinstance(value, (list, tuple)):  # split / chunk / unbind: their pieces
+        value = next((v for v in value if isinstance(v, torch.Tensor)), None)
+    if not isinstance(value, torch.Tensor):
+        return None
+    try:
+        return StorageWeakRef(value.untyped_storage())
+    except (RuntimeError, NotImplementedError):  # tensors without storage
+        return None
 
 
 def _is_view_of(node: fx.Node, nodes: set[fx.Node]) -> bool:
@@ -146,7 +177,7 @@ def _is_view_of(node: fx.Node, nodes: set[fx.Node]) -> bool:
 
 def _is_as_strided(node: fx.Node) -> bool:
     if node.op == "call_method":
-        return node.target == "as_strided"
+        return node.target in ("as_strided", "as_strided_")
     return node.op == "call_function" and node.target in _AS_STRIDED
 
 
