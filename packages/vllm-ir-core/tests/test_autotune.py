@@ -290,3 +290,57 @@ def test_compiled_call_overhead_is_taken_off_native(
         assert tuner.choose(op, "n", (X, 2.0)).provider == "native"  # native: 8.0
     assert ctx.autotuned["n"].native_overhead_s == 2.0
     assert ctx.autotuned["n"].times_s["native"] == 8.0
+
+
+def test_autotune_measures_with_inductor_caches_on(tmp_path: Path) -> None:
+    """Inductor's caches as users have them: native is compiled alone (a nested
+    compile_fx) while the model's compile is open; a second CPU impl is really
+    timed. A random factor in the program makes every run a cache miss."""
+    from vllm_ir.compilation.autotune import WallClockTimer
+
+    name = f"autotune_caches_on_{torch.randint(0, 2**31, ()).item()}"
+
+    @ir.register_op(name=name)
+    def shift(x: Tensor, y: Tensor) -> Tensor:
+        return x * 2 + y
+
+    @shift.register_impl("second")
+    def _second(x: Tensor, y: Tensor) -> Tensor:
+        return torch.addcmul(y, x, torch.full_like(x, 2.0))
+
+    try:
+        factor = float(torch.rand(()).item()) + 1.0
+        x, y = torch.randn(16, 64), torch.randn(16, 64)
+        tuner = Autotuner(timer=WallClockTimer(warmup=1, runs=3), persist=False)
+        backend = VllmIRBackend(autotune=tuner, priority={name: ["second", "native"]})
+        with torch.no_grad():
+            got = torch.compile(lambda a, b: shift(a * factor, b), backend=backend)(x, y)
+        torch.testing.assert_close(got, x * factor * 2 + y)
+        (record,) = backend.pass_contexts[-1].autotuned.values()
+        assert set(record.times_s) == {"second", "native"}
+        assert all(t > 0 for t in record.times_s.values())
+    finally:
+        shift._unregister()
+
+
+def test_integer_inputs_index_valid_rows(make_op: Callable[..., ir.IrOp]) -> None:
+    """Embedding-style ops: index tensors get values in range, so candidates run."""
+    from vllm_ir.compilation.autotune import WallClockTimer, measure, real_inputs
+
+    def embed(ids: Tensor, weight: Tensor) -> Tensor:
+        return torch.nn.functional.embedding(ids, weight)
+
+    op = make_op(embed)
+
+    @op.register_impl("index_select")
+    def _index_select(ids: Tensor, weight: Tensor) -> Tensor:
+        return weight.index_select(0, ids.reshape(-1)).reshape(*ids.shape, weight.shape[-1])
+
+    args = (torch.zeros(4, 3, dtype=torch.int64), torch.zeros(8, 4))
+    ids, _ = real_inputs(op, args)
+    assert ids.dtype == torch.int64
+    assert ids.min() >= 0
+    assert ids.max() < 8
+    assert len(set(ids.flatten().tolist())) > 1  # not all one row
+    times = measure(op, list(op.impls.values()), args, WallClockTimer(warmup=0, runs=1))
+    assert set(times) == {"native", "index_select"}

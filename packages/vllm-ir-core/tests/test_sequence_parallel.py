@@ -77,3 +77,22 @@ def test_pass_is_off_by_default_and_switchable() -> None:
         "NormQuantFusionPass",
         "SequenceParallelismPass",
     ]
+
+
+def test_values_without_a_token_dimension_are_left_alone() -> None:
+    """A 1-D value (the hidden dim alone) and a residual that broadcasts over the
+    tokens cannot be split over ranks: the pass says why and leaves them."""
+    import torch
+    from torch import fx
+    from vllm_ir.compilation.sequence_parallel import SequenceParallelismPass
+
+    graph = fx.Graph()
+    reduce = graph.call_function(torch.ops.aten.clone.default, (graph.placeholder("x"),))
+    wait = graph.call_function(torch.ops.aten.clone.default, (reduce,))
+    graph.output(graph.call_function(torch.ops.aten.clone.default, (wait,)))
+    residual = graph.placeholder("residual")
+    why = SequenceParallelismPass._unsupported(wait, reduce, torch.empty(8), "g")
+    assert why == "a 1-D value has no token dimension to split"
+    residual.meta["val"] = torch.empty(1, 8)
+    why = SequenceParallelismPass._unsupported(wait, reduce, torch.empty(4, 8), "g", residual)
+    assert why == "the residual's shape (1, 8) is not the value's (4, 8)"

@@ -108,10 +108,8 @@ def _rejection(
         return f"not batch invariant ({envs.VLLM_BATCH_INVARIANT}=1)"
     if impl.supports_args is not None:
         try:
-            answer = impl.supports_args(*args)
-        except RuntimeError as error:
-            if not _reads_missing_data_pointer(args, error):
-                raise
+            answer = _ask(impl.supports_args, args)
+        except _DataPointerRead:
             # FakeTensors (torch.compile) have no memory: the alignment is unknown
             return NO_DATA_POINTER
         if not _check_plain_bool(op_name, impl, answer):
@@ -126,11 +124,38 @@ NO_DATA_POINTER = (
 """The rejection of an impl whose ``supports_args`` reads ``data_ptr()`` of a FakeTensor."""
 
 
-def _reads_missing_data_pointer(args: tuple[Any, ...], error: RuntimeError) -> bool:
-    """Whether ``error`` is a FakeTensor's refusal to give its data pointer."""
+class _DataPointerRead(Exception):
+    """A predicate asked a FakeTensor for its data pointer."""
+
+
+def _ask(predicate: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """``predicate(*args)``; on FakeTensors, reading ``data_ptr()`` raises
+    :class:`_DataPointerRead` (FakeTensors answer 0 outside a compile, or raise
+    inside one: either way the answer would not be the real tensor's)."""
     from torch._subclasses.fake_tensor import is_fake
 
-    return "data pointer" in str(error) and any(is_fake(a) for a in args)
+    if not any(is_fake(a) for a in args):
+        return predicate(*args)
+    try:
+        with _no_data_pointers():
+            return predicate(*args)
+    except RuntimeError as error:
+        if "data pointer" in str(error):
+            raise _DataPointerRead from error
+        raise
+
+
+def _no_data_pointers() -> Any:
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class NoDataPointers(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is torch.Tensor.data_ptr or func is torch._C.TensorBase.data_ptr:
+                raise _DataPointerRead
+            return func(*args, **(kwargs or {}))
+
+    return NoDataPointers()
 
 
 def select(

@@ -58,7 +58,7 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.utils._python_dispatch import _disable_current_modes
 
 from vllm_ir.compilation.context import _current_context
-from vllm_ir.compilation.pass_base import source_hash
+from vllm_ir.compilation.fingerprint import code_fingerprint
 from vllm_ir.compilation.tuning_cache import TuningCache
 from vllm_ir.config import DEFAULT_AUTOTUNE_MARGIN
 from vllm_ir.impl import IrOpImpl
@@ -380,7 +380,7 @@ def metadata_key(op: IrOp, impls: Sequence[IrOpImpl], args: Sequence[Any], setti
     """The tuning cache key: op, candidates and their sources, argument metadata, and the
     decision settings (margin, overhead subtraction)."""
     parts: list[Any] = [op.name, settings]
-    parts += [(i.provider, source_hash(i.impl_fn)) for i in impls]
+    parts += [(i.provider, code_fingerprint(i.impl_fn, i.supports_args)) for i in impls]
     for a in args:
         if isinstance(a, torch.Tensor):
             parts.append(

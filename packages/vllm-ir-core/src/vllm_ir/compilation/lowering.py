@@ -44,9 +44,11 @@ from torch.utils import _pytree as pytree
 
 from vllm_ir.compilation.aliasing import is_write
 from vllm_ir.compilation.context import DONATED_INPUTS_META, DONATED_META, get_pass_context
+from vllm_ir.compilation.fingerprint import code_fingerprint
 from vllm_ir.compilation.functionalize import input_signature
 from vllm_ir.compilation.ir_nodes import call_args, ir_op_of, is_ir_node
-from vllm_ir.compilation.pass_base import VllmIRPass, source_hash
+from vllm_ir.compilation.pass_base import VllmIRPass
+from vllm_ir.dispatch import selection_env
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
@@ -98,16 +100,23 @@ class LoweringPass:
             yield
 
     def cache_state(self) -> Any:
-        """Effective compiled priorities and the source of every impl they may pick."""
+        """Every input of compiled selection and lowering (the FX graph cache key).
+
+        The selection environment (``VLLM_BATCH_INVARIANT``, the platform), the
+        effective compiled priorities, and for every impl they may pick: its
+        flags, and the code of the impl, its ``supports_args`` and everything
+        they call (:func:`~vllm_ir.compilation.fingerprint.code_fingerprint`).
+        """
         from vllm_ir.op import IrOp as _IrOp
 
-        state = []
+        env = selection_env()
+        state: list[Any] = [("env", env.batch_invariant, env.platform)]
         with self._selection():
             for name, op in sorted(_IrOp.registry.items()):
                 entries = [e.provider for e in effective_priority(name)]
                 impls = op.impls
-                sources = [source_hash(impls[p].impl_fn) for p in entries if p in impls]
-                state.append((name, tuple(entries), tuple(sources)))
+                picked = [impls[p] for p in entries if p in impls]
+                state.append((name, tuple(entries), tuple(map(_impl_state, picked))))
         if self.autotuner is not None:
             state.append(self.autotuner.cache_state())
         return tuple(state)
@@ -194,7 +203,6 @@ class LoweringPass:
         self._traced[key] = trace
         return trace
 
-
     def _forget_other_shape_envs(self, fake_mode: Any) -> None:
         """Keep traces of this compile's ShapeEnv only.
 
@@ -221,6 +229,12 @@ class _LoweringStage(VllmIRPass):
 
     def cache_state(self) -> Any:
         return (self.inplace, self.lowering.cache_state())
+
+
+def _impl_state(impl: IrOpImpl) -> tuple[Any, ...]:
+    """What of an impl a lowered graph depends on."""
+    flags = (impl.supported, impl.inplace, impl.batch_invariant, impl.supports_args is None)
+    return (impl.provider, flags, code_fingerprint(impl.impl_fn, impl.supports_args))
 
 
 _ABSOLUTE_VIEWS = frozenset(
