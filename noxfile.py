@@ -182,7 +182,9 @@ def fuzz(session: nox.Session) -> None:
     Pass level: ``VLLM_IR_FUZZ_PROGRAMS`` random FX programs (default 10,000)
     through clone elimination, with and without. End to end:
     ``VLLM_IR_FUZZ_COMPILES`` random IR programs (default 300) compiled with
-    ``VllmIRBackend`` against eager. Counts land in
+    ``VllmIRBackend`` against eager. Against plain Inductor:
+    ``VLLM_IR_FUZZ_INDUCTOR`` programs per family (default 50; views without IR
+    ops, pieces, recompiles, autotune). Counts land in
     benchmarks/results/compile_fuzz.json. The two run side by side (pytest-xdist).
     """
     _install(session, CORE)
@@ -195,6 +197,8 @@ def fuzz(session: nox.Session) -> None:
         "VLLM_IR_FUZZ_COMPILES": os.environ.get("VLLM_IR_FUZZ_COMPILES", "300"),
         "VLLM_IR_FUZZ_PASS_SEED": os.environ.get("VLLM_IR_FUZZ_PASS_SEED", "20000"),
         "VLLM_IR_FUZZ_COMPILE_SEED": os.environ.get("VLLM_IR_FUZZ_COMPILE_SEED", "1000"),
+        "VLLM_IR_FUZZ_INDUCTOR": os.environ.get("VLLM_IR_FUZZ_INDUCTOR", "50"),
+        "VLLM_IR_FUZZ_INDUCTOR_SEED": os.environ.get("VLLM_IR_FUZZ_INDUCTOR_SEED", "100"),
         "VLLM_IR_FUZZ_REPORT": str(report),
     }
     tests = PACKAGES[CORE] / "tests"
@@ -202,6 +206,7 @@ def fuzz(session: nox.Session) -> None:
         *("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"),
         str(tests / "test_clone_elimination_fuzz.py"),
         str(tests / "test_compile_fuzz.py"),
+        str(tests / "test_inductor_fuzz.py"),
         *session.posargs,
         env=env,
     )

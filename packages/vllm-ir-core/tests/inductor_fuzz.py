@@ -1,0 +1,279 @@
+"""Differential fuzzing against plain Inductor: VllmIRBackend is never wrong
+where ``backend="inductor"`` is right.
+
+Families (``FAMILIES``), each a generator of random programs over one
+``(rows, 6)`` input, compared with eager under both backends:
+
+* ``views``: no IR op. Arithmetic, then a random chain of views (slices,
+  ``narrow``, transposes, ``split``/``chunk``/``unbind`` pieces, reshapes, an
+  ``int32`` reinterpretation), copies Inductor's no-op removal drops
+  (``clone``, ``cat([x])``, ``repeat``, a zero pad, ``to(copy=True)``,
+  ``x ** 1``, ``empty_like(x).copy_(x)``), in-place writes, and an
+  ``as_strided`` at an absolute (or omitted) offset kept inside the storage.
+* ``pieces``: the same chains ending in an IR op whose impl reads its
+  argument through ``x.as_strided(x.size(), x.stride(), x.storage_offset())``.
+* ``recompiles``: one backend, called with new row counts, strides
+  (a transposed input) and dtypes; impls that branch on the row count.
+* ``autotune``: the ``pieces`` programs with autotune on, under a fake timer
+  (random times) or a real one.
+
+Half the cases compile with dynamic shapes. A case where Inductor is right and
+vllm-ir wrong is a failure; where both are wrong it is counted as upstream.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import vllm_ir as ir
+from torch import Tensor
+from vllm_ir.compilation.autotune import Autotuner, WallClockTimer
+from vllm_ir.testing import inductor_caches_off
+
+COLS = 6
+FAMILIES = ("views", "pieces", "recompiles", "autotune")
+
+
+@ir.register_op(name="inductor_fuzz_offset_reader")
+def offset_reader(x: Tensor) -> Tensor:
+    return x * 3 + 1
+
+
+@offset_reader.register_impl("strided")
+def _offset_reader_strided(x: Tensor) -> Tensor:
+    return x.as_strided(x.size(), x.stride(), x.storage_offset()) * 3 + 1
+
+
+@offset_reader.register_impl("by_rows")
+def _offset_reader_by_rows(x: Tensor) -> Tensor:
+    if x.dim() > 0 and x.shape[0] <= 4:  # a "decode" path: guards the trace on rows
+        return x + x + x + 1
+    return x * 3 + 1
+
+
+PRIORITY = {"inductor_fuzz_offset_reader": ["strided", "native"]}
+
+COPIES: dict[str, Callable[[Tensor], Tensor]] = {
+    "clone": lambda t: t.clone(),
+    "cat": lambda t: torch.cat([t]),
+    "repeat": lambda t: t.repeat(*([1] * t.dim())),
+    "pad": lambda t: F.pad(t, (0, 0)),
+    "to_copy": lambda t: t.to(copy=True),
+    "pow1": lambda t: t**1,
+    "empty_like_copy": lambda t: torch.empty_like(t).copy_(t),
+}
+
+
+@dataclass
+class Step:
+    """One operation of a program; ``describe`` is its source-like text."""
+
+    describe: str
+    apply: Callable[[Tensor], Tensor]
+
+
+def _view_steps(rng: random.Random, t: Tensor) -> list[Step]:
+    """Views that are valid for ``t``'s shape (rank 1 or 2, floating)."""
+    steps: list[Step] = []
+    if t.dim() == 2 and t.shape[0] >= 2:
+        a = rng.randrange(0, t.shape[0] - 1)
+        steps.append(Step(f"[{a}:]", lambda x, a=a: x[a:]))
+        n = rng.randint(1, t.shape[0] - a)
+        steps.append(Step(f".narrow(0, {a}, {n})", lambda x, a=a, n=n: x.narrow(0, a, n)))
+        steps.append(Step(".chunk(2)[-1]", lambda x: x.chunk(2)[-1]))
+        steps.append(Step(".split(2)[-1]", lambda x: x.split(2)[-1]))
+        steps.append(Step(".unbind(0)[1]", lambda x: x.unbind(0)[1]))
+        steps.append(Step(".t()", lambda x: x.t()))
+    if t.dim() == 2 and t.is_contiguous():
+        steps.append(Step(".view(-1)", lambda x: x.view(-1)))
+        if t.dtype == torch.float32:
+            steps.append(Step(".view(torch.int32)", lambda x: x.view(torch.int32)))
+    if t.dim() == 1 and t.shape[0] % COLS == 0 and t.shape[0] >= COLS:
+        steps.append(Step(f".view(-1, {COLS})", lambda x: x.view(-1, COLS)))
+    if t.dim() == 1 and t.shape[0] >= 2:
+        steps.append(Step("[1:]", lambda x: x[1:]))
+        steps.append(Step(".unsqueeze(0)", lambda x: x.unsqueeze(0)))
+    return steps
+
+
+def _random_steps(rng: random.Random, x: Tensor, *, ending: str) -> list[Step]:
+    """A random program on ``x``, ending in an ``as_strided`` or an IR op."""
+    steps = [Step(f" * {k} + 1", lambda t, k=k: t * k + 1) for k in (rng.choice([2, 3]),)]
+    t = steps[0].apply(x)
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.random()
+        if kind < 0.55:
+            choices = _view_steps(rng, t)
+            if not choices:
+                continue
+            step = rng.choice(choices)
+        elif kind < 0.85 and t.dtype.is_floating_point:
+            name = rng.choice(list(COPIES))
+            step = Step(f".{name}()", COPIES[name])
+        elif t.dtype.is_floating_point:
+            step = Step(".add_(1)", lambda v: v.add_(1))
+        else:
+            continue
+        t = step.apply(t)
+        steps.append(step)
+    if t.dtype != torch.float32:  # come back to floats for the ending
+        steps.append(Step(".view(torch.float32)", lambda v: v.view(torch.float32)))
+        t = steps[-1].apply(t)
+    if ending == "ir_op":
+        steps.append(Step(" -> offset_reader", offset_reader))
+        return steps
+    # an as_strided inside the storage of t, at an absolute or the implicit offset
+    room = t.untyped_storage().nbytes() // t.element_size()
+    rows, cols = rng.randint(1, 2), rng.randint(1, 3)
+    s0, s1 = rng.choice([(cols, 1), (1, rows), (COLS, 1)])
+    span = (rows - 1) * s0 + (cols - 1) * s1 + 1
+    if span > room:
+        rows, cols, s0, s1, span = 1, 1, 1, 1, 1
+    if rng.random() < 0.3 and t.storage_offset() + span <= room:
+        steps.append(
+            Step(
+                f".as_strided(({rows}, {cols}), ({s0}, {s1}))",
+                lambda v, r=rows, c=cols, a=s0, b=s1: v.as_strided((r, c), (a, b)),
+            )
+        )
+    else:
+        off = rng.randrange(0, room - span + 1)
+        steps.append(
+            Step(
+                f".as_strided(({rows}, {cols}), ({s0}, {s1}), {off})",
+                lambda v, r=rows, c=cols, a=s0, b=s1, o=off: v.as_strided((r, c), (a, b), o),
+            )
+        )
+    steps.append(Step(" + 0", lambda v: v + 0))
+    return steps
+
+
+@dataclass
+class Case:
+    seed: int
+    family: str
+    steps: list[Step]
+    dynamic: bool
+    inputs: list[Tensor]
+    priority: dict[str, list[str]] = field(default_factory=lambda: dict(PRIORITY))
+    autotune: str | None = None
+
+    def describe(self) -> str:
+        program = "x" + "".join(s.describe for s in self.steps)
+        shapes = [tuple(t.shape) for t in self.inputs]
+        return (
+            f"seed {self.seed} ({self.family}, dynamic={self.dynamic}, "
+            f"autotune={self.autotune}, priority={self.priority}): {program} on {shapes}"
+        )
+
+    def run(self, x: Tensor) -> Tensor:
+        t = x
+        for step in self.steps:
+            t = step.apply(t)
+        return t
+
+
+def _arange(rows: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    return torch.arange(rows * COLS, dtype=dtype).view(rows, COLS)
+
+
+def make_case(seed: int, family: str) -> Case:
+    rng = random.Random(seed)
+    dynamic = rng.random() < 0.5
+    x = _arange(rng.choice([4, 6]))
+    if family == "views":
+        return Case(seed, family, _random_steps(rng, x, ending="as_strided"), dynamic, [x])
+    steps = _random_steps(rng, x, ending="ir_op")
+    if family == "pieces":
+        return Case(seed, family, steps, dynamic, [x])
+    if family == "recompiles":
+        inputs = [x, _arange(8), _arange(6).t().contiguous().t(), _arange(4, torch.float64)]
+        rng.shuffle(inputs)
+        prio = {"inductor_fuzz_offset_reader": [rng.choice(["strided", "by_rows"]), "native"]}
+        return Case(seed, family, steps, dynamic, inputs, prio)
+    assert family == "autotune"
+    prio = {"inductor_fuzz_offset_reader": ["strided", "by_rows", "native"]}
+    return Case(seed, family, steps, dynamic, [x], prio, rng.choice(["fake", "real"]))
+
+
+class _RandomTimer:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def __call__(self, provider: str, prepare: Any, device: torch.device) -> float:
+        return self.rng.uniform(1e-6, 2e-6)
+
+
+@dataclass
+class Stats:
+    cases: Counter[str] = field(default_factory=Counter)
+    calls: Counter[str] = field(default_factory=Counter)
+    regressions: list[str] = field(default_factory=list)
+    """Inductor right, vllm-ir wrong: failures."""
+    upstream: Counter[str] = field(default_factory=Counter)
+    """Both backends wrong (torch's bug)."""
+    fixed_upstream: Counter[str] = field(default_factory=Counter)
+    """Inductor wrong, vllm-ir right."""
+    invalid: Counter[str] = field(default_factory=Counter)
+    """Calls eager refuses (a program generated for another input), skipped."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            family: {
+                "cases": self.cases[family],
+                "calls": self.calls[family],
+                "regressions": sum(r.startswith(f"[{family}]") for r in self.regressions),
+                "both_wrong_upstream": self.upstream[family],
+                "inductor_wrong_vllm_ir_right": self.fixed_upstream[family],
+                "skipped_invalid_calls": self.invalid[family],
+            }
+            for family in FAMILIES
+            if self.cases[family]
+        }
+
+
+def _backend(case: Case) -> Any:
+    if case.autotune is None:
+        return ir.VllmIRBackend(priority=case.priority)
+    timer = _RandomTimer(case.seed) if case.autotune == "fake" else WallClockTimer(0, 1)
+    return ir.VllmIRBackend(
+        priority=case.priority, autotune=Autotuner(timer=timer, persist=False, margin=0.0)
+    )
+
+
+def check_case(case: Case, stats: Stats) -> None:
+    """Compile ``case`` with both backends and call each on every input."""
+    torch._dynamo.reset()
+    ours = torch.compile(case.run, backend=_backend(case), dynamic=case.dynamic or None)
+    theirs = torch.compile(case.run, backend="inductor", dynamic=case.dynamic or None)
+    stats.cases[case.family] += 1
+    op = offset_reader
+    for x in case.inputs:
+        with op.set_priority(case.priority[op.name]), torch.no_grad(), inductor_caches_off():
+            try:
+                want = case.run(x.clone())
+            except RuntimeError:  # the steps do not fit this input (recompiles)
+                stats.invalid[case.family] += 1
+                continue
+            got, plain = ours(x.clone()), theirs(x.clone())
+        stats.calls[case.family] += 1
+        ok, plain_ok = _same(got, want), _same(plain, want)
+        if ok and not plain_ok:
+            stats.fixed_upstream[case.family] += 1
+        elif not ok and not plain_ok:
+            stats.upstream[case.family] += 1
+        elif not ok:
+            stats.regressions.append(
+                f"[{case.family}] {case.describe()}: input {tuple(x.shape)}/{x.stride()} "
+                f"{x.dtype}: eager {want.tolist()} vllm_ir {got.tolist()} (inductor right)"
+            )
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)

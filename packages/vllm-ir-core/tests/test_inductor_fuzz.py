@@ -1,0 +1,52 @@
+"""Differential fuzzing against plain Inductor (the generator: ``inductor_fuzz.py``).
+
+``VLLM_IR_FUZZ_INDUCTOR`` cases per family (``nox -s fuzz`` runs many; the
+unit suite a seeded few), from seed ``VLLM_IR_FUZZ_INDUCTOR_SEED``; counts
+are merged into ``VLLM_IR_FUZZ_REPORT`` under ``against_inductor``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import inductor_fuzz
+import pytest
+import torch
+from test_clone_elimination_fuzz import write_report
+
+CASES = int(os.environ.get("VLLM_IR_FUZZ_INDUCTOR", "1"))
+SEED = int(os.environ.get("VLLM_IR_FUZZ_INDUCTOR_SEED", "0"))
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo() -> Iterator[None]:
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("family", inductor_fuzz.FAMILIES)
+def test_never_wrong_where_inductor_is_right(
+    family: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stats = inductor_fuzz.Stats()
+    start = time.perf_counter()
+    for seed in range(SEED, SEED + CASES):
+        inductor_fuzz.check_case(inductor_fuzz.make_case(seed, family), stats)
+    report = stats.to_json()[family]
+    report.update(first_seed=SEED, seconds=round(time.perf_counter() - start, 1))
+    write_report(f"against_inductor_{family}", report)
+    with capsys.disabled():
+        print(f"\nagainst inductor, {family}: {report}")
+    assert not stats.regressions, "\n".join(stats.regressions[:5])
+    assert stats.calls[family] > 0
+
+
+@pytest.mark.parametrize(
+    ("seed", "family"), [(s, f) for s in range(1, 3) for f in ("views", "pieces")]
+)
+def test_more_seeds_of_the_addressing_families(seed: int, family: str) -> None:
+    stats = inductor_fuzz.Stats()
+    inductor_fuzz.check_case(inductor_fuzz.make_case(seed, family), stats)
+    assert not stats.regressions, "\n".join(stats.regressions)
