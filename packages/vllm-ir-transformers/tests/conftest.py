@@ -82,3 +82,15 @@ def arch_params() -> list[Any]:
 
 
 LLAMA = ARCHS[0]
+
+
+def arch(name: str) -> Arch:
+    return next(a for a in ARCHS if a.name == name)
+
+
+OPERATION_ARCHS = ("llama", "qwen3", "olmo2")
+"""The architectures every post-kernelize operation is tested on (tests/test_operations.py)."""
+
+
+def operation_arch_params() -> list[Any]:
+    return [p for p in arch_params() if p.id in OPERATION_ARCHS]

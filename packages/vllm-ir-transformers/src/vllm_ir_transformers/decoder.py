@@ -143,7 +143,9 @@ def analyze_decoder(module: Any, norm: NormSpec | None, norm_reason: str | None)
     for other in FLOAT_DTYPES:
         if other == dtype:
             continue
-        problem = active_problem(norm.dtypes, norm.rejected, other)
+        problem = next(
+            (f"post_attention_layernorm: {r}" for d, r in norm.rejected if d == other), None
+        )
         if problem is None:
             try:
                 _probe(module, spec, other)

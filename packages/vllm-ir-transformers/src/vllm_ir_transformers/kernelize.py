@@ -21,7 +21,6 @@ SUPPORTED_OPS = ("rms_norm", "silu_and_mul", "fused_add_rms_norm")
 REPORT_ATTR = "_vllm_ir_kernelize_report"
 
 
-
 def _apply(target: _Target) -> None:
     # looked up on each call (not a table bound at import), so the functions can be patched
     apply = {
