@@ -123,8 +123,9 @@ def test_safetensors_save_model(arch: Arch, tmp_path) -> None:
     assert_same_logits(plain, model, ids(10), "no_grad")
     # the file holds the model's weights, loadable into the plain model
     fresh = arch.build(seed=3)
-    safetensors_roundtrip_into = __import__("safetensors.torch", fromlist=["load_model"])
-    safetensors_roundtrip_into.load_model(fresh, str(tmp_path / "model.safetensors"))
+    from safetensors.torch import load_model
+
+    load_model(fresh, str(tmp_path / "model.safetensors"))
     assert_same_logits(plain, fresh, ids(10), "no_grad")
 
 
@@ -159,8 +160,10 @@ def test_report_is_recomputed_and_says_what_runs() -> None:
     # forward, and the report says so instead of listing them as replaced and running
     now = {s.name: s for s in report.current()}
     assert now["model.norm"].impl is None
-    assert "own forward" in now["model.norm"].runs and "bfloat16" in now["model.norm"].runs
-    assert str(report) != text_fp32 and "now (bfloat16, cpu)" in str(report)
+    assert "own forward" in now["model.norm"].runs
+    assert "bfloat16" in now["model.norm"].runs
+    assert str(report) != text_fp32
+    assert "now (bfloat16, cpu)" in str(report)
     assert report.as_dict()["now"][0]["dtype"] == "bfloat16"
     model.float()
     assert all(s.impl is not None for s in report.current())
@@ -194,7 +197,7 @@ def test_moe_experts_are_listed_as_left_alone(config: str, model_cls: str, extra
 
 
 def test_debug_logs_name_the_module(caplog: pytest.LogCaptureFixture) -> None:
-    plain, model = pair(arch("llama"))
+    _, model = pair(arch("llama"))
     model.to(torch.bfloat16)
     with caplog.at_level(logging.DEBUG, logger="vllm_ir"):
         logits = model(ids(12)).logits
