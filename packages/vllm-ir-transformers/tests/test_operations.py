@@ -174,25 +174,45 @@ def test_report_is_recomputed_and_says_what_runs() -> None:
     undo(llama)
 
 
+MOE_SHARED = {"rms_norm": 5, "silu_and_mul": 2, "fused_add_rms_norm": 2}
+
+
 @pytest.mark.parametrize(
-    ("config", "model_cls", "extra"),
+    ("config", "model_cls", "extra", "expected"),
     [
-        ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4}),
-        ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"num_experts": 4, "moe_intermediate_size": 32}),
+        (
+            "MixtralConfig",
+            "MixtralForCausalLM",
+            {"num_local_experts": 4},
+            {"rms_norm": 5, "fused_add_rms_norm": 2},
+        ),
+        (
+            "Qwen3MoeConfig",
+            "Qwen3MoeForCausalLM",
+            {"num_experts": 4, "moe_intermediate_size": 32},
+            {"rms_norm": 9, "fused_add_rms_norm": 2},
+        ),
+        (
+            "Qwen2MoeConfig",
+            "Qwen2MoeForCausalLM",
+            {"num_experts": 4, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64},
+            MOE_SHARED,  # the shared experts are dense MLPs
+        ),
     ],
-    ids=["mixtral", "qwen3-moe"],
+    ids=["mixtral", "qwen3-moe", "qwen2-moe"],
 )
-def test_moe_experts_are_listed_as_left_alone(config: str, model_cls: str, extra) -> None:
-    moe = Arch("moe", config, model_cls, {"num_experts_per_tok": 2, **extra}, {})
+def test_moe_experts_are_listed_as_left_alone(config, model_cls, extra, expected) -> None:
+    moe = Arch("moe", config, model_cls, {"num_experts_per_tok": 2, **extra}, expected)
     if not moe.available():
         pytest.skip(f"transformers lacks {model_cls}")
     plain = moe.build()
     model = copy.deepcopy(plain)
     report = kernelize(model)
+    assert report.by_op() == expected, str(report)
     experts = [s for s in report.skipped if s.name.endswith("mlp.experts")]
     assert len(experts) == 2, str(report)
     assert all("MoE experts" in s.reason for s in experts)
-    assert report.by_op().get("rms_norm", 0) > 0
+    assert "mlp.experts" in str(report)
     assert_same_logits(plain, model, ids(11), "no_grad")
 
 

@@ -158,9 +158,25 @@ def _plan(model: nn.Module, ops: tuple[str, ...], report: Report) -> None:
         fwd.logger.debug("kernelize: %s (%s) -> %s: %s", label, type(module).__name__, op, how)
 
     modules = list(model.named_modules())
+    # a forward already set on the instance (accelerate's hooks, another library's patch)
+    # would be dropped by ours: such modules are left alone
+    patched = {id(m) for _, m in modules if "forward" in m.__dict__}
+    patched_reason = (
+        "its forward is already replaced on the instance (hooks of accelerate or another library?)"
+    )
+
+    def cannot(name: str, module: nn.Module, op: str) -> bool:
+        if id(module) in patched:
+            skip(name, module, op, patched_reason)
+            return True
+        return False
+
     with torch.no_grad():
         for name, module in modules:
             if norm.is_norm_candidate(module):
+                if cannot(name, module, "rms_norm"):
+                    norms[id(module)] = (None, patched_reason)
+                    continue
                 try:
                     spec = norm.analyze_norm(module)
                     norms[id(module)] = (spec, None)
@@ -177,7 +193,7 @@ def _plan(model: nn.Module, ops: tuple[str, ...], report: Report) -> None:
                 if moe is not None:
                     skip(name, module, "silu_and_mul", moe)
                     continue
-                if not mlp.is_mlp_candidate(module):
+                if not mlp.is_mlp_candidate(module) or cannot(name, module, "silu_and_mul"):
                     continue
                 try:
                     mspec = mlp.analyze_mlp(module)
@@ -189,6 +205,8 @@ def _plan(model: nn.Module, ops: tuple[str, ...], report: Report) -> None:
             names = {id(m): n for n, m in modules}
             for name, module in modules:
                 if not decoder.is_decoder_candidate(module):
+                    continue
+                if cannot(name, module, "fused_add_rms_norm"):
                     continue
                 post = module.post_attention_layernorm
                 nspec, reason = norms.get(id(post), (None, "no 1-D weight and epsilon"))
