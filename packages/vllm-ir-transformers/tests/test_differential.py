@@ -24,6 +24,8 @@ from operations import (
 from vllm_ir_transformers import is_kernelized, kernelize, undo
 from vllm_ir_transformers.kernelize import REPORT_ATTR
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 OPERATIONS = (
     "to_bf16",
     "half",

@@ -23,6 +23,8 @@ from operations import (
 from vllm_ir_transformers import is_kernelized, kernelize, undo
 from vllm_ir_transformers.kernelize import REPORT_ATTR
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ARCHS = operation_arch_params()
 
 
