@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -11,24 +12,29 @@ from torch import nn
 from vllm_ir_transformers import _forward as fwd
 from vllm_ir_transformers import decoder, mlp, norm
 from vllm_ir_transformers._checks import NotApplicable
-from vllm_ir_transformers.report import _REVERT, Replacement, Report, Skip, _Target
+from vllm_ir_transformers.report import (
+    _REVERT,
+    REPORT_ATTR,
+    Replacement,
+    Report,
+    Skip,
+    _Target,
+)
 
 __all__ = ["SUPPORTED_OPS", "is_kernelized", "kernelize", "undo"]
 
 SUPPORTED_OPS = ("rms_norm", "silu_and_mul", "fused_add_rms_norm")
 """The ops ``kernelize`` can route layers through, in the order it applies them."""
 
-REPORT_ATTR = "_vllm_ir_kernelize_report"
-
 
 def _apply(target: _Target) -> None:
     # looked up on each call (not a table bound at import), so the functions can be patched
-    apply = {
+    functions: dict[str, Callable[[Any, Any], None]] = {
         "rms_norm": norm.apply_norm,
         "silu_and_mul": mlp.apply_mlp,
         "fused_add_rms_norm": decoder.apply_decoder,
-    }[target.op]
-    apply(target.module, target.spec)
+    }
+    functions[target.op](target.module, target.spec)
 
 
 def _check_ops(ops: Iterable[str] | None) -> tuple[str, ...]:

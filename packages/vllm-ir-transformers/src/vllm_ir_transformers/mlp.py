@@ -198,7 +198,7 @@ def inactive_reason(module: Any, spec: MlpSpec, dtype: torch.dtype) -> str | Non
     return active_problem(spec.dtypes, spec.rejected, dtype)
 
 
-def probe_call(module: Any, spec: MlpSpec) -> tuple[Tensor, ...]:
+def probe_call(module: Any, spec: MlpSpec) -> tuple[Any, ...]:
     """Arguments of a one-token ``silu_and_mul`` call in the layer's dtype and device."""
     weight = _weight(module, spec)
     width = weight.shape[0] * (2 if spec.split else 1)

@@ -155,7 +155,7 @@ def inactive_reason(module: Any, spec: NormSpec, dtype: torch.dtype) -> str | No
     return active_problem(spec.dtypes, spec.rejected, dtype)
 
 
-def probe_call(module: Any, spec: NormSpec) -> tuple[Tensor, ...]:
+def probe_call(module: Any, spec: NormSpec) -> tuple[Any, ...]:
     """Arguments of a one-token call in the layer's current dtype and device (for the report)."""
     weight = norm_weight(module, spec)
     x = weight.new_zeros((1, weight.shape[0]))

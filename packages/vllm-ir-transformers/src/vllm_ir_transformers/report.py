@@ -20,7 +20,10 @@ from torch import nn
 from vllm_ir_transformers import decoder, mlp, norm
 from vllm_ir_transformers._checks import dtype_name
 
-__all__ = ["OPS", "Replacement", "Report", "Skip", "Status"]
+__all__ = ["OPS", "REPORT_ATTR", "Replacement", "Report", "Skip", "Status"]
+
+REPORT_ATTR = "_vllm_ir_kernelize_report"
+"""Where the kernelized model keeps its report (in its ``__dict__``)."""
 
 OPS: dict[str, types.ModuleType] = {
     "rms_norm": norm,
@@ -122,8 +125,6 @@ class Report:
         self._undone = True
         for target in reversed(self._targets):
             _REVERT[target.op](target.module)
-        from vllm_ir_transformers.kernelize import REPORT_ATTR
-
         self._model.__dict__.pop(REPORT_ATTR, None)
 
     def current(self) -> list[Status]:
@@ -171,8 +172,8 @@ class Report:
             if s is not None:
                 lines.append(f"      now ({s.dtype}, {s.device}): {s.runs}")
         lines.append(f"left alone {len(self.skipped)}")
-        for s in self.skipped:
-            lines.append(f"  {s.name} ({s.module_type}) [{s.op}]: {s.reason}")
+        for k in self.skipped:
+            lines.append(f"  {k.name} ({k.module_type}) [{k.op}]: {k.reason}")
         return "\n".join(lines)
 
 
