@@ -82,3 +82,25 @@ def arch_params() -> list[Any]:
 
 
 LLAMA = ARCHS[0]
+
+
+def arch(name: str) -> Arch:
+    return next(a for a in ARCHS if a.name == name)
+
+
+OPERATION_ARCHS = ("llama", "qwen3", "olmo2")
+"""The architectures every post-kernelize operation is tested on (tests/test_operations.py)."""
+
+
+def operation_arch_params() -> list[Any]:
+    return [p for p in arch_params() if p.id in OPERATION_ARCHS]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread; with more, on a loaded CI machine the
+    intra-op threads oversubscribe the cores and the many small ops slow down ~10x."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

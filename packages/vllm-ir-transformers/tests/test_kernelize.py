@@ -252,3 +252,25 @@ def test_post_norm_decoder_layer_is_skipped() -> None:
     report = kernelize(PostNormLayer())
     [skip] = [s for s in report.skipped if s.op == "fused_add_rms_norm"]
     assert "does not compute residual + attention" in skip.reason
+
+
+def test_modules_whose_forward_is_already_patched_are_left_alone() -> None:
+    """An instance-level forward (accelerate's hooks do this) would be dropped by ours."""
+    import functools
+
+    block = Block()
+    calls = []
+
+    def hooked(module, x):
+        calls.append(1)
+        return type(module).forward(module, x)
+
+    block.mlp.forward = functools.partial(hooked, block.mlp)
+    report = kernelize(block)
+    assert [r.name for r in report.replaced] == ["norm"]
+    [skip] = [s for s in report.skipped if s.name == "mlp"]
+    assert "already replaced on the instance" in skip.reason
+    block(_x(2, 32))
+    assert calls == [1]
+    undo(block)
+    assert "forward" in block.mlp.__dict__  # not ours: undo leaves it

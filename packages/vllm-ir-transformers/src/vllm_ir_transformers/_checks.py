@@ -13,9 +13,18 @@ import torch
 from torch import Tensor, nn
 from vllm_ir.tolerances import Tolerance
 
-__all__ = ["NotApplicable", "compare", "probe_input", "weight_problem"]
+__all__ = [
+    "FLOAT_DTYPES",
+    "NotApplicable",
+    "active_problem",
+    "compare",
+    "dtype_name",
+    "probe_input",
+    "weight_problem",
+]
 
-FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+"""The dtypes the IR ops serve; every replacement is probed in each of them."""
 
 
 class NotApplicable(Exception):
@@ -62,3 +71,21 @@ def compare(got: Tensor, want: Tensor, tol: Tolerance) -> tuple[bool, str]:
         return False, f"max abs difference {diff:.3g} beyond atol={tol.atol}, rtol={tol.rtol}"
     diff = (got.float() - want.float()).abs().max().item()
     return True, f"within tolerance on the probe (max abs difference {diff:.3g})"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def active_problem(
+    verified: tuple[torch.dtype, ...],
+    rejected: tuple[tuple[torch.dtype, str], ...],
+    dtype: torch.dtype,
+) -> str | None:
+    """Why a replacement probed in ``verified`` dtypes does not run at ``dtype`` (None: it does)."""
+    if dtype in verified:
+        return None
+    for d, reason in rejected:
+        if d == dtype:
+            return f"not equivalent in {dtype_name(d)}: {reason}"
+    return f"{dtype_name(dtype)} was not probed (probed: {', '.join(map(dtype_name, verified))})"

@@ -23,6 +23,11 @@ The replacement forward does the same with the add and the norm as one
   attention the same arguments. Post-norm layers (OLMo-2), sandwich norms
   (Gemma 2/3) and anything else fail this and stay as they are.
 
+The probe runs in every dtype of :data:`FLOAT_DTYPES` (the norm weights cast
+through ``torch.func.functional_call``); the fused forward runs for hidden
+states whose dtype passed and matches the post-attention norm's weight, and
+the layer's own forward otherwise.
+
 Donation: the attention output is an intermediate of the layer that nothing
 else reads, but the residual is the layer's *input*, which the caller may still
 hold (``output_hidden_states`` records every layer's output, the next layer's
@@ -34,16 +39,24 @@ whole graph, decides what can be reused.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
-from types import MethodType
 from typing import Any
 
 import torch
 import vllm_ir as ir
 from torch import Tensor, nn
 
-from vllm_ir_transformers._checks import NotApplicable, compare, probe_input
+from vllm_ir_transformers import _forward as fwd
+from vllm_ir_transformers._checks import (
+    FLOAT_DTYPES,
+    NotApplicable,
+    active_problem,
+    compare,
+    probe_input,
+    weight_problem,
+)
 from vllm_ir_transformers.norm import NormSpec, norm_weight
 
 __all__ = ["DecoderSpec", "analyze_decoder", "is_decoder_candidate"]
@@ -61,7 +74,11 @@ class DecoderSpec:
     defaults: dict[str, Any]
     """Default values the layer's own forward passes on to the attention."""
     varkw: str | None
+    dtypes: tuple[torch.dtype, ...]
+    """The dtypes in which the probe verified the fused forward (and the norm's mapping)."""
+    rejected: tuple[tuple[torch.dtype, str], ...]
     how: str
+    name: str = ""
 
 
 def is_decoder_candidate(module: Any) -> bool:
@@ -69,14 +86,15 @@ def is_decoder_candidate(module: Any) -> bool:
 
 
 class _StandInAttention(nn.Module):
-    def __init__(self, hidden: int, like: Tensor) -> None:
+    """Elementwise and cheap (no [H, H] weight), but unlike any identity or scaling."""
+
+    def __init__(self) -> None:
         super().__init__()
-        self.proj = probe_input((hidden, hidden), like, seed=5) / hidden**0.5
         self.calls: list[dict[str, Any]] = []
 
     def forward(self, hidden_states: Tensor, **kwargs: Any) -> tuple[Tensor, None]:
         self.calls.append(kwargs)
-        return torch.tanh(hidden_states @ self.proj) * 3.0, None
+        return torch.tanh(hidden_states.flip(-1) * 1.3 + 0.1) * 3.0, None
 
 
 class _StandInMlp(nn.Module):
@@ -118,36 +136,75 @@ def analyze_decoder(module: Any, norm: NormSpec | None, norm_reason: str | None)
     if extra:
         raise NotApplicable(f"submodules the fused forward would not run: {', '.join(extra)}")
     hidden_name, positional, defaults, varkw = _signature(module)
-    weight = module.post_attention_layernorm.weight
-    spec = DecoderSpec(norm, hidden_name, positional, defaults, varkw, "")
-    markers = {name: _Marker(name) for name in defaults}
-    extra_kw = {"probe_extra_kwarg": _Marker("probe_extra_kwarg")} if varkw else {}
+    dtype = module.post_attention_layernorm.weight.dtype
+    spec = DecoderSpec(norm, hidden_name, positional, defaults, varkw, (), (), "")
+    how = _probe(module, spec, dtype)
+    verified, rejected = [dtype], []
+    for other in FLOAT_DTYPES:
+        if other == dtype:
+            continue
+        problem = next(
+            (f"post_attention_layernorm: {r}" for d, r in norm.rejected if d == other), None
+        )
+        if problem is None:
+            try:
+                _probe(module, spec, other)
+            except NotApplicable as e:
+                problem = str(e)
+        if problem is None:
+            verified.append(other)
+        else:
+            rejected.append((other, problem))
+    return DecoderSpec(
+        norm, hidden_name, positional, defaults, varkw, tuple(verified), tuple(rejected), how
+    )
+
+
+def _probe(module: Any, spec: DecoderSpec, dtype: torch.dtype) -> str:
+    """How the fused forward agrees with the layer's in ``dtype``; raises :class:`NotApplicable`."""
+    markers = {name: _Marker(name) for name in spec.defaults}
+    extra_kw = {"probe_extra_kwarg": _Marker("probe_extra_kwarg")} if spec.varkw else {}
+    # the layer's own parameters outside attention and MLP: the norms' weights
+    weights = {
+        name: p.detach().to(dtype)
+        for name, p in module.named_parameters()
+        if not name.startswith(("self_attn.", "mlp."))
+    }
     attn, mlp = module.self_attn, module.mlp
-    stand_in = _StandInAttention(weight.shape[0], weight)
-    x = probe_input((2, 3, weight.shape[0]), weight, seed=6)
+    stand_in = _StandInAttention()
+    hidden = module.post_attention_layernorm.weight.shape[0]
+    like = module.post_attention_layernorm.weight.detach().to(dtype)
+    x = probe_input((2, 3, hidden), like, seed=6)
     try:
         module.self_attn, module.mlp = stand_in, _StandInMlp()
         with torch.no_grad():
             try:
-                want = type(module).forward(module, x.clone(), **markers, **extra_kw)
+                want = torch.func.functional_call(
+                    module, weights, (x.clone(),), {**markers, **extra_kw}, strict=False
+                )
             except Exception as e:
                 raise NotApplicable(
                     f"probe of the layer's forward raised {type(e).__name__}: {e}"
                 ) from None
-            got = _fused(module, spec, x.clone(), (), {**markers, **extra_kw}, inplace=True)
+            # the fused forward, run the same way (functional_call calls module.forward)
+            module.forward = functools.partial(_fused_probe, module, spec)
+            got = torch.func.functional_call(
+                module, weights, (x.clone(),), {**markers, **extra_kw}, strict=False
+            )
     finally:
         module.self_attn, module.mlp = attn, mlp
+        fwd.remove(module)
     if not isinstance(want, Tensor):
         raise NotApplicable(f"forward returns {type(want).__name__}, not a tensor")
     if len(stand_in.calls) != 2 or stand_in.calls[0] != stand_in.calls[1]:
         raise NotApplicable("the attention would receive other arguments than the layer passes it")
-    ok, how = compare(got, want, ir.ops.fused_add_rms_norm.tolerance(weight.dtype))
+    ok, how = compare(got, want, ir.ops.fused_add_rms_norm.tolerance(dtype))
     if not ok:
         raise NotApplicable(
-            f"the layer does not compute residual + attention -> post_attention_layernorm -> "
+            "the layer does not compute residual + attention -> post_attention_layernorm -> "
             f"residual + mlp (probe with stand-ins: {how})"
         )
-    return DecoderSpec(norm, hidden_name, positional, defaults, varkw, how)
+    return how
 
 
 class _Marker:
@@ -194,19 +251,51 @@ def _fused(
     return residual + hidden_states
 
 
+def _fused_probe(self: Any, spec: DecoderSpec, hidden_states: Tensor, **kwargs: Any) -> Tensor:
+    return _fused(self, spec, hidden_states, (), kwargs, inplace=True)
+
+
+def inactive_reason(module: Any, spec: DecoderSpec, dtype: torch.dtype) -> str | None:
+    """Why hidden states in ``dtype`` take the layer's own forward (None: the fused one)."""
+    weight = module.post_attention_layernorm.weight
+    problem = weight_problem("post_attention_layernorm.weight", weight)
+    if problem:
+        return problem
+    if weight.dtype != dtype:
+        return f"post_attention_layernorm.weight is {weight.dtype}, hidden states {dtype}"
+    return active_problem(spec.dtypes, spec.rejected, dtype)
+
+
+def probe_call(module: Any, spec: DecoderSpec) -> tuple[Any, ...]:
+    """Arguments of a one-token ``fused_add_rms_norm`` call in the layer's dtype and device."""
+    weight = norm_weight(module.post_attention_layernorm, spec.norm)
+    x = weight.new_zeros((1, weight.shape[0]))
+    return (x, x.clone(), weight, spec.norm.eps)
+
+
 def _forward(self: Any, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     spec: DecoderSpec = self.__dict__[STATE_ATTR]
-    if hidden_states.dtype != spec.norm.dtype:
+    dtype = hidden_states.dtype
+    if dtype != self.post_attention_layernorm.weight.dtype or dtype not in spec.dtypes:
+        if fwd.debug_enabled():
+            reason = inactive_reason(self, spec, dtype) or ""
+            fwd.log_use(self, spec.name, "fused_add_rms_norm", dtype, f"own forward ({reason})")
         return type(self).forward(self, hidden_states, *args, **kwargs)
+    if fwd.debug_enabled():
+        weight = norm_weight(self.post_attention_layernorm, spec.norm)
+        impl = ir.ops.fused_add_rms_norm.dispatch(
+            hidden_states, hidden_states, weight, spec.norm.eps
+        ).provider
+        fwd.log_use(self, spec.name, "fused_add_rms_norm", dtype, f"impl {impl}")
     inplace = not torch.compiler.is_compiling()
     return _fused(self, spec, hidden_states, args, kwargs, inplace=inplace)
 
 
 def apply_decoder(module: Any, spec: DecoderSpec) -> None:
     module.__dict__[STATE_ATTR] = spec
-    module.forward = MethodType(_forward, module)  # type: ignore[method-assign]
+    fwd.install(module, _forward)
 
 
 def revert_decoder(module: Any) -> None:
-    module.__dict__.pop("forward", None)
+    fwd.remove(module)
     module.__dict__.pop(STATE_ATTR, None)

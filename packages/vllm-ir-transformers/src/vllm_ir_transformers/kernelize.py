@@ -2,31 +2,39 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+from vllm_ir_transformers import _forward as fwd
 from vllm_ir_transformers import decoder, mlp, norm
 from vllm_ir_transformers._checks import NotApplicable
-from vllm_ir_transformers.report import Replacement, Report, Skip
+from vllm_ir_transformers.report import (
+    _REVERT,
+    REPORT_ATTR,
+    Replacement,
+    Report,
+    Skip,
+    _Target,
+)
 
 __all__ = ["SUPPORTED_OPS", "is_kernelized", "kernelize", "undo"]
 
 SUPPORTED_OPS = ("rms_norm", "silu_and_mul", "fused_add_rms_norm")
 """The ops ``kernelize`` can route layers through, in the order it applies them."""
 
-REPORT_ATTR = "_vllm_ir_kernelize_report"
 
-
-@dataclass
-class _Plan:
-    name: str
-    module: nn.Module
-    op: str
-    apply: Callable[[], None]
-    revert: Callable[[], None]
+def _apply(target: _Target) -> None:
+    # looked up on each call (not a table bound at import), so the functions can be patched
+    functions: dict[str, Callable[[Any, Any], None]] = {
+        "rms_norm": norm.apply_norm,
+        "silu_and_mul": mlp.apply_mlp,
+        "fused_add_rms_norm": decoder.apply_decoder,
+    }
+    functions[target.op](target.module, target.spec)
 
 
 def _check_ops(ops: Iterable[str] | None) -> tuple[str, ...]:
@@ -44,12 +52,23 @@ def _check_ops(ops: Iterable[str] | None) -> tuple[str, ...]:
     return tuple(o for o in SUPPORTED_OPS if o in chosen)
 
 
+def _marked(module: nn.Module) -> bool:
+    return any(k.startswith("_vllm_ir_") for k in module.__dict__)
+
+
+def _reports(model: nn.Module) -> list[tuple[str, Report]]:
+    """The kernelize calls made on ``model`` or on modules inside it: (name, report)."""
+    found = []
+    for name, m in model.named_modules():
+        report = m.__dict__.get(REPORT_ATTR)
+        if isinstance(report, Report):
+            found.append((name, report))
+    return found
+
+
 def is_kernelized(model: nn.Module) -> bool:
     """Whether ``model`` (or a module inside it) has kernelized layers."""
-    return any(
-        REPORT_ATTR in m.__dict__ or any(k.startswith("_vllm_ir_") for k in m.__dict__)
-        for m in model.modules()
-    )
+    return any(_marked(m) for m in model.modules())
 
 
 def kernelize(
@@ -59,73 +78,111 @@ def kernelize(
 
     ``ops`` restricts the ops used (default: all of :data:`SUPPORTED_OPS`);
     ``dry_run=True`` analyses and reports without changing anything. Every
-    layer is analysed (structure, weights and a probe of its forward) before
-    any is changed; if applying a change fails, the changes already made are
-    rolled back and the exception propagates. Returns a :class:`Report`; its
-    :meth:`Report.undo` (or :func:`undo`) restores the model.
+    layer is analysed (structure, weights and a probe of its forward in each
+    float dtype) before any is changed; if applying a change fails, the
+    changes already made are rolled back and the exception propagates.
+    Returns a :class:`Report`; its :meth:`Report.undo` (or :func:`undo`)
+    restores the model.
 
     Raises ``TypeError`` for a non-module, ``ValueError`` for an unknown op
-    name or a model that is already kernelized.
+    name or a model that is already kernelized (itself, a module inside it,
+    or a model it is part of).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"kernelize expects a torch.nn.Module, got {type(model).__name__}")
     chosen = _check_ops(ops)
+    kind = type(model).__name__
+    if REPORT_ATTR in model.__dict__:
+        raise ValueError(f"{kind} is already kernelized; call undo(model) first")
+    inner = [name for name, _ in _reports(model)]
+    if inner:
+        raise ValueError(
+            f"{kind} contains kernelized modules ({', '.join(inner)}); call undo(model) "
+            "first (it restores them)"
+        )
     if is_kernelized(model):
-        raise ValueError(f"{type(model).__name__} is already kernelized; call undo(model) first")
-    report = Report(ops=chosen, dry_run=dry_run)
-    plans = _plan(model, chosen, report)
+        raise ValueError(
+            f"{kind} is already kernelized as part of a larger model; call undo() on the "
+            "model that was passed to kernelize first"
+        )
+    report = Report(ops=chosen, dry_run=dry_run, _model=model)
+    _plan(model, chosen, report)
     if dry_run:
         return report
-    applied: list[_Plan] = []
+    applied: list[_Target] = []
     try:
-        for plan in plans:
-            plan.apply()
-            applied.append(plan)
+        for target in report._targets:
+            _apply(target)
+            applied.append(target)
     except BaseException:
-        for plan in reversed(applied):
-            plan.revert()
+        for target in reversed(applied):
+            _REVERT[target.op](target.module)
         raise
-
-    def _undo() -> None:
-        for plan in reversed(plans):
-            plan.revert()
-        model.__dict__.pop(REPORT_ATTR, None)
-
-    report._undo = _undo
     model.__dict__[REPORT_ATTR] = report
     return report
 
 
 def undo(model: nn.Module) -> None:
-    """Restore a kernelized ``model`` (same as ``report.undo()``)."""
-    report = model.__dict__.get(REPORT_ATTR)
-    if not isinstance(report, Report):
-        raise ValueError(f"{type(model).__name__} was not kernelized (or was already restored)")
-    report.undo()
+    """Restore a kernelized ``model`` (same as ``report.undo()``).
+
+    Also restores modules inside ``model`` that were kernelized on their own.
+    """
+    found = _reports(model)
+    if not found:
+        kind = type(model).__name__
+        if is_kernelized(model):
+            raise ValueError(
+                f"{kind} was not passed to kernelize itself but is part of a kernelized "
+                "model; call undo() on that model"
+            )
+        raise ValueError(f"{kind} was not kernelized (or was already restored)")
+    for _, report in found:
+        report.undo()
 
 
-def _plan(model: nn.Module, ops: tuple[str, ...], report: Report) -> list[_Plan]:
-    plans: list[_Plan] = []
+def _plan(model: nn.Module, ops: tuple[str, ...], report: Report) -> None:
     norms: dict[int, tuple[norm.NormSpec | None, str | None]] = {}
 
     def skip(name: str, module: nn.Module, op: str, reason: str) -> None:
         report.skipped.append(Skip(name or "<root>", type(module).__name__, op, reason))
+        fwd.logger.debug(
+            "kernelize: %s (%s) [%s] left alone: %s",
+            name or "<root>",
+            type(module).__name__,
+            op,
+            reason,
+        )
 
-    def replace(
-        name: str,
-        module: nn.Module,
-        op: str,
-        how: str,
-        apply: Callable[[], None],
-        revert: Callable[[], None],
-    ) -> None:
-        report.replaced.append(Replacement(name or "<root>", type(module).__name__, op, how))
-        plans.append(_Plan(name, module, op, apply, revert))
+    def replace(name: str, module: nn.Module, op: str, spec: object, **extra: str) -> None:
+        label = name or "<root>"
+        spec = dataclasses.replace(spec, name=label)  # type: ignore[type-var]
+        how = spec.how  # type: ignore[attr-defined]
+        if op == "fused_add_rms_norm":
+            how = f"residual add + post_attention_layernorm, {how}"
+        report.replaced.append(Replacement(label, type(module).__name__, op, how))
+        report._targets.append(_Target(label, module, op, spec, **extra))
+        fwd.logger.debug("kernelize: %s (%s) -> %s: %s", label, type(module).__name__, op, how)
 
     modules = list(model.named_modules())
+    # a forward already set on the instance (accelerate's hooks, another library's patch)
+    # would be dropped by ours: such modules are left alone
+    patched = {id(m) for _, m in modules if "forward" in m.__dict__}
+    patched_reason = (
+        "its forward is already replaced on the instance (hooks of accelerate or another library?)"
+    )
+
+    def cannot(name: str, module: nn.Module, op: str) -> bool:
+        if id(module) in patched:
+            skip(name, module, op, patched_reason)
+            return True
+        return False
+
     with torch.no_grad():
         for name, module in modules:
             if norm.is_norm_candidate(module):
+                if cannot(name, module, "rms_norm"):
+                    norms[id(module)] = (None, patched_reason)
+                    continue
                 try:
                     spec = norm.analyze_norm(module)
                     norms[id(module)] = (spec, None)
@@ -135,34 +192,27 @@ def _plan(model: nn.Module, ops: tuple[str, ...], report: Report) -> list[_Plan]
                         skip(name, module, "rms_norm", str(e))
                     continue
                 if "rms_norm" in ops:
-                    replace(
-                        name,
-                        module,
-                        "rms_norm",
-                        spec.how,
-                        _bind(norm.apply_norm, module, spec),
-                        _bind(norm.revert_norm, module),
-                    )
+                    replace(name, module, "rms_norm", spec)
         if "silu_and_mul" in ops:
             for name, module in modules:
-                if not mlp.is_mlp_candidate(module):
+                moe = mlp.moe_experts_reason(module)
+                if moe is not None:
+                    skip(name, module, "silu_and_mul", moe)
+                    continue
+                if not mlp.is_mlp_candidate(module) or cannot(name, module, "silu_and_mul"):
                     continue
                 try:
                     mspec = mlp.analyze_mlp(module)
                 except NotApplicable as e:
                     skip(name, module, "silu_and_mul", str(e))
                     continue
-                replace(
-                    name,
-                    module,
-                    "silu_and_mul",
-                    mspec.how,
-                    _bind(mlp.apply_mlp, module, mspec),
-                    _bind(mlp.revert_mlp, module),
-                )
+                replace(name, module, "silu_and_mul", mspec)
         if "fused_add_rms_norm" in ops:
+            names = {id(m): n for n, m in modules}
             for name, module in modules:
                 if not decoder.is_decoder_candidate(module):
+                    continue
+                if cannot(name, module, "fused_add_rms_norm"):
                     continue
                 post = module.post_attention_layernorm
                 nspec, reason = norms.get(id(post), (None, "no 1-D weight and epsilon"))
@@ -171,17 +221,5 @@ def _plan(model: nn.Module, ops: tuple[str, ...], report: Report) -> list[_Plan]
                 except NotApplicable as e:
                     skip(name, module, "fused_add_rms_norm", str(e))
                     continue
-                how = f"residual add + post_attention_layernorm, {dspec.how}"
-                replace(
-                    name,
-                    module,
-                    "fused_add_rms_norm",
-                    how,
-                    _bind(decoder.apply_decoder, module, dspec),
-                    _bind(decoder.revert_decoder, module),
-                )
-    return plans
-
-
-def _bind(fn: Callable[..., None], *args: object) -> Callable[[], None]:
-    return lambda: fn(*args)
+                post_name = names[id(post)] or "<root>"
+                replace(name, module, "fused_add_rms_norm", dspec, post_norm=post_name)

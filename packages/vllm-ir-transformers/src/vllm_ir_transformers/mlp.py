@@ -1,32 +1,37 @@
-"""Gated SiLU MLPs onto one projection and ``ir.ops.silu_and_mul``.
+"""Gated SiLU MLPs onto ``ir.ops.silu_and_mul``; MoE experts are reported, not changed.
 
 Two shapes are recognized, by attribute names and then by a probe:
 
 * split: ``down_proj(act(gate_proj(x)) * up_proj(x))`` (Llama, Mistral, Qwen2/3,
-  OLMo-2). The gate and up weights are concatenated into one ``[2I, H]`` tensor
-  and the parameters ``gate_proj.weight`` / ``up_proj.weight`` become views of
-  its halves: same parameter objects, same ``state_dict``, no extra memory, and
-  in-place updates (optimizer steps, ``load_state_dict``) reach the fused
-  weight. Each output element is the same dot product either way; the probe
-  checks the replacement against the original forward and the layer is skipped
-  unless they agree.
+  OLMo-2). The replacement runs ``gate_proj`` and ``up_proj`` as they are,
+  concatenates their *outputs* (``[..., 2I]``, a copy of ``2I`` values per
+  token) and calls ``silu_and_mul`` on that, then ``down_proj``.
 * fused: ``down_proj(up * act(gate))`` with ``gate, up = gate_up_proj(x).chunk(2)``
   (Phi-3): only the activation changes.
 
+No fused weight is kept: the projections are the model's own modules and
+parameters on every call, so ``.to()``, ``load_state_dict`` (also with
+``assign=True``), optimizer steps, ``inference_mode``, copies, pickling and
+``torch.compile`` see ordinary parameters. (A concatenated ``[2I, H]`` weight
+saved one GEMM launch per layer but had to be kept in sync with the
+parameters; measured on CPU it was no faster: docs/transformers.md.)
+
 The activation must be SiLU (checked on values, not by class), the
 projections plain ``nn.Linear`` with plain floating-point weights on one
-device and dtype, and gate and up must both have a bias or neither.
+device and dtype, and gate and up must both have a bias or neither. The probe
+compares the replacement with the layer's own forward in the weights' dtype;
+``silu_and_mul`` against the layer's activation is checked in every dtype of
+:data:`FLOAT_DTYPES`, and an activation in another dtype runs the layer's own
+forward.
 
-When autograd needs the weights, the split form concatenates the parameters
-on each call (so gradients reach them); otherwise it uses the fused weight. In
-eager mode a fused weight that no longer backs the parameters (after
-``model.to(...)`` or a parameter reassignment) is rebuilt before use.
+MoE experts stored as 3-D parameters (``gate_up_proj`` ``[E, 2I, H]``, Mixtral
+and Qwen3-MoE in transformers 5) route tokens per expert inside one forward;
+no IR op covers that, so they are reported as left alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import MethodType
 from typing import Any
 
 import torch
@@ -34,21 +39,32 @@ import torch.nn.functional as F
 import vllm_ir as ir
 from torch import Tensor, nn
 
-from vllm_ir_transformers._checks import NotApplicable, compare, probe_input, weight_problem
+from vllm_ir_transformers import _forward as fwd
+from vllm_ir_transformers._checks import (
+    FLOAT_DTYPES,
+    NotApplicable,
+    active_problem,
+    compare,
+    dtype_name,
+    probe_input,
+    weight_problem,
+)
 
-__all__ = ["MlpSpec", "analyze_mlp", "is_mlp_candidate"]
+__all__ = ["MlpSpec", "analyze_mlp", "is_mlp_candidate", "moe_experts_reason"]
 
 ACT_ATTRS = ("act_fn", "activation_fn", "act")
 STATE_ATTR = "_vllm_ir_mlp"
-WEIGHT_BUFFER = "_vllm_ir_gate_up_weight"
-BIAS_BUFFER = "_vllm_ir_gate_up_bias"
 
 
 @dataclass(frozen=True)
 class MlpSpec:
     split: bool
     act_attr: str
+    dtypes: tuple[torch.dtype, ...]
+    """Activation dtypes in which ``silu_and_mul`` was verified against the layer's."""
+    rejected: tuple[tuple[torch.dtype, str], ...]
     how: str
+    name: str = ""
 
 
 def _act_attr(module: Any) -> str | None:
@@ -61,6 +77,24 @@ def is_mlp_candidate(module: Any) -> bool:
     split = all(isinstance(getattr(module, a, None), nn.Module) for a in ("gate_proj", "up_proj"))
     fused = isinstance(getattr(module, "gate_up_proj", None), nn.Module)
     return split or fused
+
+
+def moe_experts_reason(module: Any) -> str | None:
+    """Why a module holding MoE expert weights as 3-D tensors is left alone (None: it is not
+    one)."""
+    if _act_attr(module) is None:
+        return None
+    weights = [getattr(module, a, None) for a in ("gate_up_proj", "gate_proj", "up_proj")]
+    stacked = [w for w in weights if isinstance(w, Tensor) and w.dim() == 3]
+    if not stacked:
+        return None
+    experts = stacked[0].shape[0]
+    return (
+        f"MoE experts: {experts} experts' weights stacked in 3-D tensors "
+        f"({'x'.join(map(str, stacked[0].shape))}), tokens routed to each expert inside one "
+        "forward; no IR op covers routed expert MLPs, so the experts run their own forward "
+        "(norms, attention and shared dense MLPs around them are still replaced)"
+    )
 
 
 def _check_linear(name: str, linear: object) -> nn.Linear:
@@ -91,8 +125,6 @@ def analyze_mlp(module: Any) -> MlpSpec:
             )
         if (gate.bias is None) != (up.bias is None):
             raise NotApplicable("only one of gate_proj and up_proj has a bias")
-        if gate.weight.data.is_shared() or up.weight.data.is_shared():
-            raise NotApplicable("gate/up weights are in shared memory")
     else:
         linears = (_check_linear("gate_up_proj", module.gate_up_proj), down)
     ref = linears[0].weight
@@ -105,112 +137,94 @@ def analyze_mlp(module: Any) -> MlpSpec:
                     f"{ref.dtype} on {ref.device})"
                 )
     act = getattr(module, act_attr)
-    hidden = (linears[0].in_features,)
+    spec = MlpSpec(split, act_attr, (ref.dtype,), (), "")
     with torch.no_grad():
-        a = probe_input((4, 64), ref, seed=3)
-        try:
-            act_out = act(a)
-        except Exception as e:
-            raise NotApplicable(f"{act_attr} raised {type(e).__name__} on a probe: {e}") from None
-        if not isinstance(act_out, Tensor) or not torch.equal(act_out, F.silu(a)):
-            raise NotApplicable(f"{act_attr} ({type(act).__name__}) is not SiLU")
-        x = probe_input((2, 3, *hidden), ref, seed=4)
+        verified, rejected = [], []
+        for dtype in FLOAT_DTYPES:
+            problem = _activation_problem(act, act_attr, ref, dtype)
+            if problem is None:
+                verified.append(dtype)
+            elif dtype == ref.dtype:
+                raise NotApplicable(problem)
+            else:
+                rejected.append((dtype, problem))
+        x = probe_input((2, 3, linears[0].in_features), ref, seed=4)
         want = type(module).forward(module, x)
-        spec = MlpSpec(split, act_attr, "")
-        weight, bias = _fused_weight(module) if split else (None, None)
-        got = _compute(module, spec, x, weight, bias)
+        got = _compute(module, spec, x)
         ok, how = compare(got, want, ir.ops.silu_and_mul.tolerance(ref.dtype))
     if not ok:
         raise NotApplicable(f"fused forward differs from the layer's: {how}")
-    kind = "gate_proj + up_proj -> one projection" if split else "gate_up_proj"
-    return MlpSpec(split, act_attr, f"{kind} + silu_and_mul, {how}")
-
-
-def _fused_weight(module: Any) -> tuple[Tensor, Tensor | None]:
-    gate, up = module.gate_proj, module.up_proj
-    weight = torch.cat([gate.weight.detach(), up.weight.detach()])
-    bias = None if gate.bias is None else torch.cat([gate.bias.detach(), up.bias.detach()])
-    return weight, bias
-
-
-def _compute(
-    module: Any, spec: MlpSpec, x: Tensor, weight: Tensor | None, bias: Tensor | None
-) -> Tensor:
-    if spec.split:
-        assert weight is not None
-        gate_up = F.linear(x, weight, bias)
-    else:
-        gate_up = module.gate_up_proj(x)
-    return module.down_proj(ir.ops.silu_and_mul(gate_up))
-
-
-def _backs(param: Tensor, fused: Tensor, offset: int) -> bool:
-    return (
-        param.device == fused.device
-        and param.dtype == fused.dtype
-        and param.data_ptr() == fused.data_ptr() + offset * fused.element_size()
+    kind = "gate_proj, up_proj outputs concatenated" if split else "gate_up_proj"
+    return MlpSpec(
+        split, act_attr, tuple(verified), tuple(rejected), f"{kind} + silu_and_mul, {how}"
     )
 
 
-def _share(module: Any) -> None:
-    """(Re)build the fused weight and make the gate/up parameters views of it."""
-    weight, bias = _fused_weight(module)
-    gate, up = module.gate_proj, module.up_proj
-    n = gate.weight.shape[0]
-    module.register_buffer(WEIGHT_BUFFER, weight, persistent=False)
-    module.register_buffer(BIAS_BUFFER, bias, persistent=False)
-    gate.weight.data = weight[:n]
-    up.weight.data = weight[n:]
-    if bias is not None:
-        gate.bias.data = bias[:n]
-        up.bias.data = bias[n:]
+def _activation_problem(act: Any, act_attr: str, like: Tensor, dtype: torch.dtype) -> str | None:
+    """Why ``silu_and_mul`` differs from ``act(gate) * up`` in ``dtype`` (None: it agrees)."""
+    a = probe_input((4, 64), like.detach().to(dtype), seed=3)
+    try:
+        act_out = act(a)
+    except Exception as e:
+        return f"{act_attr} raised {type(e).__name__} on a {dtype_name(dtype)} probe: {e}"
+    if not isinstance(act_out, Tensor) or not torch.equal(act_out, F.silu(a)):
+        return f"{act_attr} ({type(act).__name__}) is not SiLU"
+    gate_up = probe_input((4, 128), a, seed=7)
+    gate, up = gate_up.chunk(2, dim=-1)
+    ok, how = compare(
+        ir.ops.silu_and_mul.native(gate_up),
+        act(gate) * up,
+        ir.ops.silu_and_mul.tolerance(dtype),
+    )
+    return None if ok else f"silu_and_mul differs from {act_attr}(gate) * up: {how}"
 
 
-def _in_sync(module: Any) -> bool:
-    weight = module._buffers[WEIGHT_BUFFER]
-    gate, up = module.gate_proj, module.up_proj
-    if weight is None:
-        return False
-    if not (_backs(gate.weight, weight, 0) and _backs(up.weight, weight, gate.weight.numel())):
-        return False
-    bias = module._buffers[BIAS_BUFFER]
-    if bias is None:
-        return gate.bias is None
-    return _backs(gate.bias, bias, 0) and _backs(up.bias, bias, gate.bias.numel())
+def _gate_up(module: Any, spec: MlpSpec, x: Tensor) -> Tensor:
+    if spec.split:
+        return torch.cat([module.gate_proj(x), module.up_proj(x)], dim=-1)
+    return module.gate_up_proj(x)
+
+
+def _compute(module: Any, spec: MlpSpec, x: Tensor) -> Tensor:
+    return module.down_proj(ir.ops.silu_and_mul(_gate_up(module, spec, x)))
+
+
+def _weight(module: Any, spec: MlpSpec) -> Tensor:
+    return (module.gate_proj if spec.split else module.gate_up_proj).weight
+
+
+def inactive_reason(module: Any, spec: MlpSpec, dtype: torch.dtype) -> str | None:
+    """Why an activation in ``dtype`` runs the layer's own forward (None: ``silu_and_mul``)."""
+    return active_problem(spec.dtypes, spec.rejected, dtype)
+
+
+def probe_call(module: Any, spec: MlpSpec) -> tuple[Any, ...]:
+    """Arguments of a one-token ``silu_and_mul`` call in the layer's dtype and device."""
+    weight = _weight(module, spec)
+    width = weight.shape[0] * (2 if spec.split else 1)
+    return (weight.new_zeros((1, width)),)
 
 
 def _forward(self: Any, x: Tensor) -> Tensor:
     spec: MlpSpec = self.__dict__[STATE_ATTR]
-    if not spec.split:
-        return _compute(self, spec, x, None, None)
-    gate, up = self.gate_proj, self.up_proj
-    if torch.is_grad_enabled() and (gate.weight.requires_grad or up.weight.requires_grad):
-        weight, bias = torch.cat([gate.weight, up.weight]), None
-        if gate.bias is not None:
-            bias = torch.cat([gate.bias, up.bias])
-        return _compute(self, spec, x, weight, bias)
-    if not torch.compiler.is_compiling() and not _in_sync(self):
-        _share(self)
-    return _compute(self, spec, x, self._buffers[WEIGHT_BUFFER], self._buffers[BIAS_BUFFER])
+    gate_up = _gate_up(self, spec, x)
+    dtype = gate_up.dtype
+    if dtype not in spec.dtypes:
+        if fwd.debug_enabled():
+            reason = inactive_reason(self, spec, dtype) or ""
+            fwd.log_use(self, spec.name, "silu_and_mul", dtype, f"own forward ({reason})")
+        return type(self).forward(self, x)
+    if fwd.debug_enabled():
+        impl = ir.ops.silu_and_mul.dispatch(gate_up).provider
+        fwd.log_use(self, spec.name, "silu_and_mul", dtype, f"impl {impl}")
+    return self.down_proj(ir.ops.silu_and_mul(gate_up))
 
 
 def apply_mlp(module: Any, spec: MlpSpec) -> None:
     module.__dict__[STATE_ATTR] = spec
-    if spec.split:
-        with torch.no_grad():
-            _share(module)
-    module.forward = MethodType(_forward, module)  # type: ignore[method-assign]
+    fwd.install(module, _forward)
 
 
 def revert_mlp(module: Any) -> None:
-    module.__dict__.pop("forward", None)
-    spec = module.__dict__.pop(STATE_ATTR, None)
-    if spec is None or not spec.split:
-        return
-    with torch.no_grad():
-        for lin in (module.gate_proj, module.up_proj):
-            lin.weight.data = lin.weight.data.clone()
-            if lin.bias is not None:
-                lin.bias.data = lin.bias.data.clone()
-    module._buffers.pop(WEIGHT_BUFFER, None)
-    module._buffers.pop(BIAS_BUFFER, None)
+    fwd.remove(module)
+    module.__dict__.pop(STATE_ATTR, None)

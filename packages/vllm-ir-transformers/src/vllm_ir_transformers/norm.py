@@ -12,22 +12,33 @@ run on a probe input with a random probe weight (through
   two agree only for float32; in other dtypes the layer is left alone.
 
 Anything else (LayerNorm, a norm with a bias, a different epsilon placement) does
-not match and is skipped with the difference measured. The replacement forward
-only runs the op for the dtype the probe verified; another input dtype (autocast,
-a model cast after ``kernelize``) takes the layer's own forward.
+not match and is skipped with the difference measured.
+
+The probe runs in every dtype of :data:`FLOAT_DTYPES`; a norm is replaced when
+it passes for its weight's dtype at ``kernelize`` time, and the replacement
+forward runs ``rms_norm`` only when the input and the weight share a dtype that
+passed. Anything else (autocast, a model cast to a dtype that failed, float64)
+runs the layer's own forward, and the report says which applies now.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import MethodType
 from typing import Any
 
 import torch
 import vllm_ir as ir
 from torch import Tensor
 
-from vllm_ir_transformers._checks import NotApplicable, compare, probe_input, weight_problem
+from vllm_ir_transformers import _forward as fwd
+from vllm_ir_transformers._checks import (
+    FLOAT_DTYPES,
+    NotApplicable,
+    active_problem,
+    compare,
+    probe_input,
+    weight_problem,
+)
 
 __all__ = ["EPS_ATTRS", "NormSpec", "analyze_norm", "is_norm_candidate"]
 
@@ -42,8 +53,13 @@ class NormSpec:
 
     eps: float
     offset: float
-    dtype: torch.dtype
+    dtypes: tuple[torch.dtype, ...]
+    """The dtypes the probe verified; the replacement runs only in these."""
+    rejected: tuple[tuple[torch.dtype, str], ...]
+    """The dtypes it failed in, with the reason."""
     how: str
+    name: str = ""
+    """The module's name in the kernelized model (for logs)."""
 
 
 def _eps_of(module: Any) -> float | None:
@@ -77,9 +93,30 @@ def analyze_norm(module: Any) -> NormSpec:
         raise NotApplicable(f"epsilon is not a number: {values}")
     if getattr(module, "bias", None) is not None:
         raise NotApplicable("has a bias; rms_norm has none")
-    dtype = weight.dtype
-    x = probe_input((2, 3, weight.shape[0]), weight, seed=1)
-    probe_w = probe_input((weight.shape[0],), weight, seed=2) * 0.25 + 0.5
+    # the mapping (offset) is decided in the weight's own dtype and then
+    # confirmed, or rejected, in every other one
+    offset, how = _probe(module, eps, weight, weight.dtype)
+    verified, rejected = [weight.dtype], []
+    for dtype in FLOAT_DTYPES:
+        if dtype == weight.dtype:
+            continue
+        try:
+            other, _ = _probe(module, eps, weight, dtype)
+        except NotApplicable as e:
+            rejected.append((dtype, str(e)))
+            continue
+        if other != offset:
+            rejected.append((dtype, "computes another scaling"))
+        else:
+            verified.append(dtype)
+    return NormSpec(eps, offset, tuple(verified), tuple(rejected), how)
+
+
+def _probe(module: Any, eps: float, weight: Tensor, dtype: torch.dtype) -> tuple[float, str]:
+    """``(offset, how)`` of the mapping that holds in ``dtype``; raises :class:`NotApplicable`."""
+    like = weight.detach().to(dtype)
+    x = probe_input((2, 3, weight.shape[0]), like, seed=1)
+    probe_w = probe_input((weight.shape[0],), like, seed=2) * 0.25 + 0.5
     native = ir.ops.rms_norm.native
     tol = ir.ops.rms_norm.tolerance(dtype)
     with torch.no_grad():
@@ -91,7 +128,7 @@ def analyze_norm(module: Any) -> NormSpec:
             raise NotApplicable(f"forward returns {type(got).__name__}, not a tensor")
         plain_ok, plain_how = compare(got, native(x, probe_w, eps), tol)
         if plain_ok:
-            return NormSpec(eps, 0.0, dtype, f"x_normed * weight, {plain_how}")
+            return 0.0, f"x_normed * weight, {plain_how}"
         offset_ok, offset_how = compare(got, native(x, 1.0 + probe_w, eps), tol)
     if offset_ok:
         if dtype != torch.float32:
@@ -99,36 +136,57 @@ def analyze_norm(module: Any) -> NormSpec:
                 f"(1 + weight) scaling computed in float32 (Gemma style) with {dtype} "
                 "activations: rms_norm rounds before scaling, so results would change"
             )
-        return NormSpec(eps, 1.0, dtype, f"x_normed * (1 + weight), {offset_how}")
+        return 1.0, f"x_normed * (1 + weight), {offset_how}"
     raise NotApplicable(
         f"forward does not compute RMSNorm: against x_normed * weight, {plain_how}; "
         f"against x_normed * (1 + weight), {offset_how}"
     )
 
 
+def inactive_reason(module: Any, spec: NormSpec, dtype: torch.dtype) -> str | None:
+    """Why the replaced forward runs the layer's own code for ``dtype`` inputs (None: it runs
+    ``rms_norm``)."""
+    weight = module.weight
+    problem = weight_problem("weight", weight)
+    if problem:
+        return problem
+    if weight.dtype != dtype:
+        return f"weight is {weight.dtype}, input {dtype}"
+    return active_problem(spec.dtypes, spec.rejected, dtype)
+
+
+def probe_call(module: Any, spec: NormSpec) -> tuple[Any, ...]:
+    """Arguments of a one-token call in the layer's current dtype and device (for the report)."""
+    weight = norm_weight(module, spec)
+    x = weight.new_zeros((1, weight.shape[0]))
+    return (x, weight, spec.eps)
+
+
 def _forward(self: Any, hidden_states: Tensor) -> Tensor:
-    spec: NormSpec = getattr(self, STATE_ATTR)
-    if hidden_states.dtype != spec.dtype:
-        return type(self).forward(self, hidden_states)  # not what the probe verified
-    return ir.ops.rms_norm(hidden_states, self.weight, spec.eps)
-
-
-def _forward_offset(self: Any, hidden_states: Tensor) -> Tensor:
-    spec: NormSpec = getattr(self, STATE_ATTR)
-    if hidden_states.dtype != spec.dtype:
+    spec: NormSpec = self.__dict__[STATE_ATTR]
+    weight = self.weight
+    dtype = hidden_states.dtype
+    if dtype != weight.dtype or dtype not in spec.dtypes:
+        if fwd.debug_enabled():
+            reason = inactive_reason(self, spec, dtype) or ""
+            fwd.log_use(self, spec.name, "rms_norm", dtype, f"own forward ({reason})")
         return type(self).forward(self, hidden_states)
-    # computed on every call so the layer follows changes of its weight
-    return ir.ops.rms_norm(hidden_states, self.weight + spec.offset, spec.eps)
+    if spec.offset != 0.0:
+        # computed on every call so the layer follows changes of its weight
+        weight = weight + spec.offset
+    if fwd.debug_enabled():
+        impl = ir.ops.rms_norm.dispatch(hidden_states, weight, spec.eps).provider
+        fwd.log_use(self, spec.name, "rms_norm", dtype, f"impl {impl}")
+    return ir.ops.rms_norm(hidden_states, weight, spec.eps)
 
 
 def apply_norm(module: Any, spec: NormSpec) -> None:
-    setattr(module, STATE_ATTR, spec)
-    fn = _forward if spec.offset == 0.0 else _forward_offset
-    module.forward = MethodType(fn, module)  # type: ignore[method-assign]
+    module.__dict__[STATE_ATTR] = spec
+    fwd.install(module, _forward)
 
 
 def revert_norm(module: Any) -> None:
-    module.__dict__.pop("forward", None)
+    fwd.remove(module)
     module.__dict__.pop(STATE_ATTR, None)
 
 
