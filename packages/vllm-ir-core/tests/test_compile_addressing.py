@@ -238,3 +238,19 @@ def test_a_data_pointer_predicate_declines_when_compiling() -> None:
         got = torch.compile(lambda t: double(t) + 1, backend=backend)(x)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     assert backend.lowering_pass.selected_impls[double.name] == {"addressing_double": "native"}
+
+
+def test_offset_reading_impl_through_views_that_reinterpret_the_dtype() -> None:
+    """Fuzz (against Inductor, recompiles, seed 101): a float64 piece viewed as
+    int32 and back as float32, at a nonzero offset, read by an inlined impl."""
+
+    def fn(base: Tensor) -> Tensor:
+        piece = (base * 3 + 1).split(2)[-1].add_(1)
+        return head2(piece.view(torch.int32)[0:].view(torch.float32))
+
+    with head2.set_priority(["addressing_strided"]):
+        compiled_equals_eager(
+            fn,
+            torch.arange(24.0, dtype=torch.float64).view(4, 6),
+            priority={head2.name: ["addressing_strided"]},
+        )

@@ -174,9 +174,12 @@ def _place(node: fx.Node, places: dict[fx.Node, tuple[fx.Node, Any] | None]) -> 
         up = _place(parent, places) if parent_val is not None else None
         if parent_val is not None and parent_val.dtype != val.dtype:
             # offsets count elements of the view's dtype: a reinterpreting view
-            # serves as a root only where it starts its storage
+            # is a root where it starts its storage, else its root is
+            # reinterpreted too and the position converted to the view's unit
             if _expr(val.storage_offset()) == 0:
                 placed = (node, sympy.Integer(0))
+            elif up is not None:
+                placed = _reinterpreted(node.graph, up, parent_val, val, places)
         elif up is not None:
             shift = _expr(val.storage_offset()) - _expr(parent_val.storage_offset())
             placed = (up[0], sympy.expand(up[1] + shift))
@@ -186,6 +189,36 @@ def _place(node: fx.Node, places: dict[fx.Node, tuple[fx.Node, Any] | None]) -> 
         placed = (node, _expr(val.storage_offset()))
     places[node] = placed
     return placed
+
+
+def _reinterpreted(
+    graph: fx.Graph,
+    up: tuple[fx.Node, Any],
+    parent_val: torch.Tensor,
+    val: torch.Tensor,
+    places: dict[fx.Node, tuple[fx.Node, Any] | None],
+) -> tuple[fx.Node, Any] | None:
+    """``(root.view(val.dtype), position in val's elements)`` for a dtype view,
+    or None when the root cannot be reinterpreted or the position is not whole."""
+    root, position = up
+    root_val = _val(root)
+    if root_val is None or root_val.dim() == 0 or root_val.stride(-1) != 1:
+        return None
+    ratio = sympy.Rational(parent_val.element_size(), val.element_size())
+    converted = sympy.expand(position * ratio)
+    last = _expr(root_val.shape[-1] * root_val.element_size())
+    if not converted.is_integer or last is None or (last % val.element_size()) != 0:
+        return None
+    key = (root, val.dtype)
+    cached = places.get(key)  # type: ignore[call-overload]
+    if cached is not None:
+        return (cached[0], converted)
+    with graph.inserting_after(root):
+        new_root = graph.call_function(torch.ops.aten.view.dtype, (root, val.dtype))
+    new_root.meta["val"] = root_val.view(val.dtype)
+    places[key] = (new_root, sympy.Integer(0))  # type: ignore[index]
+    places[new_root] = (new_root, sympy.Integer(0))
+    return (new_root, converted)
 
 
 def _view_parent(node: fx.Node) -> fx.Node | None:
