@@ -16,6 +16,11 @@ Families (``FAMILIES``), each a generator of random programs over one
   (a transposed input) and dtypes; impls that branch on the row count.
 * ``autotune``: the ``pieces`` programs with autotune on, under a fake timer
   (random times) or a real one.
+* ``cache_reuse``: the ``pieces`` programs compiled again and again with
+  Inductor's caches **on**, under random priorities and
+  ``VLLM_BATCH_INVARIANT`` settings: a graph served from the cache must be
+  the one the settings in force select (across processes too: the cache
+  directory outlives the run).
 
 Half the cases compile with dynamic shapes. A case where Inductor is right and
 vllm-ir wrong is a failure; where both are wrong it is counted as upstream.
@@ -23,6 +28,7 @@ vllm-ir wrong is a failure; where both are wrong it is counted as upstream.
 
 from __future__ import annotations
 
+import os
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -34,10 +40,11 @@ import torch.nn.functional as F
 import vllm_ir as ir
 from torch import Tensor
 from vllm_ir.compilation.autotune import Autotuner, WallClockTimer
+from vllm_ir.dispatch import invalidate_caches
 from vllm_ir.testing import inductor_caches_off
 
 COLS = 6
-FAMILIES = ("views", "pieces", "recompiles", "autotune")
+FAMILIES = ("views", "pieces", "recompiles", "autotune", "cache_reuse")
 
 
 @ir.register_op(name="inductor_fuzz_offset_reader")
@@ -55,6 +62,13 @@ def _offset_reader_by_rows(x: Tensor) -> Tensor:
     if x.dim() > 0 and x.shape[0] <= 4:  # a "decode" path: guards the trace on rows
         return x + x + x + 1
     return x * 3 + 1
+
+
+@offset_reader.register_impl("plus_half")
+def _offset_reader_plus_half(x: Tensor) -> Tensor:
+    # visibly another kernel (not batch invariant): a graph lowered to it and
+    # served where selection picks another impl shows in the values
+    return x * 3 + 1.5
 
 
 PRIORITY = {"inductor_fuzz_offset_reader": ["strided", "native"]}
@@ -163,13 +177,16 @@ class Case:
     inputs: list[Tensor]
     priority: dict[str, list[str]] = field(default_factory=lambda: dict(PRIORITY))
     autotune: str | None = None
+    settings: list[tuple[str, bool]] = field(default_factory=list)
+    """cache_reuse: (first provider, batch invariance) of each compile."""
 
     def describe(self) -> str:
         program = "x" + "".join(s.describe for s in self.steps)
         shapes = [tuple(t.shape) for t in self.inputs]
         return (
             f"seed {self.seed} ({self.family}, dynamic={self.dynamic}, "
-            f"autotune={self.autotune}, priority={self.priority}): {program} on {shapes}"
+            f"autotune={self.autotune}, priority={self.priority}, settings={self.settings}): "
+            f"{program} on {shapes}"
         )
 
     def run(self, x: Tensor) -> Tensor:
@@ -197,6 +214,14 @@ def make_case(seed: int, family: str) -> Case:
         rng.shuffle(inputs)
         prio = {"inductor_fuzz_offset_reader": [rng.choice(["strided", "by_rows"]), "native"]}
         return Case(seed, family, steps, dynamic, inputs, prio)
+    if family == "cache_reuse":
+        providers = ["strided", "by_rows", "plus_half", "native"]
+        # the same list under both batch-invariance settings, then another list
+        # (plus_half is the impl whose values show which impl ran: mostly first)
+        first = "plus_half" if rng.random() < 0.75 else rng.choice(providers)
+        then, invariant = rng.choice(providers), rng.random() < 0.5
+        settings = [(first, invariant), (first, not invariant), (then, invariant)]
+        return Case(seed, family, steps, dynamic, [x], settings=settings)
     assert family == "autotune"
     prio = {"inductor_fuzz_offset_reader": ["strided", "by_rows", "native"]}
     return Case(seed, family, steps, dynamic, [x], prio, rng.choice(["fake", "real"]))
@@ -249,6 +274,9 @@ def _backend(case: Case) -> Any:
 
 def check_case(case: Case, stats: Stats) -> None:
     """Compile ``case`` with both backends and call each on every input."""
+    if case.settings:
+        _check_cache_reuse(case, stats)
+        return
     torch._dynamo.reset()
     ours = torch.compile(case.run, backend=_backend(case), dynamic=case.dynamic or None)
     theirs = torch.compile(case.run, backend="inductor", dynamic=case.dynamic or None)
@@ -273,6 +301,34 @@ def check_case(case: Case, stats: Stats) -> None:
                 f"[{case.family}] {case.describe()}: input {tuple(x.shape)}/{x.stride()} "
                 f"{x.dtype}: eager {want.tolist()} vllm_ir {got.tolist()} (inductor right)"
             )
+
+
+def _check_cache_reuse(case: Case, stats: Stats) -> None:
+    """One compile per setting, Inductor's caches on, each against eager."""
+    stats.cases[case.family] += 1
+    x = case.inputs[0]
+    saved = os.environ.get("VLLM_BATCH_INVARIANT")
+    try:
+        for provider, batch_invariant in case.settings:
+            os.environ["VLLM_BATCH_INVARIANT"] = "1" if batch_invariant else "0"
+            invalidate_caches()
+            torch._dynamo.reset()
+            case.priority = {offset_reader.name: [provider, "native"]}
+            ours = torch.compile(case.run, backend=_backend(case), dynamic=case.dynamic or None)
+            with offset_reader.set_priority(case.priority[offset_reader.name]), torch.no_grad():
+                want, got = case.run(x.clone()), ours(x.clone())
+            stats.calls[case.family] += 1
+            if not _same(got, want):  # plain Inductor runs the op eagerly: always right
+                stats.regressions.append(
+                    f"[{case.family}] {case.describe()}: {provider}, batch invariant "
+                    f"{batch_invariant}: eager {want.tolist()} vllm_ir {got.tolist()}"
+                )
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_BATCH_INVARIANT", None)
+        else:
+            os.environ["VLLM_BATCH_INVARIANT"] = saved
+        invalidate_caches()
 
 
 def _same(a: Tensor, b: Tensor) -> bool:
