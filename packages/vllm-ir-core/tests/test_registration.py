@@ -58,7 +58,7 @@ def test_activations_default_to_parameters_starting_with_x(make_op) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "fn_src", "error", "match"),
     [
-        ({"name": "has space"}, "scale", ValueError, "must be a Python identifier"),
+        ({"name": "has space"}, "scale", ValueError, "must be an ASCII Python identifier"),
         ({"name": "_private"}, "scale", ValueError, "must not start with an underscore"),
         ({"name": "rms_norm"}, "scale", ValueError, "already registered"),
         ({"name": "layernorm"}, "scale", ValueError, "would shadow vllm_ir.ops.layernorm"),

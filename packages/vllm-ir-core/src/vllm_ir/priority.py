@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -229,6 +230,16 @@ class Scope:
 
 
 _scope_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # a lock held by another thread at fork would stay held in the child forever
+    global _scope_lock
+    _scope_lock = threading.Lock()
+    PriorityState._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 # None: no scope and eager mode, the common case, cheap to key on
 _scoped_state: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
     "vllm_ir_scoped_priority", default=None
