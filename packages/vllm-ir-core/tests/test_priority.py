@@ -160,7 +160,10 @@ def test_platform_override(monkeypatch: pytest.MonkeyPatch, scale_op: ir.IrOp) -
         monkeypatch.setenv("VLLM_IR_PLATFORM", "cuda")
         assert scale_op.get_priority() == ["cuda_kernel", "native"]
         monkeypatch.setenv("VLLM_IR_PLATFORM", "tpu")
-        with pytest.raises(ValueError, match="not a platform; use one of cuda, rocm, xpu, cpu"):
+        with pytest.raises(
+            ValueError,
+            match="VLLM_IR_PLATFORM='tpu' is not accepted; accepted values: cuda, rocm, xpu, cpu",
+        ):
             scale_op.get_priority()
     finally:
         priority.remove_platform_defaults("cuda-pkg")

@@ -158,7 +158,9 @@ class EagerCall:
             return fn
         fn = self._donating.get(impl)
         if fn is None:
-            fn = self._donating.setdefault(impl, functools.partial(self._call_donating, impl.impl_fn))
+            fn = self._donating.setdefault(
+                impl, functools.partial(self._call_donating, impl.impl_fn)
+            )
         return fn
 
     def forget(self, impl: IrOpImpl) -> None:

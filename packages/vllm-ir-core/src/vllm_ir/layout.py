@@ -77,8 +77,10 @@ def may_overlap_itself(t: Tensor) -> bool:
     strides reach); ``True`` means the strides do not prove it.
 
     >>> import torch
-    >>> may_overlap_itself(torch.empty(1, 8).expand(4, 8)), may_overlap_itself(torch.empty(4, 16)[:, :8])
-    (True, False)
+    >>> may_overlap_itself(torch.empty(1, 8).expand(4, 8))
+    True
+    >>> may_overlap_itself(torch.empty(4, 16)[:, :8])
+    False
     """
     if t.is_contiguous():
         return False

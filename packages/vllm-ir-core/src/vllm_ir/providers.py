@@ -365,6 +365,10 @@ def ensure_loaded() -> None:
     global _loaded_once, _loading
     if _loaded_once:
         return
+    # checked before discovery: providers' register() reads the platform, and a
+    # bad value must fail this call, not every later one (a provider recorded
+    # as failed stays unloaded for the process)
+    envs.platform_override()
     delay = envs.provider_load_warn_s()
     if not _lock.acquire(timeout=delay) if delay > 0 else not _lock.acquire():
         busy = _in_progress

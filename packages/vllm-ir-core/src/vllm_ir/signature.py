@@ -103,9 +103,9 @@ def check_op_name(name: object, taken: Mapping[str, str], shadowed: Collection[s
         # an attribute of the torch.ops namespace object itself (e.g. 'name'):
         # torch.ops.vllm_ir.<name> would never reach the op
         raise ValueError(
-                f"IR op name {name!r} is an attribute of torch.ops.vllm_ir itself, so "
-                f"torch.ops.vllm_ir.{name} could not reach the op; choose another name"
-            )
+            f"IR op name {name!r} is an attribute of torch.ops.vllm_ir itself, so "
+            f"torch.ops.vllm_ir.{name} could not reach the op; choose another name"
+        )
     if name in shadowed:
         raise ValueError(
             f"IR op name {name!r} would shadow vllm_ir.ops.{name}; choose another name"
