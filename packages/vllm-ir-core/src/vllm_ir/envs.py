@@ -7,7 +7,7 @@ accepts: a ``ValueError`` where the variable is read (at a call), or — for
 those read while ``vllm_ir`` is imported, where an error would make the
 library unimportable — a warning, once per value, and the default.
 The table in ``docs/design.md`` is :func:`markdown_table` (a test keeps
-them equal; ``python -m vllm_ir.envs`` prints it).
+them equal).
 
 Each is read when it is needed, not at import. ``VLLM_BATCH_INVARIANT`` and
 ``VLLM_IR_PLATFORM`` steer selection, which is cached: they are read once per
@@ -322,7 +322,3 @@ def markdown_table() -> str:
         bad = "warning, default used" if v.invalid == "warn" else "`ValueError` where read"
         rows.append(f"| `{v.name}` | {v.accepted} | {v.default} | {v.effect} | {bad} |")
     return "\n".join(rows)
-
-
-if __name__ == "__main__":
-    print(markdown_table())
