@@ -155,7 +155,7 @@ class IrOp:
             self._maybe_inplace = IrOpInplaceOverload(self) if allow_inplace else None
         except BaseException:
             # nothing half-declared: the torch library and the caches go with the op
-            self._lib._destroy()
+            self._destroy_library()
             for cache in self._all_caches():
                 release_cache(cache)
             raise
@@ -423,9 +423,16 @@ class IrOp:
             ops_module = sys.modules.get("vllm_ir.ops")
             if ops_module is not None and getattr(ops_module, self.name, None) is self:
                 delattr(ops_module, self.name)
-        self._lib._destroy()
+        self._destroy_library()
         for cache in self._all_caches():
             release_cache(cache)
+
+    def _destroy_library(self) -> None:
+        """Undefine the op's torch ops, so its name can be declared again."""
+        defs = set(self._lib._op_defs)
+        self._lib._destroy()
+        # _destroy leaves the names in torch.library's registry of definitions
+        torch.library._defs.difference_update(defs)
 
     def _all_caches(self) -> list[dict[Any, Any]]:
         caches: list[dict[Any, Any]] = list(self._caches.values())
