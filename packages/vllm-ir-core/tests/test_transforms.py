@@ -72,6 +72,20 @@ def test_func_grad_and_jacrev(kernel_op: ir.IrOp, provider: str) -> None:
     torch.testing.assert_close(jac, torch.diag(6.0 * X[0] * X[0]))
 
 
+def test_jacfwd_and_hessian(kernel_op: ir.IrOp) -> None:
+    with kernel_op.set_priority(["kernel"]):
+        jac = torch.func.jacfwd(lambda a: kernel_op(a, 2.0))(X[0])
+        hess = torch.func.hessian(lambda a: kernel_op(a, 2.0).sum())(X[0])
+    torch.testing.assert_close(jac, torch.diag(6.0 * X[0] * X[0]))
+    torch.testing.assert_close(hess, torch.diag(12.0 * X[0]))
+
+
+def test_the_torch_op_under_a_transform_raises_torchs_error(kernel_op: ir.IrOp) -> None:
+    # documented: only ir.ops.<op>(...) routes transforms to the native function
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda a: kernel_op.torch_op(a, 2.0).sum())(X)
+
+
 def test_vmap_and_vmap_of_grad(kernel_op: ir.IrOp) -> None:
     with kernel_op.set_priority(["kernel"]):
         kernel_op(X[0], 2.0)  # a cached key of the per-sample shape
