@@ -199,12 +199,20 @@ class Scope:
         self.overrides = overrides
         self.mode = mode
         self.closed = False
-        self.children: weakref.WeakSet[Scope] = weakref.WeakSet()
+        # weak, so a long-lived outer scope does not keep every inner one alive;
+        # dead entries are pruned whenever the list doubles
+        self.children: list[weakref.ref[Scope]] = []
         self.state: PriorityState | None = None
         with _scope_lock:  # a concurrent close of the parent refreshes this one too
             if parent is not None:
-                parent.children.add(self)
+                parent._adopt(self)
             self._refresh()
+
+    def _adopt(self, child: Scope) -> None:
+        children = self.children
+        children.append(weakref.ref(child))
+        if len(children) >= 64 and len(children) & (len(children) - 1) == 0:
+            children[:] = [c for c in children if c() is not None]
 
     def _refresh(self) -> None:
         base = self.parent.state if self.parent is not None else None
@@ -226,7 +234,7 @@ class Scope:
             while pending:  # parents before children
                 scope = pending.pop()
                 scope._refresh()
-                pending.extend(scope.children)
+                pending.extend(c for ref in scope.children if (c := ref()) is not None)
 
 
 _scope_lock = threading.Lock()
@@ -315,8 +323,13 @@ def scoped_priority(priorities: Mapping[str, Sequence[str]]) -> Iterator[Priorit
     when those change while the scope is open. Callers validate op and
     provider names first (see ``IrOpPriorityConfig``).
     """
-    with _open_scope({op: tuple(p) for op, p in priorities.items()}, None) as scope:
+    overrides = {op: tuple(p) for op, p in priorities.items()}
+    scope = Scope(_scoped_state.get(), overrides, None)
+    token = _scoped_state.set(scope)
+    try:
         yield scope.state  # type: ignore[misc]
+    finally:
+        _exit_scope(scope, token)
 
 
 def set_process_priority(priorities: Mapping[str, Sequence[str]], *, replace: bool = False) -> None:
