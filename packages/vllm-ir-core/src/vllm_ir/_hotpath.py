@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import linecache
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,15 @@ from vllm_ir.signature import params_source, tensor_kind
 __all__ = ["compile_source", "make_eager_call", "make_needs_grad_fn", "make_route_fn"]
 
 _counter = itertools.count()
+
+# forward_ad._current_level (-1 outside dual_level()) is torch's own record of
+# an open forward-AD level; should a torch release drop it, routing by it is
+# off (tests/test_transforms.py then fails) rather than every call failing
+_FORWARD_AD: Any = (
+    _forward_ad
+    if isinstance(getattr(_forward_ad, "_current_level", None), int)
+    else types.SimpleNamespace(_current_level=-1)
+)
 
 
 def compile_source(source: str, name: str, namespace: dict[str, Any]) -> Callable[..., Any]:
@@ -82,7 +92,7 @@ def _route_namespace() -> dict[str, Any]:
         f"{P}is_compiling": torch.compiler.is_compiling,
         f"{P}dispatch_stack_len": torch._C._len_torch_dispatch_stack,
         f"{P}has_torch_function": torch.overrides.has_torch_function,
-        f"{P}forward_ad": _forward_ad,
+        f"{P}forward_ad": _FORWARD_AD,
         f"{P}grad_enabled": torch.is_grad_enabled,
     }
 

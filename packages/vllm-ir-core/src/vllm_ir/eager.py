@@ -31,10 +31,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
-import torch.autograd.forward_ad as _forward_ad
 
 from vllm_ir import envs
-from vllm_ir._hotpath import make_eager_call
+from vllm_ir._hotpath import _FORWARD_AD, make_eager_call
 from vllm_ir.cache import generation, holds, register_cache, store
 from vllm_ir.dispatch import describe
 from vllm_ir.dispatch_key import key_is_cacheable
@@ -69,7 +68,11 @@ class SelectingOp(Protocol):
 
 _check: list[bool | None] = [None]  # None: follow VLLM_IR_CHECK_DISPATCH
 _is_compiling = torch.compiler.is_compiling
-_functorch_active = torch._C._are_functorch_transforms_active
+_functorch_active: Callable[[], bool] = getattr(
+    torch._C,
+    "_are_functorch_transforms_active",
+    lambda: torch._C._functorch.peek_interpreter_stack() is not None,
+)
 _is_alias_of = torch._C._is_alias_of
 _increment_version = torch._C._increment_version
 _installed: weakref.WeakSet[EagerCall] = weakref.WeakSet()
@@ -202,7 +205,7 @@ class EagerCall:
         functorch-compatible, and nested tensors have no rule for the op.
         """
         if not _is_compiling() and (
-            _functorch_active() or _forward_ad._current_level >= 0 or _has_nested(args)
+            _functorch_active() or _FORWARD_AD._current_level >= 0 or _has_nested(args)
         ):
             return self.op.native(*args)
         return self.torch_op(*args)
