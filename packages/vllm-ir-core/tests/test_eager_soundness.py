@@ -94,7 +94,7 @@ def test_tracebacks_show_the_generated_source(make_op) -> None:  # type: ignore[
         op(torch.ones(2))
     text = "".join(traceback.format_exception(info.value))
     assert "<vllm_ir generated" in text
-    assert "return fn(x)" in text  # the generated line itself, from linecache
+    assert "return _vllm_ir_fn(x)" in text  # the generated line itself, from linecache
 
 
 # -- 2./4. every fact a predicate reads is in the key ----------------------

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+from collections.abc import Callable
+
+import conftest
+import pytest
 import torch
 import vllm_ir as ir
 
@@ -60,3 +66,126 @@ def test_maybe_inplace_schema_marks_activations_mutable() -> None:
     assert mutable == ["x", "x_residual"]
     default = torch.ops.vllm_ir.fused_add_rms_norm.default._schema
     assert not any(a.alias_info for a in default.arguments)
+
+
+# -- donation only where it cannot change the result ------------------------
+
+
+def weighted_add(
+    x: torch.Tensor, x_other: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w * (x + x_other), x + x_other): one non-activation tensor argument."""
+    s = x + x_other
+    return s * w, s
+
+
+@pytest.fixture
+def weighted_op(make_op: Callable[..., ir.IrOp]) -> ir.IrOp:
+    op = make_op(weighted_add, allow_inplace=True)
+
+    @op.register_impl("raw_kernel", inplace=True)
+    def _kernel(
+        x: torch.Tensor, x_other: torch.Tensor, w: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # writes row by row through .data, as a C++ kernel writes through the
+        # data pointer: torch neither checks overlap nor bumps versions
+        xd, od = x.data, x_other.data
+        for i in range(xd.shape[0]):
+            od[i] = xd[i] + od[i]
+            xd[i] = od[i] * w.data
+        return x, x_other
+
+    return op
+
+
+def _cases() -> list[tuple[str, Callable[[], tuple[torch.Tensor, ...]]]]:
+    def expand_other() -> tuple[torch.Tensor, ...]:
+        return torch.randn(4, 8), torch.randn(1, 8).expand(4, 8), torch.randn(8)
+
+    def expand_x() -> tuple[torch.Tensor, ...]:
+        return torch.randn(1, 8).expand(4, 8), torch.randn(4, 8), torch.randn(8)
+
+    def rows_overlap() -> tuple[torch.Tensor, ...]:
+        return torch.randn(4, 8), torch.randn(40).as_strided((4, 8), (4, 1)), torch.randn(8)
+
+    def weight_views_other() -> tuple[torch.Tensor, ...]:
+        other = torch.randn(4, 8)
+        return torch.randn(4, 8), other, other[0]
+
+    def activations_share_storage() -> tuple[torch.Tensor, ...]:
+        buf = torch.randn(5, 8)
+        return buf[1:], buf[:4], torch.randn(8)
+
+    return [
+        (f.__name__, f)
+        for f in (
+            expand_other,
+            expand_x,
+            rows_overlap,
+            weight_views_other,
+            activations_share_storage,
+        )
+    ]
+
+
+@pytest.mark.parametrize(("name", "make"), _cases())
+def test_overlapping_donations_run_on_copies(
+    weighted_op: ir.IrOp, name: str, make: Callable[[], tuple[torch.Tensor, ...]]
+) -> None:
+    args = make()
+    want = weighted_op.native(*(a.clone() for a in args))
+    with weighted_op.set_priority(["raw_kernel"]):
+        got = weighted_op.maybe_inplace(*args)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, msg=name)
+
+
+def test_separate_donations_still_reuse_memory(weighted_op: ir.IrOp) -> None:
+    x, other, w = torch.randn(4, 16)[:, :8], torch.randn(4, 8), torch.randn(8)  # rows of wider rows
+    with weighted_op.set_priority(["raw_kernel"]):
+        out, total = weighted_op.maybe_inplace(x, other, w)
+    assert (out.data_ptr(), total.data_ptr()) == (x.data_ptr(), other.data_ptr())
+
+
+def test_donating_a_tensor_autograd_saved_fails_its_backward(weighted_op: ir.IrOp) -> None:
+    a = torch.randn(4, 8, requires_grad=True)
+    b = torch.randn(4, 8)
+    loss = (a * b).sum()  # saves b for a's gradient; b itself needs no grad
+    with weighted_op.set_priority(["raw_kernel"]):
+        weighted_op.maybe_inplace(b, torch.randn(4, 8), torch.ones(8))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def _kernel_with_workspace() -> tuple[Callable[..., object], weakref.ref[torch.Tensor]]:
+    workspace = torch.empty(1024)  # what a real kernel closes over (GPU memory)
+
+    def impl(x: torch.Tensor, x_other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        workspace.zero_()
+        x_other.add_(x)
+        torch.mul(x_other, 2, out=x)
+        return x, x_other
+
+    return impl, weakref.ref(workspace)
+
+
+def _register_call_unregister(op: ir.IrOp, overload: str) -> weakref.ref[torch.Tensor]:
+    # in a function of its own: registration reads its caller's locals (to
+    # resolve string annotations), and that snapshot lives as long as the frame
+    impl, ref = _kernel_with_workspace()
+    op.register_impl("leaky", inplace=True)(impl)
+    call = op if overload == "default" else op.maybe_inplace
+    with op.set_priority(["leaky"]):
+        call(torch.randn(4), torch.randn(4))
+    op.unregister_impl("leaky")
+    return ref
+
+
+@pytest.mark.parametrize("overload", ["default", "maybe_inplace"])
+def test_unregistered_inplace_impls_are_freed(
+    make_op: Callable[..., ir.IrOp], overload: str
+) -> None:
+    op = make_op(conftest.add_then_double, allow_inplace=True)
+    refs = [_register_call_unregister(op, overload) for _ in range(3)]
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]

@@ -50,4 +50,5 @@ def test_bad_logging_level_warns_and_is_ignored() -> None:
     result = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     )
-    assert "VLLM_LOGGING_LEVEL='LOUD' is not a logging level and is ignored" in result.stderr
+    assert "VLLM_LOGGING_LEVEL='LOUD' is not accepted; accepted values: DEBUG" in result.stderr
+    assert "ignored, using the default" in result.stderr

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -160,7 +164,10 @@ def test_platform_override(monkeypatch: pytest.MonkeyPatch, scale_op: ir.IrOp) -
         monkeypatch.setenv("VLLM_IR_PLATFORM", "cuda")
         assert scale_op.get_priority() == ["cuda_kernel", "native"]
         monkeypatch.setenv("VLLM_IR_PLATFORM", "tpu")
-        with pytest.raises(ValueError, match="not a platform; use one of cuda, rocm, xpu, cpu"):
+        with pytest.raises(
+            ValueError,
+            match="VLLM_IR_PLATFORM='tpu' is not accepted; accepted values: cuda, rocm, xpu, cpu",
+        ):
             scale_op.get_priority()
     finally:
         priority.remove_platform_defaults("cuda-pkg")
@@ -188,3 +195,88 @@ def test_apply_replace_drops_other_ops(defaults: ir.IrOp) -> None:
     ir.IrOpPriorityConfig(**{defaults.name: ["other"]}).apply(replace=True)
     assert ir.ops.rms_norm.get_priority_entries()[0].source == "native fallback"
     assert defaults.get_priority()[0] == "other"
+
+
+# -- scopes held across a generator's yield ---------------------------------
+
+_GENERATOR_SCOPES = """
+import contextvars, threading
+import torch, vllm_ir as ir
+from torch import Tensor
+
+@ir.register_op
+def gen_op(x: Tensor) -> Tensor:
+    return x + 0
+
+@gen_op.register_impl("alt")
+def alt(x: Tensor) -> Tensor:
+    return x + 0
+
+op = ir.ops.gen_op
+x = torch.ones(2)
+
+def stream(providers):
+    with op.set_priority(providers):
+        for _ in range(3):
+            yield op.get_priority()[0], op.dispatch(x).provider
+
+def interleaved():
+    base = op.get_priority()
+    a = stream(["alt"]); assert next(a) == ("alt", "alt")
+    b = stream(["native"]); assert next(b) == ("native", "native")
+    a.close(); b.close()  # opened a, b; closed a, b
+    assert op.get_priority() == base, op.get_priority()
+    assert op.dispatch(x).provider == "native"
+
+def nested_inside():
+    base = op.get_priority()
+    g = stream(["alt"]); next(g)
+    with op.set_priority(["native"]):  # the caller opens a scope on top of it
+        contextvars.Context().run(g.close)
+        assert op.get_priority() == base
+    assert op.get_priority() == base, op.get_priority()
+
+def closed_elsewhere(close):
+    base = op.get_priority()
+    g = stream(["alt"]); next(g)
+    close(g)
+    assert op.get_priority() == base, op.get_priority()
+    assert op.dispatch(x).provider == "native"
+    assert op(x).tolist() == [1.0, 1.0]
+
+def in_thread(g):
+    t = threading.Thread(target=g.close); t.start(); t.join()
+
+for case in (
+    interleaved,
+    nested_inside,
+    lambda: closed_elsewhere(lambda g: contextvars.Context().run(g.close)),
+    lambda: closed_elsewhere(lambda g: contextvars.copy_context().run(g.close)),
+    lambda: closed_elsewhere(in_thread),
+):
+    contextvars.Context().run(case)
+print("SCOPES OK")
+"""
+
+
+def test_generator_scopes_never_leak_into_the_caller() -> None:
+    # in a subprocess with a timeout, as a broken scope could hang or poison the suite
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM")}
+    env["VLLM_IR_PROVIDERS"] = "none"
+    result = subprocess.run(
+        [sys.executable, "-c", _GENERATOR_SCOPES],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "SCOPES OK" in result.stdout, result.stderr[-3000:]
+
+
+def test_a_scope_closed_in_order_keeps_contexts_that_copied_it(scale_op: ir.IrOp) -> None:
+    # a task started inside a scope keeps it after the scope exits, as context variables do
+    _register(scale_op, "alt")
+    with scale_op.set_priority(["alt"]):
+        copied = contextvars.copy_context()
+    assert scale_op.get_priority()[0] == "native"
+    assert copied.run(scale_op.get_priority)[0] == "alt"

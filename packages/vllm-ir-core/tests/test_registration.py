@@ -58,7 +58,7 @@ def test_activations_default_to_parameters_starting_with_x(make_op) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "fn_src", "error", "match"),
     [
-        ({"name": "has space"}, "scale", ValueError, "must be a Python identifier"),
+        ({"name": "has space"}, "scale", ValueError, "must be an ASCII Python identifier"),
         ({"name": "_private"}, "scale", ValueError, "must not start with an underscore"),
         ({"name": "rms_norm"}, "scale", ValueError, "already registered"),
         ({"name": "layernorm"}, "scale", ValueError, "would shadow vllm_ir.ops.layernorm"),
@@ -267,3 +267,96 @@ def test_signature_mismatch_names_the_parameter(params: str, difference: str) ->
     message = str(info.value)
     assert difference in message
     assert "\n" not in message
+
+
+# -- generated code never shares names with the op's parameters -------------
+
+
+def flagged(x: Tensor, fn: bool) -> Tensor:
+    return x * 2 if fn else x.clone()
+
+
+def named_like_generated(x: Tensor, _miss: float, _calls: float, t: list[Tensor]) -> Tensor:
+    return x * _miss + _calls + sum(t)
+
+
+@pytest.mark.parametrize("provider", ["native", "impl"])
+def test_parameters_named_like_generated_code_reach_the_impl(make_op, provider: str) -> None:  # type: ignore[no-untyped-def]
+    op = make_op(flagged)
+    op.register_impl("impl")(flagged)
+    other = make_op(named_like_generated)
+    other.register_impl("impl")(named_like_generated)
+    x = torch.ones(3)
+    with op.set_priority([provider]), other.set_priority([provider]):
+        for _ in range(2):  # the miss, then the cached call
+            assert op(x, False).tolist() == [1.0, 1.0, 1.0]
+            assert op(x, fn=True).tolist() == [2.0, 2.0, 2.0]
+            got = other(x, 2.0, 1.0, [torch.ones(3)])
+            assert got.tolist() == [4.0, 4.0, 4.0]
+
+
+@pytest.mark.parametrize("param", ["self", "_vllm_ir_fn"])
+def test_reserved_parameter_names_are_refused_and_rolled_back(param: str) -> None:
+    name = unique("reserved_param")
+    namespace: dict[str, object] = {"Tensor": Tensor}
+    exec(f"def f(x: Tensor, {param}: float) -> Tensor:\n    return x * {param}\n", namespace)
+    with pytest.raises(ValueError, match=f"parameter name '{param}' is reserved"):
+        ir.register_op(name=name)(namespace["f"])
+    assert f"vllm_ir::{name}" not in torch.library._defs
+    op = ir.register_op(name=name)(scale)  # the name is free again
+    try:
+        assert op(torch.ones(2), 3.0).tolist() == [3.0, 3.0]
+    finally:
+        op._unregister()
+
+
+def test_a_failure_after_the_torch_definition_rolls_it_back(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from vllm_ir import op as op_module
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("code generation failed")
+
+    monkeypatch.setattr(op_module, "EagerCall", broken)
+    name = unique("half_declared")
+    with pytest.raises(RuntimeError, match="code generation failed"):
+        ir.register_op(name=name)(scale)
+    assert f"vllm_ir::{name}" not in torch.library._defs
+    assert name not in ir.op.IrOp.registry
+    monkeypatch.undo()
+    ir.register_op(name=name)(scale)._unregister()
+
+
+class _CallableObject:
+    def __call__(self, x: Tensor) -> Tensor:
+        return x + 0
+
+
+def _plus(x: Tensor) -> Tensor:
+    return x + 0
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: ir.register_op(name="rëview_op")(_plus), ValueError, "ASCII Python identifier"),
+        (lambda: ir.register_op(name="name")(_plus), ValueError, "attribute of torch.ops.vllm_ir"),
+        (lambda: ir.register_op(_CallableObject()), TypeError, "has no __name__; pass name="),
+        (
+            lambda: ir.register_op(name=unique("act"), activations=123)(_plus),  # type: ignore[arg-type]
+            TypeError,
+            "activations must be a list of parameter names",
+        ),
+        (
+            lambda: ir.register_op(name=unique("flag"), allow_inplace="yes")(_plus),  # type: ignore[call-overload]
+            TypeError,
+            "allow_inplace must be a bool",
+        ),
+        (lambda: ir.register_op(name=5)(_plus), TypeError, "name must be a str"),  # type: ignore[call-overload]
+    ],
+)
+def test_register_op_refuses_bad_arguments_in_one_line(make, error, match) -> None:  # type: ignore[no-untyped-def]
+    before = set(torch.library._defs)
+    with pytest.raises(error, match=match) as info:
+        make()
+    assert "\n" not in str(info.value)
+    assert set(torch.library._defs) == before

@@ -9,6 +9,12 @@ attribute read, ``*args`` pack or extra call is 30-100 ns; generic code over
 The generated source is registered with :mod:`linecache` (as ``torch.fx``
 does for generated ``forward`` methods), so tracebacks and debuggers show
 its lines.
+
+Generated code shares its function scope with the op's parameter names, so
+every name it defines or reads itself — globals, locals, its ``self`` —
+starts with :data:`~vllm_ir.signature.GENERATED_PREFIX`, which parameter
+names may not (``check_native_signature``): a parameter called ``fn`` or
+``_miss`` reaches the impl unchanged.
 """
 
 from __future__ import annotations
@@ -16,17 +22,29 @@ from __future__ import annotations
 import inspect
 import itertools
 import linecache
+import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 from vllm_ir.dispatch_key import key_expression, key_namespace
+from vllm_ir.signature import GENERATED_PREFIX as P
 from vllm_ir.signature import params_source, tensor_kind
 
 __all__ = ["compile_source", "make_eager_call", "make_needs_grad_fn", "make_route_fn"]
 
 _counter = itertools.count()
+
+# forward_ad._current_level (-1 outside dual_level()) is torch's own record of
+# an open forward-AD level; should a torch release drop it, routing by it is
+# off (tests/test_transforms.py then fails) rather than every call failing
+_FORWARD_AD: Any = (
+    _forward_ad
+    if isinstance(getattr(_forward_ad, "_current_level", None), int)
+    else types.SimpleNamespace(_current_level=-1)
+)
 
 
 def compile_source(source: str, name: str, namespace: dict[str, Any]) -> Callable[..., Any]:
@@ -47,30 +65,35 @@ def _needs_grad_expr(sig: inspect.Signature) -> str:
         elif kind == "optional":
             terms.append(f"({p.name} is not None and {p.name}.requires_grad)")
         elif kind == "list":
-            terms.append(f"any(t.requires_grad for t in {p.name})")
+            terms.append(f"any({P}t.requires_grad for {P}t in {p.name})")
     return " or ".join(terms) or "False"
 
 
 def _route_expr(sig: inspect.Signature) -> str:
-    """True when the call must go through the torch op (tracing, modes, autograd)."""
+    """True when the call must leave the fast path: tracing, modes, autograd,
+    forward-mode AD (a dual level is open: ``forward_ad``, ``torch.func.jvp``)."""
     # tensors inside list arguments may carry __torch_function__ too
     checked = ", ".join(
         f"*{p.name}" if tensor_kind(p.annotation) == "list" else p.name
         for p in sig.parameters.values()
     )
+    # dual tensors do not set requires_grad: the open dual level is the fact
+    # (one module attribute read; -1 outside forward_ad.dual_level())
     return (
-        "(_is_compiling() or _dispatch_stack_len()"
-        f" or _has_torch_function(({checked},))"
-        f" or (_grad_enabled() and ({_needs_grad_expr(sig)})))"
+        f"({P}is_compiling() or {P}dispatch_stack_len()"
+        f" or {P}has_torch_function(({checked},))"
+        f" or {P}forward_ad._current_level >= 0"
+        f" or ({P}grad_enabled() and ({_needs_grad_expr(sig)})))"
     )
 
 
 def _route_namespace() -> dict[str, Any]:
     return {
-        "_is_compiling": torch.compiler.is_compiling,
-        "_dispatch_stack_len": torch._C._len_torch_dispatch_stack,
-        "_has_torch_function": torch.overrides.has_torch_function,
-        "_grad_enabled": torch.is_grad_enabled,
+        f"{P}is_compiling": torch.compiler.is_compiling,
+        f"{P}dispatch_stack_len": torch._C._len_torch_dispatch_stack,
+        f"{P}has_torch_function": torch.overrides.has_torch_function,
+        f"{P}forward_ad": _FORWARD_AD,
+        f"{P}grad_enabled": torch.is_grad_enabled,
     }
 
 
@@ -94,7 +117,7 @@ def make_eager_call(
     sig: inspect.Signature,
     op_name: str,
     *,
-    torch_op: Callable[..., Any],
+    routed: Callable[..., Any],
     calls: dict[Any, Callable[..., Any]],
     miss: Callable[..., Callable[..., Any]],
     scoped_get: Callable[[], Any],
@@ -108,8 +131,10 @@ def make_eager_call(
     or when building the key fails, e.g. for an argument of the wrong type —
     ``miss(*args)`` checks the arguments, selects, stores and returns it.
     Calls under Dynamo, a dispatch mode (``make_fx``, FakeTensorMode),
-    ``__torch_function__`` arguments, or with tensors that need grad go
-    through ``torch_op`` so a tracer records one node and autograd sees the op.
+    ``__torch_function__`` arguments, an open forward-AD level, or with
+    tensors that need grad call ``routed`` (the torch op, so a tracer records
+    one node and autograd sees the op; the native function under torch.func
+    transforms and for nested tensors — see :meth:`vllm_ir.eager.EagerCall.routed`).
 
     The function is called after the ``try``: an exception from it (the
     impl's) propagates unchanged and the impl runs exactly once.
@@ -119,24 +144,26 @@ def make_eager_call(
     """
     namespace = key_namespace(scoped_get)
     namespace.update(_route_namespace())
-    namespace.update(_torch_op=torch_op, _calls=calls, _miss=miss, _verify=verify)
+    namespace.update(
+        {f"{P}routed": routed, f"{P}calls": calls, f"{P}miss": miss, f"{P}verify": verify}
+    )
     args = ", ".join(sig.parameters)
     lines = [
-        f"def {op_name}(self, {params_source(sig, namespace)}):",
+        f"def {op_name}({P}self, {params_source(sig, namespace)}):",
         "    try:",
         f"        if {_route_expr(sig)}:",
-        "            fn = _torch_op",
+        f"            {P}fn = {P}routed",
         "        else:",
-        f"            fn = _calls[{key_expression(sig)}]",
+        f"            {P}fn = {P}calls[{key_expression(sig)}]",
         "    except Exception:  # a miss, or arguments the key cannot describe",
-        f"        fn = _miss({args})",
+        f"        {P}fn = {P}miss({args})",
     ]
     if verify is not None:
         lines += [
             "    else:",
-            "        if fn is not _torch_op:",
-            f"            fn = _verify(fn, {args})",
+            f"        if {P}fn is not {P}routed:",
+            f"            {P}fn = {P}verify({P}fn, {args})",
         ]
-    lines.append(f"    return fn({args})")
+    lines.append(f"    return {P}fn({args})")
     # named after the op, so a wrong call says "rms_norm() missing 1 required ..."
     return compile_source("\n".join(lines) + "\n", op_name, namespace)

@@ -17,11 +17,17 @@ into a full cache evicts the oldest entry first (insertion order), so a
 workload cycling through more layouts than that re-selects, but memory stays
 bounded. Keys hold only metadata (dtypes, devices, sizes, strides, scalars),
 never tensors.
+
+Fork safety: a child forked while another thread held the lock (in an
+invalidation, say) would inherit it locked, with no thread to release it.
+The child therefore gets a new lock, and — since the invalidation may have
+stopped half-way — starts a new generation with every cache cleared.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -81,6 +87,15 @@ def invalidating() -> Iterator[None]:
     with _lock:
         yield
         _clear_then_advance()
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # the parent's may be held by a thread the child lacks
+    _clear_then_advance()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _clear_then_advance() -> None:

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from vllm_ir.signature import GENERATED_PREFIX as P
 from vllm_ir.signature import is_scalar_annotation, params_source, tensor_kind
 
 __all__ = [
@@ -112,13 +113,13 @@ def _param_expression(p: inspect.Parameter, fast: bool) -> str:
     kind = tensor_kind(p.annotation)
     n = p.name
     if kind == "tensor":
-        return _exact_facts_source(n) if fast else f"*_tensor_facts({n})"
+        return _exact_facts_source(n) if fast else f"*{P}tensor_facts({n})"
     if kind == "optional":
-        facts = f"({_exact_facts_source(n)})" if fast else f"_tensor_facts({n})"
+        facts = f"({_exact_facts_source(n)})" if fast else f"{P}tensor_facts({n})"
         return f"None if {n} is None else {facts}"
     if is_scalar_annotation(p.annotation):
         return n
-    return f"_generic_exact_facts({n})" if fast else f"_generic_facts({n})"
+    return f"{P}generic_exact_facts({n})" if fast else f"{P}generic_facts({n})"
 
 
 def key_expression(sig: inspect.Signature, *, fast: bool = True) -> str:
@@ -128,18 +129,20 @@ def key_expression(sig: inspect.Signature, *, fast: bool = True) -> str:
     path; otherwise the selection key, through :func:`tensor_facts`, safe on
     FakeTensors.
     """
-    items = ["_scoped_get()"] + [_param_expression(p, fast) for p in sig.parameters.values()]
+    # the scoped priority state: the current scope's (None outside scopes);
+    # see vllm_ir.priority for why a scope is read through its .state
+    scope = f"(None if ({P}scope := {P}scoped_get()) is None else {P}scope.state)"
+    items = [scope] + [_param_expression(p, fast) for p in sig.parameters.values()]
     return f"({', '.join(items)},)"
 
 
 def key_namespace(scoped_get: Callable[[], Any]) -> dict[str, Any]:
     """The globals :func:`key_expression`'s source refers to."""
     return {
-        "_scoped_get": scoped_get,
-        "_BATCH_CLASS": BATCH_CLASS,
-        "_tensor_facts": tensor_facts,
-        "_generic_facts": _generic_facts,
-        "_generic_exact_facts": _generic_exact_facts,
+        f"{P}scoped_get": scoped_get,
+        f"{P}tensor_facts": tensor_facts,
+        f"{P}generic_facts": _generic_facts,
+        f"{P}generic_exact_facts": _generic_exact_facts,
     }
 
 

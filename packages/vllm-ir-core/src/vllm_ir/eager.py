@@ -8,6 +8,13 @@ checks the argument types against the schema, selects with
 changed meanwhile. The rule: **for any arguments, the fast path runs exactly
 the impl ``select()`` returns, once.**
 
+Donation (``maybe_inplace`` with an inplace impl) happens only when it cannot
+change the result: an activation whose elements overlap in memory (rows from
+``expand``, overlapping strides) or that shares storage with another tensor
+argument runs on copies instead, as the default overload does; after an
+impl wrote a donated activation its version counter is bumped, so autograd
+refuses a backward that saved it, as after any in-place op.
+
 ``VLLM_IR_CHECK_DISPATCH=1`` (or :func:`set_dispatch_check`) regenerates
 every op's call to re-validate each cache hit against an uncached
 selection, raising :class:`DispatchMismatch` on a difference — a
@@ -23,12 +30,15 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import torch
+
 from vllm_ir import envs
-from vllm_ir._hotpath import make_eager_call
+from vllm_ir._hotpath import _FORWARD_AD, make_eager_call
 from vllm_ir.cache import generation, holds, register_cache, store
 from vllm_ir.dispatch import describe
 from vllm_ir.dispatch_key import key_is_cacheable
 from vllm_ir.impl import IrOpImpl
+from vllm_ir.layout import may_overlap_itself
 
 __all__ = ["DispatchMismatch", "EagerCall", "dispatch_check_enabled", "set_dispatch_check"]
 
@@ -42,6 +52,8 @@ class SelectingOp(Protocol):
 
     name: str
     signature: inspect.Signature
+    native: Callable[..., Any]
+    _activation_idx: frozenset[int]
 
     def _check_args(self, args: tuple[Any, ...]) -> str: ...
     def _route(self, *args: Any) -> bool: ...
@@ -55,6 +67,14 @@ class SelectingOp(Protocol):
 
 
 _check: list[bool | None] = [None]  # None: follow VLLM_IR_CHECK_DISPATCH
+_is_compiling = torch.compiler.is_compiling
+_functorch_active: Callable[[], bool] = getattr(
+    torch._C,
+    "_are_functorch_transforms_active",
+    lambda: torch._C._functorch.peek_interpreter_stack() is not None,
+)
+_is_alias_of = torch._C._is_alias_of
+_increment_version = torch._C._increment_version
 _installed: weakref.WeakSet[EagerCall] = weakref.WeakSet()
 
 
@@ -76,7 +96,9 @@ class EagerCall:
     """One overload's eager ``__call__``: its cache, miss path and check.
 
     ``copy_activations``: the default overload, which never writes its
-    inputs, runs an inplace impl on copies of the activations.
+    inputs, runs an inplace impl on copies of the activations; otherwise
+    (``maybe_inplace``) an inplace impl gets the activations donated when
+    that cannot change its result (see the module doc).
     """
 
     def __init__(
@@ -94,8 +116,18 @@ class EagerCall:
         self.scoped_get = scoped_get
         self.copy_activations = copy_activations
         self.calls: dict[Any, Callable[..., Any]] = register_cache()
-        # one wrapper per inplace impl: a stable identity, so check mode can compare
+        # wrappers per inplace impl (on copies; donating): a stable identity, so
+        # check mode can compare; dropped with the impl (forget)
         self._on_copies: dict[IrOpImpl, Callable[..., Any]] = {}
+        self._donating: dict[IrOpImpl, Callable[..., Any]] = {}
+        params = list(op.signature.parameters.values())
+        self._act_idx = tuple(sorted(op._activation_idx))
+        # the other tensor arguments a donated activation must not share memory with
+        self._other_idx = tuple(
+            i
+            for i, p in enumerate(params)
+            if i not in op._activation_idx and _holds_tensors(p.annotation)
+        )
         self.install()
         _installed.add(self)
 
@@ -104,7 +136,7 @@ class EagerCall:
         call = make_eager_call(
             self.op.signature,
             self.op.name,
-            torch_op=self.torch_op,
+            routed=self.routed,
             calls=self.calls,
             miss=self.miss,
             scoped_get=self.scoped_get,
@@ -112,30 +144,83 @@ class EagerCall:
         )
         self.owner.__call__ = call  # type: ignore[method-assign]
 
-    def fn_for(self, impl: IrOpImpl) -> Callable[..., Any]:
-        """What this overload runs when ``impl`` is selected."""
-        if not (self.copy_activations and impl.inplace):
+    def fn_for(self, impl: IrOpImpl, args: tuple[Any, ...]) -> Callable[..., Any]:
+        """What this overload runs when ``impl`` is selected for ``args``.
+
+        Depends on ``args`` only through exact key facts (shapes, strides), so
+        the answer can be cached on the fast path's key.
+        """
+        if not impl.inplace:
             return impl.impl_fn
-        fn = self._on_copies.get(impl)
+        if self.copy_activations or self._overlapping_activation(args):
+            fn = self._on_copies.get(impl)
+            if fn is None:
+                fn = self._on_copies.setdefault(
+                    impl, functools.partial(self._call_on_copies, impl.impl_fn)
+                )
+            return fn
+        fn = self._donating.get(impl)
         if fn is None:
-            fn = self._on_copies.setdefault(
-                impl, functools.partial(self._call_on_copies, impl.impl_fn)
+            fn = self._donating.setdefault(
+                impl, functools.partial(self._call_donating, impl.impl_fn)
             )
         return fn
+
+    def forget(self, impl: IrOpImpl) -> None:
+        """Drop the wrappers of an unregistered impl (and with them its function)."""
+        self._on_copies.pop(impl, None)
+        self._donating.pop(impl, None)
+
+    def _overlapping_activation(self, args: tuple[Any, ...]) -> bool:
+        # rows from expand() or overlapping strides: writing one element writes others
+        return any(
+            isinstance(args[i], torch.Tensor) and may_overlap_itself(args[i]) for i in self._act_idx
+        )
 
     def _call_on_copies(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*self.op._clone_activations(args))
 
+    def _call_donating(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run an inplace impl on the donated activations, unless one shares
+        memory with another tensor argument; then bump their versions."""
+        acts = tuple(args[i] for i in self._act_idx)
+        others = [args[i] for i in self._other_idx]
+        for n, a in enumerate(acts):
+            for b in (*acts[n + 1 :], *others):
+                if b is not None and _shares_memory(a, b):
+                    return fn(*self.op._clone_activations(args))
+        out = fn(*args)
+        # the impl wrote them outside torch's view: autograd must know
+        _increment_version(acts)
+        return out
+
+    def routed(self, *args: Any) -> Any:
+        """A call the fast path does not serve (see :func:`make_eager_call`).
+
+        The torch op, so tracers record one node and autograd sees the op;
+        but under a torch.func transform (``grad``, ``jacrev``, ``vmap``,
+        ``jvp``), with an open forward-AD level, or for nested (jagged)
+        tensors, the native function, which composes with all of them: the
+        torch op's autograd formula has no forward-mode rule and is not
+        functorch-compatible, and nested tensors have no rule for the op.
+        """
+        if not _is_compiling() and (
+            _functorch_active() or _FORWARD_AD._current_level >= 0 or _has_nested(args)
+        ):
+            return self.op.native(*args)
+        return self.torch_op(*args)
+
     def miss(self, *args: Any) -> Callable[..., Any]:
         """The function to run for ``args`` (all parameters, positionally); caches it."""
         op = self.op
-        if op._check_args(args) == "convert" or op._route(*args):
+        if op._check_args(args) == "convert" or op._route(*args) or _functorch_active():
             # a value torch converts (e.g. a 0-d tensor for a float): torch's
-            # semantics, uncached, so no key keeps it alive
-            return self.torch_op
+            # semantics, uncached, so no key keeps it alive; functorch's wrapper
+            # tensors (vmap) have no data pointer, so they always miss
+            return self.routed
         since = generation()
         # through the selection cache: a new batch size selects nothing anew
-        fn = self.fn_for(op._cached_select(args))
+        fn = self.fn_for(op._cached_select(args), args)
         try:
             key = op._fast_key(*args)
         except Exception:  # e.g. a tensor without strides: not cached
@@ -144,12 +229,15 @@ class EagerCall:
             store(self.calls, key, fn, since)
         return fn
 
+    def _fns_of(self, impl: IrOpImpl) -> tuple[Callable[..., Any] | None, ...]:
+        return (impl.impl_fn, self._on_copies.get(impl), self._donating.get(impl))
+
     def verify(self, fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
         """Check mode: ``fn`` (a cache hit) must be what an uncached selection runs."""
         op = self.op
         since = generation()
         expected_impl = op._select_impl(args)
-        expected = self.fn_for(expected_impl)
+        expected = self.fn_for(expected_impl, args)
         if fn is expected:
             return fn
         try:
@@ -158,10 +246,36 @@ class EagerCall:
             return expected  # such a call is never cached: fn came from a concurrent change
         if not holds(self.calls, key, fn, since):
             return expected  # the priorities changed concurrently: not a mismatch
-        cached = next((p for p, i in op._impls.items() if self.fn_for(i) is fn), repr(fn))
+        cached = next((p for p, i in op._impls.items() if fn in self._fns_of(i)), repr(fn))
         raise DispatchMismatch(
             f"{envs.VLLM_IR_CHECK_DISPATCH}: the eager cache of op {op.name!r} runs "
             f"{cached!r} for {describe(args)}, but select() chooses "
             f"{expected_impl.provider!r}. A supports_args reads a fact the dispatch key "
             "does not hold (see vllm_ir.dispatch_key); make it a function of the key's facts."
         )
+
+
+def _holds_tensors(annotation: object) -> bool:
+    from vllm_ir.signature import tensor_kind
+
+    return tensor_kind(annotation) != "other"
+
+
+def _tensors(value: Any) -> tuple[torch.Tensor, ...]:
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        return tuple(v for v in value if isinstance(v, torch.Tensor))
+    return ()
+
+
+def _shares_memory(a: torch.Tensor, b: Any) -> bool:
+    """Whether ``b`` (a tensor, or a list of them) shares storage with ``a``
+    (conservative: views of one storage that do not overlap count too)."""
+    if isinstance(b, torch.Tensor):
+        return _is_alias_of(a, b)  # type: ignore[no-any-return]
+    return any(_is_alias_of(a, t) for t in _tensors(b))
+
+
+def _has_nested(args: tuple[Any, ...]) -> bool:
+    return any(t.is_nested for a in args for t in _tensors(a))

@@ -1,91 +1,324 @@
-"""Environment variables read by vllm-ir, in one place.
+"""Environment variables read by vllm-ir, in one place, each with one parser.
+
+Every variable is an :class:`EnvVar` in :data:`ENV_VARS`: its accepted
+values, its default and its parser. A value the parser does not accept is
+*rejected* with one line naming the variable, what it was and what it
+accepts: a ``ValueError`` where the variable is read (at a call), or — for
+those read while ``vllm_ir`` is imported, where an error would make the
+library unimportable — a warning, once per value, and the default.
+The table in ``docs/design.md`` is :func:`markdown_table` (a test keeps
+them equal).
 
 Each is read when it is needed, not at import. ``VLLM_BATCH_INVARIANT`` and
 ``VLLM_IR_PLATFORM`` steer selection, which is cached: they are read once per
 cache generation, at its first selection, so cached and new selections never
 mix two values. Set them before the first call of an op, or call
-:func:`vllm_ir.invalidate_caches` after changing them.
+:func:`vllm_ir.invalidate_caches` after changing them. ``VLLM_IR_PLATFORM``
+is checked before provider discovery, so a bad value fails the call without
+discovery running under it.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 __all__ = [
+    "ENV_VARS",
     "VLLM_BATCH_INVARIANT",
+    "VLLM_IR_CACHE_DIR",
     "VLLM_IR_CHECK_DISPATCH",
+    "VLLM_IR_DUMP_GRAPHS",
     "VLLM_IR_PLATFORM",
     "VLLM_IR_PROVIDERS",
     "VLLM_IR_PROVIDER_LOAD_WARN_S",
+    "VLLM_IR_TRITON_DIRECT_LAUNCH",
     "VLLM_LOGGING_LEVEL",
+    "EnvVar",
     "batch_invariant",
+    "cache_dir",
     "check_dispatch",
+    "dump_graphs_dir",
     "logging_level",
+    "markdown_table",
     "platform_override",
     "provider_allow_list",
     "provider_load_warn_s",
+    "read",
+    "triton_direct_launch",
 ]
 
 VLLM_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
-"""``1`` restricts selection to impls registered with ``batch_invariant=True``."""
-
-VLLM_IR_PROVIDERS = "VLLM_IR_PROVIDERS"
-"""Comma-separated allow-list of provider entry points to load; unset loads all,
-``none`` loads none."""
-
-VLLM_IR_PROVIDER_LOAD_WARN_S = "VLLM_IR_PROVIDER_LOAD_WARN_S"
-"""Seconds a provider may take to load before a warning names it (default 5; 0: never)."""
-
-VLLM_LOGGING_LEVEL = "VLLM_LOGGING_LEVEL"
-"""Level of the ``vllm_ir`` logger; ``DEBUG`` logs every selection and rejection."""
-
-VLLM_IR_PLATFORM = "VLLM_IR_PLATFORM"
-"""Overrides platform detection (``cuda``, ``rocm``, ``xpu``, ``cpu``)."""
-
+VLLM_IR_CACHE_DIR = "VLLM_IR_CACHE_DIR"
 VLLM_IR_CHECK_DISPATCH = "VLLM_IR_CHECK_DISPATCH"
-"""``1`` re-validates every cached eager call against an uncached selection and
-raises on a difference (slow: a debugging and testing aid). Read when an op is
-declared; :func:`vllm_ir.eager.set_dispatch_check` switches it at run time."""
+VLLM_IR_DUMP_GRAPHS = "VLLM_IR_DUMP_GRAPHS"
+VLLM_IR_PLATFORM = "VLLM_IR_PLATFORM"
+VLLM_IR_PROVIDERS = "VLLM_IR_PROVIDERS"
+VLLM_IR_PROVIDER_LOAD_WARN_S = "VLLM_IR_PROVIDER_LOAD_WARN_S"
+VLLM_IR_TRITON_DIRECT_LAUNCH = "VLLM_IR_TRITON_DIRECT_LAUNCH"
+VLLM_LOGGING_LEVEL = "VLLM_LOGGING_LEVEL"
 
-_TRUE = {"1", "true", "yes", "on"}
+PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_TRUE = ("1", "true", "yes", "on", "y", "t", "enable", "enabled")
+_FALSE = ("0", "false", "no", "off", "n", "f", "disable", "disabled")
+_FLAG_VALUES = (
+    "on: " + ", ".join(f"`{v}`" for v in _TRUE) + "; off: " + ", ".join(f"`{v}`" for v in _FALSE)
+) + " (any case)"
 
 
-def check_dispatch() -> bool:
-    return os.environ.get(VLLM_IR_CHECK_DISPATCH, "0").strip().lower() in _TRUE
+class Rejected(ValueError):
+    """A parser's refusal; :func:`read` adds the variable, the value and the accepted values."""
 
 
-def batch_invariant() -> bool:
-    return os.environ.get(VLLM_BATCH_INVARIANT, "0").strip().lower() in _TRUE
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable: what it accepts and how it is parsed.
+
+    ``parse`` gets the stripped value (never called for unset or empty, which
+    mean ``default``) and returns the parsed value or raises :class:`Rejected`.
+    ``invalid``: ``raise`` a ``ValueError`` where the variable is read, or
+    ``warn`` and use the default (variables read during import).
+    """
+
+    name: str
+    accepted: str
+    default: str
+    effect: str
+    parse: Callable[[str], Any]
+    default_value: Any = None
+    invalid: Literal["raise", "warn"] = "raise"
 
 
-def provider_allow_list() -> frozenset[str] | None:
-    raw = os.environ.get(VLLM_IR_PROVIDERS)
-    if raw is None or not raw.strip():
-        return None
-    if raw.strip().lower() == "none":
+def _flag(raw: str) -> bool:
+    value = raw.lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise Rejected
+
+
+def _allow_list(raw: str) -> frozenset[str] | None:
+    if raw.lower() == "none":
         return frozenset()
-    return frozenset(name.strip() for name in raw.split(",") if name.strip())
+    names = frozenset(n.strip() for n in raw.split(",") if n.strip())
+    if not names:  # ",,": a list without a name is not "load none"
+        _warn_once(
+            VLLM_IR_PROVIDERS,
+            raw,
+            f"{VLLM_IR_PROVIDERS}={raw!r} names no provider, so all installed providers "
+            "load; unset it to load all, or set it to 'none' to load none",
+        )
+        return None
+    return names
 
 
-def logging_level() -> str | None:
-    raw = os.environ.get(VLLM_LOGGING_LEVEL)
-    return raw.strip().upper() if raw and raw.strip() else None
-
-
-def platform_override() -> str | None:
-    raw = os.environ.get(VLLM_IR_PLATFORM)
-    return raw.strip().lower() if raw and raw.strip() else None
-
-
-def provider_load_warn_s() -> float:
-    raw = os.environ.get(VLLM_IR_PROVIDER_LOAD_WARN_S, "").strip()
-    if not raw:
-        return 5.0
+def _seconds(raw: str) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(
-            f"{VLLM_IR_PROVIDER_LOAD_WARN_S}={raw[:40]!r} is not a number of seconds; "
-            "set it to e.g. 5, or 0 to never warn"
-        ) from None
-    return max(value, 0.0)
+        raise Rejected from None
+    if math.isnan(value) or value < 0:
+        raise Rejected
+    # inf, or more than a lock wait can express: never warn
+    return 0.0 if value >= threading.TIMEOUT_MAX else value
+
+
+def _platform(raw: str) -> str:
+    value = raw.lower()
+    if value not in PLATFORMS:
+        raise Rejected
+    return value
+
+
+def _level(raw: str) -> str:
+    value = raw.upper()
+    if value not in LOG_LEVELS:
+        raise Rejected
+    return value
+
+
+def _path(raw: str) -> str:
+    if "\0" in raw:
+        raise Rejected
+    return raw
+
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar(
+        VLLM_BATCH_INVARIANT,
+        _FLAG_VALUES,
+        "off",
+        "Selection skips impls not registered with `batch_invariant=True`. Read once per "
+        "cache generation (at its first selection); call `ir.invalidate_caches()` after "
+        "changing it.",
+        _flag,
+        False,
+    ),
+    EnvVar(
+        VLLM_IR_CHECK_DISPATCH,
+        _FLAG_VALUES,
+        "off",
+        "Every cached eager call is re-validated against an uncached `select()`; a mismatch "
+        "raises `DispatchMismatch`. Read when an op is declared; "
+        "`vllm_ir.eager.set_dispatch_check` switches it at run time. Slow: for tests and "
+        "debugging.",
+        _flag,
+        False,
+        "warn",
+    ),
+    EnvVar(
+        VLLM_IR_PROVIDERS,
+        "comma-separated entry-point names, or `none`",
+        "all installed",
+        "Allow-list of providers to load; `none` loads none. A list without a name "
+        "(`,,`) loads all, with a warning; a name no installed provider has is warned "
+        "about. Read once, at discovery.",
+        _allow_list,
+        None,
+    ),
+    EnvVar(
+        VLLM_IR_PROVIDER_LOAD_WARN_S,
+        "seconds, a number >= 0; `0` or `inf`: never warn",
+        "5",
+        "A provider still loading after this long is named in a warning.",
+        _seconds,
+        5.0,
+    ),
+    EnvVar(
+        VLLM_LOGGING_LEVEL,
+        "`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL` (any case)",
+        "unset (logging's own)",
+        "Level of the `vllm_ir` logger (a stderr handler is added if it has none). Read at "
+        "first use.",
+        _level,
+        None,
+        "warn",
+    ),
+    EnvVar(
+        VLLM_IR_PLATFORM,
+        "`cuda`, `rocm`, `xpu`, `cpu` (any case)",
+        "detected",
+        "Overrides platform detection, e.g. to inspect another platform's defaults. Checked "
+        "before provider discovery; selection reads it once per cache generation, like "
+        "`VLLM_BATCH_INVARIANT`.",
+        _platform,
+        None,
+    ),
+    EnvVar(
+        VLLM_IR_CACHE_DIR,
+        "a directory",
+        "`~/.cache/vllm_ir`",
+        "Where built kernels (`extensions/`) and autotuning results (`autotune/`) are kept.",
+        _path,
+        None,
+    ),
+    EnvVar(
+        VLLM_IR_DUMP_GRAPHS,
+        "a directory",
+        "unset (no dumps)",
+        "Each pass of the `vllm_ir` compile backend writes the graph it produced there, as "
+        "`<pid>_<counter>_<pass>.txt`. Read each time a pass runs.",
+        _path,
+        None,
+    ),
+    EnvVar(
+        VLLM_IR_TRITON_DIRECT_LAUNCH,
+        _FLAG_VALUES,
+        "off",
+        "vllm-ir-triton relaunches kernels it compiled once directly, skipping Triton's "
+        "launcher. Read when vllm-ir-triton is imported.",
+        _flag,
+        False,
+        "warn",
+    ),
+)
+
+_BY_NAME = {v.name: v for v in ENV_VARS}
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(name: str, raw: str, message: str) -> None:
+    if (name, raw) in _warned:
+        return
+    _warned.add((name, raw))
+    warnings.warn(message, stacklevel=4)
+
+
+def read(name: str) -> Any:
+    """The parsed value of variable ``name`` (its default when unset or empty)."""
+    var = _BY_NAME[name]
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return var.default_value
+    try:
+        return var.parse(raw)
+    except Rejected:
+        message = f"{name}={raw[:60]!r} is not accepted; accepted values: " + var.accepted.replace(
+            "`", ""
+        )
+        if var.invalid == "warn":
+            _warn_once(name, raw, f"{message}; ignored, using the default ({var.default})")
+            return var.default_value
+        raise ValueError(message) from None
+
+
+def check_dispatch() -> bool:
+    return bool(read(VLLM_IR_CHECK_DISPATCH))
+
+
+def batch_invariant() -> bool:
+    return bool(read(VLLM_BATCH_INVARIANT))
+
+
+def provider_allow_list() -> frozenset[str] | None:
+    """``None``: load all; otherwise the entry-point names to load (empty: none)."""
+    value: frozenset[str] | None = read(VLLM_IR_PROVIDERS)
+    return value
+
+
+def logging_level() -> str | None:
+    value: str | None = read(VLLM_LOGGING_LEVEL)
+    return value
+
+
+def platform_override() -> str | None:
+    value: str | None = read(VLLM_IR_PLATFORM)
+    return value
+
+
+def provider_load_warn_s() -> float:
+    """Seconds before a slow provider is named (``0``: never)."""
+    return float(read(VLLM_IR_PROVIDER_LOAD_WARN_S))
+
+
+def cache_dir() -> str | None:
+    value: str | None = read(VLLM_IR_CACHE_DIR)
+    return value
+
+
+def dump_graphs_dir() -> str | None:
+    value: str | None = read(VLLM_IR_DUMP_GRAPHS)
+    return value
+
+
+def triton_direct_launch() -> bool:
+    return bool(read(VLLM_IR_TRITON_DIRECT_LAUNCH))
+
+
+def markdown_table() -> str:
+    """The docs table of every variable: accepted values, default, effect, what a bad value does."""
+    rows = [
+        "| Variable | Accepted values | Default | Effect | Other values |",
+        "|---|---|---|---|---|",
+    ]
+    for v in ENV_VARS:
+        bad = "warning, default used" if v.invalid == "warn" else "`ValueError` where read"
+        rows.append(f"| `{v.name}` | {v.accepted} | {v.default} | {v.effect} | {bad} |")
+    return "\n".join(rows)

@@ -26,12 +26,13 @@ from platform import machine
 
 import torch
 
+from vllm_ir import envs
 from vllm_ir.build_cache import BuildCache, BuildCacheError, ensure_private_dir
 from vllm_ir.logger import get_logger
 
 __all__ = ["CACHE_ENV", "ExtensionBuildError", "build_extension", "cache_root"]
 
-CACHE_ENV = "VLLM_IR_CACHE_DIR"
+CACHE_ENV = envs.VLLM_IR_CACHE_DIR
 """Where built kernels live (default: ``~/.cache/vllm_ir``)."""
 
 _LOCK_TIMEOUT_S = 30 * 60  # a cold CUDA build of several kernels takes minutes
@@ -44,7 +45,7 @@ class ExtensionBuildError(RuntimeError):
 
 
 def cache_root() -> Path:
-    configured = os.environ.get(CACHE_ENV)
+    configured = envs.cache_dir()
     return Path(configured) if configured else Path.home() / ".cache" / "vllm_ir"
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from torch import SymInt, Tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-__all__ = ["contiguous", "rows_flatten_free"]
+__all__ = ["contiguous", "may_overlap_itself", "rows_flatten_free"]
 
 
 def _known(condition: object) -> bool:
@@ -66,3 +66,28 @@ def contiguous(t: Tensor) -> bool:
     if row_stride is None:
         return False
     return row_stride is True or _known(row_stride == t.shape[-1])
+
+
+def may_overlap_itself(t: Tensor) -> bool:
+    """Two elements of ``t`` may share memory (rows from ``expand``, a row
+    stride below the row length): writing ``t`` in place is not elementwise.
+
+    For eager tensors (plain sizes). Conservative: ``False`` proves no
+    overlap (each dimension's stride steps past everything the smaller
+    strides reach); ``True`` means the strides do not prove it.
+
+    >>> import torch
+    >>> may_overlap_itself(torch.empty(1, 8).expand(4, 8))
+    True
+    >>> may_overlap_itself(torch.empty(4, 16)[:, :8])
+    False
+    """
+    if t.is_contiguous():
+        return False
+    dims = sorted((int(st), int(sz)) for sz, st in zip(t.shape, t.stride(), strict=True) if sz > 1)
+    reach = 0  # the largest offset the smaller strides reach
+    for stride, size in dims:
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False

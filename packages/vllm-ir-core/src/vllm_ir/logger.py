@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import warnings
 
 from vllm_ir import envs
 
@@ -17,16 +16,10 @@ def _configure() -> None:
     global _configured
     _configured = True
     root = logging.getLogger(_ROOT)
+    # a bad value warns and reads as unset: a typo in an environment variable
+    # must not make the library unimportable
     level = envs.logging_level()
     if level is None:
-        return
-    if not isinstance(logging.getLevelName(level), int):
-        # a typo in an environment variable must not make the library unimportable
-        warnings.warn(
-            f"{envs.VLLM_LOGGING_LEVEL}={level!r} is not a logging level and is ignored; "
-            "use one of DEBUG, INFO, WARNING, ERROR, CRITICAL",
-            stacklevel=3,
-        )
         return
     root.setLevel(level)
     if not root.handlers:

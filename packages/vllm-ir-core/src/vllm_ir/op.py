@@ -138,23 +138,27 @@ class IrOp:
         self.__doc__ = native_fn.__doc__
         self._gradient = NativeGradient(native_fn)
         self._lib = Library(NAMESPACE, "FRAGMENT")
+        self._maybe_inplace: IrOpInplaceOverload | None = None
         try:
             self._define_torch_ops()
+            self.torch_op: torch._ops.OpOverload = getattr(torch.ops.vllm_ir, name).default
+            """``torch.ops.vllm_ir.<name>.default``: never mutates its inputs."""
+            # A class per op, as torch.fx does per GraphModule: ``op(...)`` looks
+            # ``__call__`` up on the type, and the generated one takes the op's own
+            # parameters.
+            self.__class__ = type(f"IrOp[{name}]", (IrOp,), {"__doc__": self.__doc__})
+            self._eager = EagerCall(
+                self, self.__class__, self.torch_op, _scoped_get, copy_activations=True
+            )
+            self._calls = self._eager.calls
+            # built now, not on first use: Dynamo cannot trace the code generation
+            self._maybe_inplace = IrOpInplaceOverload(self) if allow_inplace else None
         except BaseException:
-            self._lib._destroy()
+            # nothing half-declared: the torch library and the caches go with the op
+            self._destroy_library()
+            for cache in self._all_caches():
+                release_cache(cache)
             raise
-        self.torch_op: torch._ops.OpOverload = getattr(torch.ops.vllm_ir, name).default
-        """``torch.ops.vllm_ir.<name>.default``: never mutates its inputs."""
-        # A class per op, as torch.fx does per GraphModule: ``op(...)`` looks
-        # ``__call__`` up on the type, and the generated one takes the op's own
-        # parameters.
-        self.__class__ = type(f"IrOp[{name}]", (IrOp,), {"__doc__": self.__doc__})
-        self._eager = EagerCall(
-            self, self.__class__, self.torch_op, _scoped_get, copy_activations=True
-        )
-        self._calls = self._eager.calls
-        # built now, not on first use: Dynamo cannot trace the code generation
-        self._maybe_inplace = IrOpInplaceOverload(self) if allow_inplace else None
 
     # -- torch library ----------------------------------------------------
 
@@ -408,6 +412,9 @@ class IrOp:
             return
         with invalidating():
             del self._impls[provider]
+            # the wrappers hold the impl's function (and all it closes over)
+            for eager in self._eager_calls():
+                eager.forget(current)
 
     def _unregister(self) -> None:
         """Remove this op entirely (rollback of a failed provider load; tests)."""
@@ -416,12 +423,29 @@ class IrOp:
             ops_module = sys.modules.get("vllm_ir.ops")
             if ops_module is not None and getattr(ops_module, self.name, None) is self:
                 delattr(ops_module, self.name)
-        self._lib._destroy()
-        caches: list[dict[Any, Any]] = [*self._caches.values(), self._calls]
-        if self._maybe_inplace is not None:
-            caches.append(self._maybe_inplace._calls)
-        for cache in caches:
+        self._destroy_library()
+        for cache in self._all_caches():
             release_cache(cache)
+
+    def _destroy_library(self) -> None:
+        """Undefine the op's torch ops, so its name can be declared again."""
+        defs = set(self._lib._op_defs)
+        self._lib._destroy()
+        # _destroy leaves the names in torch.library's registry of definitions
+        torch.library._defs.difference_update(defs)
+
+    def _all_caches(self) -> list[dict[Any, Any]]:
+        caches: list[dict[Any, Any]] = list(self._caches.values())
+        for eager in self._eager_calls():
+            caches.append(eager.calls)
+        return caches
+
+    def _eager_calls(self) -> list[EagerCall]:
+        """The eager calls built so far (a failed declaration may have none)."""
+        calls = [self.__dict__["_eager"]] if "_eager" in self.__dict__ else []
+        if self._maybe_inplace is not None:
+            calls.append(self._maybe_inplace._eager)
+        return calls
 
     # -- priority ---------------------------------------------------------
 
@@ -577,10 +601,24 @@ def register_op(
     [2.0, 2.0]
     """
 
+    if not isinstance(allow_inplace, bool):
+        raise TypeError(
+            f"register_op: allow_inplace must be a bool, got {type(allow_inplace).__name__} "
+            f"{allow_inplace!r:.60}"
+        )
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"register_op: name must be a str, got {type(name).__name__} {name!r:.60}")
+
     def decorator(fn: Callable[..., Any]) -> IrOp:
         if not callable(fn):
-            raise TypeError(f"register_op expects a function, got {fn!r}")
-        op = IrOp(name or fn.__name__, fn, activations, allow_inplace)
+            raise TypeError(f"register_op expects a function, got {fn!r:.60}")
+        op_name = name or getattr(fn, "__name__", None)
+        if not isinstance(op_name, str):
+            raise TypeError(
+                f"register_op: {type(fn).__name__} object {fn!r:.60} has no __name__; "
+                "pass name='my_op', or decorate a function"
+            )
+        op = IrOp(op_name, fn, activations, allow_inplace)
         IrOp._registry[op.name] = op
         ops_module = sys.modules.get("vllm_ir.ops")
         if ops_module is not None:

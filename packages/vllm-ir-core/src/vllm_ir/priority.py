@@ -12,12 +12,23 @@ Scoped state lives in one :class:`contextvars.ContextVar`, so each thread and
 each asyncio task sees its own scopes; threads without a scope see the
 process-wide priorities. The same variable holds the selection mode
 (:func:`compiled_selection`), so the eager cache keys on both with one read.
+
+The variable holds a :class:`Scope` per open ``with`` block, whose ``state``
+is the interned :class:`PriorityState` in force (what caches key on). A
+generator that holds a scope across ``yield`` shares its caller's context,
+so scopes can close out of order (two interleaved streaming generators) or
+from another context (a generator finalized by another thread or task),
+where ``ContextVar.reset`` cannot restore the caller. Such a close marks the
+scope closed: its ``state``, and that of every scope opened inside it,
+becomes the state without it, in every context that still holds it, so the
+caller's priorities are restored either way and no error is raised.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -33,6 +44,7 @@ __all__ = [
     "PlatformDefaults",
     "PriorityEntry",
     "PriorityState",
+    "Scope",
     "add_platform_defaults",
     "compiled_selection",
     "current_state",
@@ -41,6 +53,7 @@ __all__ = [
     "process_priorities",
     "remove_platform_defaults",
     "scoped_priority",
+    "scoped_state",
     "selection_mode",
     "selection_mode_scope",
     "set_process_priority",
@@ -163,50 +176,160 @@ class PriorityState:
 _EMPTY_PROCESS = PriorityState({}, "user (process-wide)")
 _EMPTY_SCOPE = PriorityState({}, "user (scoped)")
 _process_state: PriorityState = _EMPTY_PROCESS
-# None: no scope and eager mode, the common case, cheap to key on
-_scoped_state: contextvars.ContextVar[PriorityState | None] = contextvars.ContextVar(
-    "vllm_ir_scoped_priority", default=None
-)
 _defaults: dict[str, tuple[PlatformDefaults, ...]] = {}
 
 
-def scoped_state_var() -> contextvars.ContextVar[PriorityState | None]:
-    """The context variable holding the scoped state and mode (``None``: no
-    scope, eager mode). Selection depends on the process-wide state only
-    through it and this variable, so caches key on this variable's value."""
+class Scope:
+    """One open priority or mode scope: what it overrides, and the state in force.
+
+    ``state`` is ``parent``'s state with ``overrides`` and ``mode`` applied
+    while the scope is open, and ``parent``'s state once it was closed out of
+    order or from another context (``None``: no scope, eager mode).
+    """
+
+    __slots__ = ("__weakref__", "children", "closed", "mode", "overrides", "parent", "state")
+
+    def __init__(
+        self,
+        parent: Scope | None,
+        overrides: Mapping[str, tuple[str, ...]] | None,
+        mode: Mode | None,
+    ) -> None:
+        self.parent = parent
+        self.overrides = overrides
+        self.mode = mode
+        self.closed = False
+        # weak, so a long-lived outer scope does not keep every inner one alive;
+        # dead entries are pruned whenever the list doubles
+        self.children: list[weakref.ref[Scope]] = []
+        self.state: PriorityState | None = None
+        with _scope_lock:  # a concurrent close of the parent refreshes this one too
+            if parent is not None:
+                parent._adopt(self)
+            self._refresh()
+
+    def _adopt(self, child: Scope) -> None:
+        children = self.children
+        children.append(weakref.ref(child))
+        if len(children) >= 64 and len(children) & (len(children) - 1) == 0:
+            children[:] = [c for c in children if c() is not None]
+
+    def _refresh(self) -> None:
+        base = self.parent.state if self.parent is not None else None
+        if self.closed:
+            self.state = base
+            return
+        outer = base or _EMPTY_SCOPE
+        if self.overrides is None:  # a mode scope keeps the outer priorities and origin
+            self.state = PriorityState(outer.priorities, outer.origin, self.mode or outer.mode)
+        else:
+            merged = {**outer.priorities, **self.overrides}
+            self.state = PriorityState(merged, "user (scoped)", outer.mode)
+
+    def close_elsewhere(self) -> None:
+        """Close out of order: this scope and those opened inside it stop applying it."""
+        with _scope_lock:
+            self.closed = True
+            pending = [self]
+            while pending:  # parents before children
+                scope = pending.pop()
+                scope._refresh()
+                pending.extend(c for ref in scope.children if (c := ref()) is not None)
+
+
+_scope_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # a lock held by another thread at fork would stay held in the child forever
+    global _scope_lock
+    _scope_lock = threading.Lock()
+    PriorityState._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+# None: no scope and eager mode, the common case, cheap to key on
+_scoped_state: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
+    "vllm_ir_scoped_priority", default=None
+)
+
+
+def scoped_state_var() -> contextvars.ContextVar[Scope | None]:
+    """The context variable holding the innermost open :class:`Scope`
+    (``None``: no scope, eager mode); its ``.state`` is the scoped state and
+    mode in force. Selection depends on the process-wide state only through
+    it and this variable, so caches key on that state."""
     return _scoped_state
+
+
+def scoped_state() -> PriorityState | None:
+    """The scoped state in force in this context (``None``: no scope, eager mode)."""
+    scope = _scoped_state.get()
+    return None if scope is None else scope.state
 
 
 def current_state() -> PriorityState:
     """The scoped user priorities in force in this context (empty outside scopes)."""
-    return _scoped_state.get() or _EMPTY_SCOPE
+    return scoped_state() or _EMPTY_SCOPE
 
 
 def user_priority(op_name: str) -> tuple[tuple[str, ...], str]:
     """The user's list for ``op_name`` and its origin: the innermost scope naming
     the op, else the process-wide setting (empty if neither names it)."""
-    scoped = _scoped_state.get()
+    scoped = scoped_state()
     if scoped is not None and op_name in scoped.priorities:
         return scoped.priorities[op_name], scoped.origin
     return _process_state.priorities.get(op_name, ()), _process_state.origin
 
 
 @contextlib.contextmanager
+def _open_scope(
+    overrides: Mapping[str, tuple[str, ...]] | None, mode: Mode | None
+) -> Iterator[Scope]:
+    scope = Scope(_scoped_state.get(), overrides, mode)
+    token = _scoped_state.set(scope)
+    try:
+        yield scope
+    finally:
+        _exit_scope(scope, token)
+
+
+def _exit_scope(scope: Scope, token: contextvars.Token[Scope | None]) -> None:
+    """Restore the state outside ``scope``, however it is being closed.
+
+    In order, in the context that opened it: ``reset`` (other contexts that
+    copied this one keep the scope, as context variables do). Out of order
+    (a generator's scope closed while a later one is open) or from another
+    context (``reset`` refuses the token): the scope is marked closed, so
+    every context holding it or a scope inside it stops applying it.
+    """
+    if _scoped_state.get() is scope:
+        try:
+            _scoped_state.reset(token)
+            return
+        except ValueError:  # the token belongs to another context (a copy of it)
+            pass
+    scope.close_elsewhere()
+
+
+@contextlib.contextmanager
 def scoped_priority(priorities: Mapping[str, Sequence[str]]) -> Iterator[PriorityState]:
     """Within the block, ``priorities`` override the current lists op by op.
 
-    Nestable; the previous state is restored on exit, exceptions included.
-    Ops the scopes do not name keep following the process-wide lists, even
+    Nestable; the previous state is restored on exit, exceptions included,
+    also when the block is a generator's, suspended across ``yield`` and
+    closed out of order or from another context (see the module doc). Ops
+    the scopes do not name keep following the process-wide lists, even
     when those change while the scope is open. Callers validate op and
     provider names first (see ``IrOpPriorityConfig``).
     """
-    outer = current_state()
-    merged = {**outer.priorities, **{op: tuple(p) for op, p in priorities.items()}}
-    token = _scoped_state.set(PriorityState(merged, "user (scoped)", outer.mode))
+    overrides = {op: tuple(p) for op, p in priorities.items()}
+    scope = Scope(_scoped_state.get(), overrides, None)
+    token = _scoped_state.set(scope)
     try:
-        yield _scoped_state.get()  # type: ignore[misc]
+        yield scope.state  # type: ignore[misc]
     finally:
-        _scoped_state.reset(token)
+        _exit_scope(scope, token)
 
 
 def set_process_priority(priorities: Mapping[str, Sequence[str]], *, replace: bool = False) -> None:
@@ -240,16 +363,11 @@ def selection_mode_scope(mode: Mode) -> Iterator[None]:
     """Within the block, select as ``mode`` (keeping the scoped priorities)."""
     if mode not in MODES:
         raise ValueError(f"selection mode must be one of {', '.join(MODES)}, got {mode!r}")
-    outer = _scoped_state.get()
-    if (outer.mode if outer is not None else "eager") == mode:
+    if current_state().mode == mode:
         yield
         return
-    base = outer if outer is not None else _EMPTY_SCOPE
-    token = _scoped_state.set(PriorityState(base.priorities, base.origin, mode))
-    try:
+    with _open_scope(None, mode):
         yield
-    finally:
-        _scoped_state.reset(token)
 
 
 @contextlib.contextmanager

@@ -15,11 +15,20 @@ cause, everything it registered is rolled back (see
 :mod:`vllm_ir.registration`), and the rest of vllm-ir keeps working. A
 provider still loading after ``VLLM_IR_PROVIDER_LOAD_WARN_S`` seconds is named
 in a warning; it cannot be interrupted.
+
+Fork safety: a child forked while another thread runs discovery would
+inherit the discovery lock held by a thread it does not have, and that
+thread's half-registered provider. The child gets a new lock, rolls back
+what the interrupted provider had registered, and runs discovery again at
+its first call (the providers already loaded stay loaded). A fork from the
+discovering thread itself (a provider's ``register`` forking) changes
+nothing: that thread goes on in the child.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import traceback
@@ -179,6 +188,28 @@ _loaded: dict[str, LoadedProvider] = {}
 _errors: dict[str, ProviderLoadError] = {}
 _registrations: dict[str, RegistrationLog] = {}
 _in_progress: tuple[str, str, float] | None = None  # entry point, package, start time
+_current_log: RegistrationLog | None = None  # the registrations of the provider loading now
+
+
+def _after_fork_in_child() -> None:
+    """Make discovery usable in a child forked while another thread ran it."""
+    global _lock, _loading, _loaded_once, _in_progress, _current_log
+    if _lock._is_owned():  # type: ignore[attr-defined]
+        return  # this thread was discovering: it carries on in the child
+    _lock = threading.RLock()
+    if not _loading:
+        return
+    # the discovering thread does not exist here: undo its half-made provider
+    # and let the child's first call discover again
+    log, _current_log = _current_log, None
+    if log is not None:
+        log.remove()
+    _loading = False
+    _loaded_once = False
+    _in_progress = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _one_line(e: BaseException, limit: int = 300) -> str:
@@ -252,8 +283,13 @@ def load_provider(entry_point: str, package: str, obj: object) -> LoadedProvider
     imported are attributed and rolled back like those of its ``register``.
     Exposed for tests and for embedding a provider without installing it.
     """
+    global _current_log
     with recording_registrations(package) as log:
-        loaded = _load_and_register(entry_point, package, obj)
+        _current_log = log
+        try:
+            loaded = _load_and_register(entry_point, package, obj)
+        finally:
+            _current_log = None
     _loaded[entry_point] = loaded
     _registrations[entry_point] = log
     return loaded
@@ -329,6 +365,10 @@ def ensure_loaded() -> None:
     global _loaded_once, _loading
     if _loaded_once:
         return
+    # checked before discovery: providers' register() reads the platform, and a
+    # bad value must fail this call, not every later one (a provider recorded
+    # as failed stays unloaded for the process)
+    envs.platform_override()
     delay = envs.provider_load_warn_s()
     if not _lock.acquire(timeout=delay) if delay > 0 else not _lock.acquire():
         busy = _in_progress

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 __all__ = [
+    "GENERATED_PREFIX",
+    "RESERVED_PARAMETERS",
     "TensorKind",
     "check_native_signature",
     "check_op_name",
@@ -31,6 +33,13 @@ __all__ = [
 TensorKind = typing.Literal["tensor", "optional", "list", "other"]
 
 _SCALARS = (int, float, bool, str, type(None))
+
+GENERATED_PREFIX = "_vllm_ir_"
+"""Every name generated code defines or reads (globals, locals, its ``self``)
+starts with this; op parameters may not, so they can never shadow one."""
+
+RESERVED_PARAMETERS = frozenset({"self"})
+"""Parameter names torch's op bindings and methods take for themselves."""
 
 
 def tensor_kind(annotation: object) -> TensorKind:
@@ -62,21 +71,40 @@ def params_source(sig: inspect.Signature, namespace: dict[str, Any]) -> str:
         if p.default is inspect.Parameter.empty:
             parts.append(p.name)
         else:
-            namespace[f"_default_{p.name}"] = p.default
-            parts.append(f"{p.name}=_default_{p.name}")
+            namespace[f"{GENERATED_PREFIX}default_{p.name}"] = p.default
+            parts.append(f"{p.name}={GENERATED_PREFIX}default_{p.name}")
     return ", ".join(parts)
 
 
 def check_op_name(name: object, taken: Mapping[str, str], shadowed: Collection[str]) -> None:
     """An op name is an identifier, public, and not yet used (``taken``: registered
     op -> module that registered it; ``shadowed``: other names in ``vllm_ir.ops``)."""
-    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-        raise ValueError(f"IR op name must be a Python identifier, got {name!r}")
+    if (
+        not isinstance(name, str)
+        or not name.isidentifier()
+        or not name.isascii()
+        or keyword.iskeyword(name)
+    ):
+        raise ValueError(
+            f"IR op name must be an ASCII Python identifier such as 'my_op' (torch op "
+            f"names are ASCII), got {name!r}"
+        )
     if name.startswith("_"):
         raise ValueError(f"IR op name {name!r} must not start with an underscore")
     if name in taken:
         raise ValueError(
             f"IR op {name!r} is already registered (by {taken[name]}); choose another name"
+        )
+    namespace = torch.ops.vllm_ir
+    own = vars(namespace).get(name)
+    if hasattr(type(namespace), name) or (
+        own is not None and not isinstance(own, torch._ops.OpOverloadPacket)
+    ):
+        # an attribute of the torch.ops namespace object itself (e.g. 'name'):
+        # torch.ops.vllm_ir.<name> would never reach the op
+        raise ValueError(
+            f"IR op name {name!r} is an attribute of torch.ops.vllm_ir itself, so "
+            f"torch.ops.vllm_ir.{name} could not reach the op; choose another name"
         )
     if name in shadowed:
         raise ValueError(
@@ -85,7 +113,14 @@ def check_op_name(name: object, taken: Mapping[str, str], shadowed: Collection[s
 
 
 def check_native_signature(name: str, sig: inspect.Signature) -> None:
+    """Parameters are plain, annotated, and named apart from generated code's names."""
     for p in sig.parameters.values():
+        if p.name in RESERVED_PARAMETERS or p.name.startswith(GENERATED_PREFIX):
+            raise ValueError(
+                f"IR op {name!r}: parameter name {p.name!r} is reserved (names starting "
+                f"with {GENERATED_PREFIX!r} and {', '.join(sorted(RESERVED_PARAMETERS))!s} "
+                "belong to the generated call); rename the parameter"
+            )
         if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
             raise TypeError(
                 f"IR op {name!r}: parameter {p.name!r} is {p.kind.description}; IR ops "
@@ -107,6 +142,13 @@ def resolve_activations(
         chosen = tuple(p for p in params if p.startswith("x"))
     elif isinstance(activations, str):
         raise TypeError(f"IR op {name!r}: activations must be a list of names, got a string")
+    elif not isinstance(activations, (list, tuple)) or not all(
+        isinstance(a, str) for a in activations
+    ):
+        raise TypeError(
+            f"IR op {name!r}: activations must be a list of parameter names such as "
+            f"['x'], got {type(activations).__name__} {activations!r:.60}"
+        )
     else:
         chosen = tuple(activations)
     for a in chosen:

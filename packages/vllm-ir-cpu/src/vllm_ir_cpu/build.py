@@ -69,6 +69,16 @@ _lock = threading.Lock()
 _library: Path | None = None
 
 
+def _after_fork_in_child() -> None:
+    # a child forked while another thread builds would inherit this lock held
+    # by a thread it does not have (the build's file lock still serializes builds)
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def cpu_capability() -> str:
     """The vector ISA torch uses on this CPU (``ATEN_CPU_CAPABILITY`` overrides)."""
     return str(torch.backends.cpu.get_cpu_capability())

@@ -15,6 +15,7 @@ flags of the build (see :func:`nvcc_command`).
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,16 @@ also embedded as PTX, which newer GPUs compile at load time."""
 _HEADER_SUFFIXES = (".cuh", ".h")
 
 _lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # a child forked while another thread builds would inherit this lock held
+    # by a thread it does not have
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 _library: Path | None = None
 
 

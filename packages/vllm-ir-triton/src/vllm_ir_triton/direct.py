@@ -29,20 +29,15 @@ under Triton's interpreter, calls go through ``kernel[grid]`` as usual.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor
+from vllm_ir import envs
 
 __all__ = ["ENABLED", "MAX_ENTRIES", "Launcher", "specialization_key"]
 
-ENABLED: bool = os.environ.get("VLLM_IR_TRITON_DIRECT_LAUNCH", "0").strip().lower() not in (
-    "0",
-    "false",
-    "off",
-    "no",
-)
+ENABLED: bool = envs.triton_direct_launch()
 """Whether kernels compiled once are relaunched directly (``VLLM_IR_TRITON_DIRECT_LAUNCH``,
 read at import; off by default)."""
 

@@ -13,13 +13,14 @@ from typing import Any
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from vllm_ir import envs
 from vllm_ir._version import __version__
 from vllm_ir.compilation.context import _current_context, get_pass_context
 from vllm_ir.logger import get_logger
 
 __all__ = ["DUMP_ENV", "VllmIRPass", "source_hash"]
 
-DUMP_ENV = "VLLM_IR_DUMP_GRAPHS"
+DUMP_ENV = envs.VLLM_IR_DUMP_GRAPHS
 """A directory: each pass writes the graph it produced there, for debugging."""
 
 logger = get_logger(__name__)
@@ -91,7 +92,7 @@ _dump_counter = 0
 
 
 def _dump(name: str, graph: fx.Graph) -> None:
-    directory = os.environ.get(DUMP_ENV)
+    directory = envs.dump_graphs_dir()
     if not directory:
         return
     global _dump_counter
