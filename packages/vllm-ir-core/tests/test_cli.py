@@ -195,6 +195,7 @@ def _file_cases(tmp: Path) -> list[tuple[list[str], str]]:
     }
     for name, text in files.items():
         (tmp / name).write_text(text)
+    (tmp / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
     tuned = ["explain", "rms_norm", "--shape", "4,64", "--eager", "--tuned"]
     return [
         ([*tune, "--out", str(tmp / "missing" / "t.json")], "does not exist; create it first"),
@@ -213,6 +214,7 @@ def _file_cases(tmp: Path) -> list[tuple[list[str], str]]:
         ([*tuned, str(tmp / "no-priority.json")], "rms_norm is measured but has no list"),
         ([*tuned, str(tmp / "no-times.json")], "'measured.rms_norm.a' has no 'times_us'"),
         ([*tuned, str(tmp / "deep.json")], "nested too deeply"),
+        ([f"--ir-op-priority=@{tmp / 'binary.json'}", "ops"], "binary.json: the file is not UTF-8"),
     ]
 
 
