@@ -439,9 +439,14 @@ def conformance_cases(
 
     ``compiled`` runs for the first dtype only (a compile costs seconds).
     """
+    from vllm_ir.providers import ensure_loaded
+
     unknown = [c for c in checks if c not in _CHECKS]
     if unknown:
         raise ValueError(f"unknown checks {unknown}; known: {', '.join(CHECKS)}")
+    # the installed providers first: ops they declare exist only once they load, and
+    # this is often the first call of a test process
+    ensure_loaded()
     selected = list(ops) if ops is not None else list(IrOp.registry.values())
     cases = []
     for op in selected:
