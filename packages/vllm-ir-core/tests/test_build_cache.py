@@ -200,6 +200,21 @@ def test_a_cache_under_a_parent_others_can_write_is_refused(tmp_path: Path) -> N
         BuildCache(link).get_or_build("k", "lib.so", _writer(b"x"))
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a link to another user")
+def test_a_cache_root_through_another_users_link_is_refused(tmp_path: Path) -> None:
+    """In a sticky /tmp-like directory, a link's owner can still re-point it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    ours = tmp_path / "ours"
+    link = shared / "cache"
+    link.symlink_to(ours)
+    os.lchown(link, 12345, 12345)
+    with pytest.raises(UnsafeCacheError, match="symbolic link owned by uid 12345"):
+        BuildCache(link).get_or_build("k", "lib.so", _writer(b"x"))
+    assert not ours.exists()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
 def test_a_cache_under_another_users_directory_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -110,12 +110,24 @@ def check_trusted_parents(path: Path) -> None:
     links resolved, must be owned by the current user or root, and must be
     sticky if group or others can write it: otherwise its owner or writers can
     rename ``path`` away and put their own tree in its place after it was
-    checked. ``/tmp`` (root, sticky) passes; a ``0777`` directory without the
-    sticky bit, or one owned by another user, does not.
+    checked. A symbolic link on the way (``path`` itself included) must be
+    the current user's or root's: its owner can re-point it. ``/tmp`` (root,
+    sticky) passes; a ``0777`` directory without the sticky bit, or one owned
+    by another user, does not.
     """
     absolute = Path(os.path.abspath(path))
     parents = {*absolute.parents, *Path(os.path.realpath(path)).parents}
     fix = "set VLLM_IR_CACHE_DIR to a directory whose parents only you (or root) can write"
+    for component in (*reversed(absolute.parents), absolute):
+        # a link's owner may point it elsewhere at any time (in /tmp too: sticky
+        # protects the name from others, not from its owner)
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(component)
+            if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.getuid()):
+                raise UnsafeCacheError(
+                    f"refusing cache directory {path}: {component} is a symbolic link owned "
+                    f"by uid {st.st_uid}, who could point it at their own code; {fix}"
+                )
     for parent in sorted(parents, key=lambda p: len(p.parts)):
         try:
             st = os.stat(parent)
