@@ -159,8 +159,9 @@ def test_a_corrupted_cache_is_retuned_with_a_warning(
         lambda r: r.__setitem__("times_s", {k: None for k in r["times_s"]}),
         lambda r: r.__setitem__("times_s", {k: True for k in r["times_s"]}),
         lambda r: r.__setitem__("times_s", {k: float("nan") for k in r["times_s"]}),
+        lambda r: r.__setitem__("native_overhead_s", 10**400),  # no float holds it
     ],
-    ids=["no-times", "list", "overhead-str", "no-winner-time", "null", "bool", "nan"],
+    ids=["no-times", "list", "overhead-str", "no-winner-time", "null", "bool", "nan", "huge"],
 )
 def test_a_malformed_record_is_retuned_with_a_warning(
     op: ir.IrOp, cache_dir: Path, caplog: pytest.LogCaptureFixture, edit: Callable[..., Any]

@@ -192,6 +192,15 @@ def _file_cases(tmp: Path) -> list[tuple[list[str], str]]:
             _tune_document(measured={"rms_norm": {"a": {"shape": [4, 64], "winner": "native"}}})
         ),
         "deep.json": "[" * 100_000 + "]" * 100_000,
+        "huge-time.json": json.dumps(
+            _tune_document(
+                measured={
+                    "rms_norm": {
+                        "a": {"shape": [4, 64], "times_us": {"cpu_c": 10**400}, "winner": "cpu_c"}
+                    }
+                }
+            )
+        ),
     }
     for name, text in files.items():
         (tmp / name).write_text(text)
@@ -214,6 +223,7 @@ def _file_cases(tmp: Path) -> list[tuple[list[str], str]]:
         ([*tuned, str(tmp / "no-priority.json")], "rms_norm is measured but has no list"),
         ([*tuned, str(tmp / "no-times.json")], "'measured.rms_norm.a' has no 'times_us'"),
         ([*tuned, str(tmp / "deep.json")], "nested too deeply"),
+        ([*tuned, str(tmp / "huge-time.json")], "has no 'times_us' object of numbers"),
         ([f"--ir-op-priority=@{tmp / 'binary.json'}", "ops"], "binary.json: the file is not UTF-8"),
     ]
 

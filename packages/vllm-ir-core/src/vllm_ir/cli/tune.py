@@ -125,7 +125,14 @@ def _rank(order: list[str], per_shape: dict[str, Any]) -> list[str]:
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A JSON number that prints as a float (an integer too large for one does not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def tuned_problem(doc: object, op_name: str) -> str | None:
