@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -57,9 +58,10 @@ import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.utils._python_dispatch import _disable_current_modes
 
+from vllm_ir.build_cache import BuildCacheError, UnsafeCacheError
 from vllm_ir.compilation.context import _current_context
 from vllm_ir.compilation.fingerprint import code_fingerprint
-from vllm_ir.compilation.tuning_cache import TuningCache
+from vllm_ir.compilation.tuning_cache import TuningCache, record_problem
 from vllm_ir.config import DEFAULT_AUTOTUNE_MARGIN
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.logger import get_logger
@@ -466,7 +468,13 @@ class Autotuner:
         cache = self._cache(device)
         stored = cache.get(key) if cache is not None else None
         order = tuple(i.provider for i in impls)
-        if stored is not None and stored.get("winner") in order:
+        # a record of other candidates (or one that lost its times) is measured again
+        if (
+            stored is not None
+            and record_problem(stored) is None
+            and stored["winner"] in order
+            and set(order) <= set(stored["times_s"])
+        ):
             record = TuningRecord(
                 op.name,
                 order,
@@ -496,13 +504,19 @@ class Autotuner:
             )
             logger.debug("autotune %s: tuned in %.2f s", op.name, elapsed)
             if cache is not None:
-                cache.put(key, record.to_json())
-        logger.debug(
-            "autotune %s%s: %s -> %s",
-            op.name,
-            " (cached)" if record.from_cache else "",
-            ", ".join(f"{p} {record.times_s[p] * 1e6:.1f} us" for p in order),
-            record.winner,
-        )
+                try:
+                    cache.put(key, record.to_json())
+                except UnsafeCacheError:
+                    raise
+                except BuildCacheError as e:  # persisting is only a cache: keep the result
+                    logger.warning("autotune %s: result not saved: %s", op.name, e)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "autotune %s%s: %s -> %s",
+                op.name,
+                " (cached)" if record.from_cache else "",
+                ", ".join(f"{p} {record.times_s[p] * 1e6:.1f} us" for p in order),
+                record.winner,
+            )
         self.records[key] = record
         return record
