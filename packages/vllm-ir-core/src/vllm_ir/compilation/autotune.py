@@ -326,8 +326,11 @@ def _outside_current_compile() -> Iterator[None]:
     into its cache entry through the class-level ``TritonBundler`` (torch 2.13):
     a nested compile finds the outer one's bundle open (``begin_compile``
     asserts) and closes it when done. The outer bundle is set aside and
-    restored, so both compiles bundle their own kernels.
+    restored, so both compiles bundle their own kernels. The nested compile
+    also runs outside the outer one's ``TracingContext``: on an FX-cache hit it
+    would record its output strides there (and assert it is the first).
     """
+    from torch._guards import tracing
     from torch._inductor.triton_bundler import TritonBundler
 
     fields = ("_entries", "_static_autotuners", "_winners")
@@ -335,7 +338,10 @@ def _outside_current_compile() -> Iterator[None]:
     for name in fields:
         setattr(TritonBundler, name, None)
     try:
-        yield
+        # and outside its TracingContext, whose output strides a cache hit of
+        # the nested graph would otherwise fill in
+        with tracing(None):
+            yield
     finally:
         for name, value in saved.items():
             setattr(TritonBundler, name, value)
