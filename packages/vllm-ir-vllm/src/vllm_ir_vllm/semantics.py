@@ -10,7 +10,7 @@ ops' semantics, ``vllm_ir.ops.layernorm``) differ in two places:
 - **Fused add.** vLLM normalizes the fp32 sum ``x.float() + residual.float()``;
   vllm-ir's ``fused_add_rms_norm`` normalizes the sum rounded to the input
   dtype (what a kernel that stores the new residual and re-reads it sees).
-  Equal exactly for fp32 inputs (and a residual of the input's dtype) only.
+  Equal exactly for an fp32 ``x`` (and a residual that does not promote it) only.
 
 ``SiluAndMul`` is the same expression in both. Where they differ the layer
 runs vLLM's own ``forward_native`` and logs why: never a silent numeric change.
@@ -46,14 +46,14 @@ def rms_norm_mismatch(
         )
     if residual_dtype is None:
         return None
-    if residual_dtype != x_dtype:
-        return (
-            f"{op}: the residual is {residual_dtype} but x is {x_dtype}; vLLM's new residual "
-            "has x's dtype, vllm-ir's the promoted one"
-        )
     if x_dtype != torch.float32:
         return (
             f"{op}: x is {x_dtype}; vLLM normalizes the fp32 sum x + residual, vllm-ir the sum "
             f"rounded to {x_dtype}"
+        )
+    if torch.promote_types(x_dtype, residual_dtype) != x_dtype:
+        return (
+            f"{op}: the residual is {residual_dtype} but x is {x_dtype}; vLLM adds in fp32, "
+            f"vllm-ir in {torch.promote_types(x_dtype, residual_dtype)}"
         )
     return None
