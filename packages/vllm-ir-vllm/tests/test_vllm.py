@@ -208,3 +208,18 @@ def test_unregister_restores_vllm(marker: Marker) -> None:
         assert type(RMSNorm(8)) is RMSNorm
         assert type(SiluAndMul()) is SiluAndMul
     assert ir.ops.rms_norm.get_priority()[0] != MARKER
+
+
+def test_compiled_layers_keep_the_selection(marker: Marker) -> None:
+    """Dynamo traces ``forward_oot`` whole (no graph break, declines included); the
+    IR op is one node that runs the prioritized impl (aot_eager: no Inductor codegen)."""
+    with set_current_vllm_config(_config(["all"])), torch.inference_mode():
+        norm = RMSNorm(64, dtype=torch.float32)
+        compiled = torch.compile(norm, backend="aot_eager", fullgraph=True)
+        x = torch.randn(4, 64)
+        _assert_close(compiled(x), norm.forward_native(x), "rms_norm")
+        assert marker.calls["rms_norm"] == 1
+        x16 = x.bfloat16()
+        out, _ = compiled(x16, x16.clone())  # declined (bf16 sum): vLLM's numerics
+        assert torch.equal(out, norm.forward_native(x16, x16.clone())[0])
+    assert marker.calls["fused_add_rms_norm"] == 0
