@@ -136,7 +136,8 @@ def register_layers() -> list[str]:
         CustomOp.register_oot(name=name)(cls)
         # register_oot names the class after the key; the in-tree name keeps
         # custom_ops=["+rms_norm"] / ["-silu_and_mul"] meaning what they mean
-        del cls.name
+        if "name" in vars(cls):
+            del cls.name
         done.append(name)
     return done
 
