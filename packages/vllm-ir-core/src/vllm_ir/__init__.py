@@ -22,6 +22,7 @@ from vllm_ir.config import (
 )
 from vllm_ir.dispatch import Selection, invalidate_caches
 from vllm_ir.impl import NATIVE, IrOpImpl
+from vllm_ir.namespace import NAMESPACE
 from vllm_ir.op import IrOp, IrOpInplaceOverload, get_op, register_op
 from vllm_ir.platform import current_platform
 from vllm_ir.priority import PlatformDefaults, PriorityEntry, compiled_selection
@@ -53,6 +54,7 @@ __all__ = [
     "IrOpPriorityConfig",
     "IrPassConfig",
     "KernelConfig",
+    "NAMESPACE",
     "PlatformDefaults",
     "PriorityEntry",
     "ProviderSpec",
