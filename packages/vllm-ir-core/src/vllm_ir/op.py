@@ -21,11 +21,17 @@ from typing import Any, ClassVar, overload
 import torch
 from torch.library import Library, infer_schema
 
-from vllm_ir import providers
 from vllm_ir._hotpath import compile_source, make_needs_grad_fn, make_route_fn
 from vllm_ir.arguments import make_argument_check
 from vllm_ir.autograd import NativeGradient
-from vllm_ir.cache import generation, invalidating, register_cache, release_cache, store
+from vllm_ir.cache import (
+    before_selection,
+    generation,
+    invalidating,
+    register_cache,
+    release_cache,
+    store,
+)
 from vllm_ir.dispatch import Selection, describe, select
 from vllm_ir.dispatch_key import key_is_cacheable, make_key_fn
 from vllm_ir.eager import EagerCall
@@ -37,6 +43,7 @@ from vllm_ir.impl import (
     check_supports_args_signature,
     resolved_signature,
 )
+from vllm_ir.op_registry import OPS
 from vllm_ir.priority import (
     Mode,
     PriorityEntry,
@@ -46,7 +53,12 @@ from vllm_ir.priority import (
     selection_mode,
     selection_mode_scope,
 )
-from vllm_ir.registration import RegistrationHandle, current_registration_log, record
+from vllm_ir.registration import (
+    RegistrationHandle,
+    current_registration_log,
+    on_snapshot,
+    record,
+)
 from vllm_ir.samples import SampleInput, SampleInputGenerator
 from vllm_ir.signature import (
     check_native_signature,
@@ -87,7 +99,7 @@ class IrOp:
     """
 
     registry: ClassVar[Mapping[str, IrOp]]
-    _registry: ClassVar[dict[str, IrOp]] = {}
+    _registry: ClassVar[dict[str, IrOp]] = OPS
 
     def __init__(
         self,
@@ -238,19 +250,19 @@ class IrOp:
         """Like :meth:`dispatch`, uncached, with the decision on every candidate."""
         args = self._bind(args, kwargs)
         self._check_args(args)
-        providers.ensure_loaded()
+        before_selection()
         with selection_mode_scope(mode or selection_mode()):
             return select(self.name, self._impls, args, selection_mode(), lambda: describe(args))
 
     def _select_impl(self, args: tuple[Any, ...]) -> IrOpImpl:
         """The uncached selection for complete positional ``args`` (the rule the caches hold)."""
-        providers.ensure_loaded()
+        before_selection()
         return select(self.name, self._impls, args, selection_mode(), lambda: describe(args)).impl
 
     def _dispatch_miss(self, args: tuple[Any, ...]) -> IrOpImpl:
         args = self._bind(args, {})
         cacheable = self._check_args(args) == "plain"
-        providers.ensure_loaded()  # may invalidate: before reading the generation
+        before_selection()  # may invalidate: before reading the generation
         since = generation()
         mode = selection_mode()
         impl = self._select_impl(args)
@@ -282,7 +294,12 @@ class IrOp:
     @property
     def impls(self) -> Mapping[str, IrOpImpl]:
         """Provider name -> impl, always including ``native`` (loads providers)."""
-        providers.ensure_loaded()
+        before_selection()
+        return MappingProxyType(self._impls)
+
+    @property
+    def registered_impls(self) -> Mapping[str, IrOpImpl]:
+        """Like :attr:`impls`, without loading providers: what is registered so far."""
         return MappingProxyType(self._impls)
 
     def register_impl(
@@ -484,7 +501,7 @@ class IrOp:
 
     def get_priority_entries(self, mode: Mode | None = None) -> tuple[PriorityEntry, ...]:
         """The effective priority list with the origin of each entry."""
-        providers.ensure_loaded()
+        before_selection()
         return effective_priority(self.name, mode)
 
     # -- samples ----------------------------------------------------------
@@ -636,10 +653,30 @@ def get_op(name: str) -> IrOp:
     try:
         return IrOp._registry[name]
     except KeyError:
-        providers.ensure_loaded()
+        before_selection()
     try:
         return IrOp._registry[name]
     except KeyError:
         raise KeyError(
             f"unknown IR op {name!r}; known ops: {', '.join(sorted(IrOp._registry))}"
         ) from None
+
+
+def _snapshot_tolerances() -> Callable[[], str | None]:
+    before = {name: dict(op.tolerances) for name, op in IrOp._registry.items()}
+
+    def restore() -> str | None:
+        changed = []
+        for name, tolerances in before.items():
+            op = IrOp._registry.get(name)
+            if op is not None and op.tolerances != tolerances:
+                op.tolerances.clear()
+                op.tolerances.update(tolerances)
+                changed.append(f"tolerances of {name}")
+        return ", ".join(changed) or None
+
+    return restore
+
+
+# a failed provider load puts back any op tolerance it changed
+on_snapshot(_snapshot_tolerances)

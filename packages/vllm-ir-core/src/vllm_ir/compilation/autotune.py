@@ -56,11 +56,11 @@ from typing import Any, Protocol
 import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.utils._python_dispatch import _disable_current_modes
+from vllm_ir_cli.flags import DEFAULT_AUTOTUNE_MARGIN
 
 from vllm_ir.compilation.context import _current_context
 from vllm_ir.compilation.fingerprint import code_fingerprint
 from vllm_ir.compilation.tuning_cache import TuningCache
-from vllm_ir.config import DEFAULT_AUTOTUNE_MARGIN
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
