@@ -32,7 +32,7 @@ from vllm_ir.cache import (
     release_cache,
     store,
 )
-from vllm_ir.dispatch import Selection, describe, select
+from vllm_ir.dispatch import Candidates, Selection, candidates, describe, select
 from vllm_ir.dispatch_key import key_is_cacheable, make_key_fn
 from vllm_ir.eager import EagerCall
 from vllm_ir.impl import (
@@ -254,6 +254,26 @@ class IrOp:
         with selection_mode_scope(mode or selection_mode()):
             return select(self.name, self._impls, args, selection_mode(), lambda: describe(args))
 
+    def candidates(self, *args: Any, mode: Mode | None = None, **kwargs: Any) -> Candidates:
+        """The decision on every registered impl for this call: accepted, or rejected and why.
+
+        The rule :meth:`select` applies, asked of every impl (``select`` stops
+        at the first accepted entry): autotuning, ``vllm-ir bench`` and
+        ``explain`` and the conformance kit choose their candidates here.
+
+        >>> import torch, vllm_ir as ir
+        >>> x = torch.randn(2, 8)
+        >>> with ir.ops.rms_norm.set_priority(["native"]):
+        ...     found = ir.ops.rms_norm.candidates(x, None, 1e-6)
+        >>> found.selected.provider, found["native"].accepted
+        ('native', True)
+        """
+        args = self._bind(args, kwargs)
+        self._check_args(args)
+        before_selection()
+        with selection_mode_scope(mode or selection_mode()):
+            return candidates(self.name, self._impls, args, selection_mode())
+
     def _select_impl(self, args: tuple[Any, ...]) -> IrOpImpl:
         """The uncached selection for complete positional ``args`` (the rule the caches hold)."""
         before_selection()
@@ -296,6 +316,24 @@ class IrOp:
         """Provider name -> impl, always including ``native`` (loads providers)."""
         before_selection()
         return MappingProxyType(self._impls)
+
+    @property
+    def activation_indices(self) -> frozenset[int]:
+        """Positions of the activation parameters (what an in-place impl may write)."""
+        return self._activation_idx
+
+    @property
+    def has_input_generator(self) -> bool:
+        """Whether :meth:`input_generator` registered a generator of benchmark inputs."""
+        return self._input_generator is not None
+
+    def selection_key(self, *args: Any) -> Any:
+        """The selection cache's key for positional ``args`` (what ``supports_args`` may read).
+
+        Two calls with equal keys get the same selection; the conformance kit
+        checks that ``supports_args`` agrees with that.
+        """
+        return self._key(*args)
 
     @property
     def registered_impls(self) -> Mapping[str, IrOpImpl]:

@@ -42,9 +42,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from vllm_ir import envs
+from vllm_ir import envs, extension
 from vllm_ir._version import API_VERSION
-from vllm_ir import extension
 from vllm_ir.extension import ExtensionBuildError, cache_root
 from vllm_ir.layout import contiguous, may_overlap_itself, rows_flatten_free
 from vllm_ir.logger import get_logger

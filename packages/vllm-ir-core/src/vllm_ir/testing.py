@@ -105,9 +105,9 @@ class ConformanceCase:
 
 
 def _samples(case: ConformanceCase) -> Iterator[SampleInput]:
+    """The samples selection would send to the case's impl (``op.candidates``' rule)."""
     for sample in case.op.sample_inputs(case.dtype, case.device):
-        supports = case.impl.supports_args
-        if supports is None or supports(*sample.args) is True:
+        if case.op.candidates(*sample.args)[case.provider].accepted:
             yield sample
 
 
@@ -277,7 +277,7 @@ def key_sharing_variants(op: IrOp, args: Sequence[Any]) -> Iterator[tuple[str, t
     """
     args = tuple(args)
     try:
-        base = op._key(*args)
+        base = op.selection_key(*args)
     except Exception:
         return
     tensors = [
@@ -303,7 +303,7 @@ def key_sharing_variants(op: IrOp, args: Sequence[Any]) -> Iterator[tuple[str, t
             variant[i] = _with_layout(t, batch, offset, plan.get("fill", 1.0))
         else:
             try:
-                same = op._key(*variant) == base
+                same = op.selection_key(*variant) == base
             except Exception:
                 same = False
             if same:

@@ -162,14 +162,13 @@ def candidates(op: IrOp, args: Sequence[Any], mode: Mode = "compiled") -> list[I
     providers = op.get_priority(mode)
     if mode == "compiled" and not user_priority(op.name)[0]:
         providers += [p for p in op.get_priority("eager") if p not in providers]
+    found = op.candidates(*args, mode=mode)  # the one rule of selection, on every impl
     accepted = []
     for provider in providers:
         if provider not in op.impls:
             continue
-        # Put the entry first: select() then decides on it before anything else.
-        with op.set_priority([provider]):
-            decision = op.select(*args, mode=mode).decisions[0]
-        if decision.accepted and decision.entry.provider == provider:
+        decision = found[provider]
+        if decision.accepted:
             accepted.append(op.impls[provider])
         else:
             logger.debug("autotune %s: %s not a candidate: %s", op.name, provider, decision.reason)
@@ -265,7 +264,7 @@ def _index_bound(args: Sequence[Any], position: int) -> int:
 def _fresh_call(op: IrOp, impl: IrOpImpl, inputs: tuple[Any, ...]) -> Prepare:
     if not impl.inplace:
         return lambda: lambda: impl.impl_fn(*inputs)
-    idx = op._activation_idx  # the positions an in-place impl writes
+    idx = op.activation_indices  # the positions an in-place impl writes
 
     def prepare() -> Callable[[], object]:
         fresh = tuple(a.clone() if i in idx else a for i, a in enumerate(inputs))
