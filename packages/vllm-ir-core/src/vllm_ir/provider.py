@@ -10,7 +10,8 @@ covers this module: a change that breaks it bumps the version.
 What is here:
 
 * declaring a provider package: :class:`ProviderSpec`, :class:`PlatformDefaults`,
-  :data:`API_VERSION`;
+  :data:`API_VERSION`; its registrations: :class:`RegistrationHandle`,
+  :class:`RegistrationLog`, :func:`recording_registrations`;
 * infrastructure: :func:`get_logger`, :func:`current_platform`, :mod:`envs`
   (every environment variable, typed and validated),
   :func:`build_extension` / :class:`ExtensionBuildError` / :func:`cache_root`;
@@ -50,6 +51,7 @@ from vllm_ir.logger import get_logger
 from vllm_ir.platform import current_platform
 from vllm_ir.priority import PlatformDefaults
 from vllm_ir.providers import ProviderSpec
+from vllm_ir.registration import RegistrationHandle, RegistrationLog, recording_registrations
 from vllm_ir.tolerances import (
     DEFAULT_TOLERANCES,
     EXACT,
@@ -70,6 +72,8 @@ __all__ = [
     "ExtensionBuildError",
     "PlatformDefaults",
     "ProviderSpec",
+    "RegistrationHandle",
+    "RegistrationLog",
     "Tolerance",
     "VendorNorm",
     "build_extension",
@@ -81,6 +85,7 @@ __all__ = [
     "get_logger",
     "may_overlap_itself",
     "norm_supports_args",
+    "recording_registrations",
     "rows_flatten_free",
 ]
 

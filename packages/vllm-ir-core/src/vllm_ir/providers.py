@@ -66,12 +66,13 @@ class ProviderSpec:
 
     Attributes:
         name: the provider package's short name (usually its main provider name).
-        api_version: the :data:`vllm_ir.API_VERSION` it was written against.
+        api_version: the :data:`vllm_ir.provider.API_VERSION` it was written against.
         register: imports the package's kernels and calls ``register_impl``.
         defaults: default priorities per platform, for eager and compiled mode.
 
     >>> import vllm_ir as ir
-    >>> ProviderSpec(name="my_kernels", api_version=ir.API_VERSION, register=lambda: None)
+    >>> from vllm_ir.provider import API_VERSION
+    >>> ProviderSpec(name="my_kernels", api_version=API_VERSION, register=lambda: None)
     ProviderSpec(name='my_kernels', api_version=1, defaults=())
     """
 

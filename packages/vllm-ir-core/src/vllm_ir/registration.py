@@ -11,7 +11,8 @@ snapshotted when the scope opens and restored where it differs.
 Tests use the same scope to register freely and undo it all afterwards:
 
 >>> import torch, vllm_ir as ir
->>> with ir.recording_registrations("doc") as log:
+>>> from vllm_ir.provider import recording_registrations
+>>> with recording_registrations("doc") as log:
 ...     @ir.ops.rms_norm.register_impl("doc_kernel")
 ...     def doc_kernel(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
 ...                    variance_size: int | None = None) -> torch.Tensor:
