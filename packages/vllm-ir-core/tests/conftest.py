@@ -39,6 +39,17 @@ def _isolated_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture
+def dispatch_check_off() -> Iterator[None]:
+    """The production path: no re-selection per cached call (for tests that count
+    how often ``supports_args`` runs)."""
+    set_dispatch_check(False)
+    try:
+        yield
+    finally:
+        set_dispatch_check(True)
+
+
+@pytest.fixture
 def make_op() -> Iterator[Callable[..., ir.IrOp]]:
     """``make_op(fn, **register_op_kwargs)`` with a unique name, removed afterwards."""
     created: list[ir.IrOp] = []

@@ -149,6 +149,88 @@ def test_a_corrupted_cache_is_retuned_with_a_warning(
     assert json.loads(path.read_text())["entries"]  # rewritten whole
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda r: r.pop("times_s"),
+        lambda r: r.__setitem__("times_s", [1, 2]),
+        lambda r: r.__setitem__("native_overhead_s", "fast"),
+        lambda r: r.__setitem__("times_s", {"native": 1.0}),  # no time for the winner
+        lambda r: r.__setitem__("times_s", {k: None for k in r["times_s"]}),
+        lambda r: r.__setitem__("times_s", {k: True for k in r["times_s"]}),
+        lambda r: r.__setitem__("times_s", {k: float("nan") for k in r["times_s"]}),
+        lambda r: r.__setitem__("native_overhead_s", 10**400),  # no float holds it
+    ],
+    ids=["no-times", "list", "overhead-str", "no-winner-time", "null", "bool", "nan", "huge"],
+)
+def test_a_malformed_record_is_retuned_with_a_warning(
+    op: ir.IrOp, cache_dir: Path, caplog: pytest.LogCaptureFixture, edit: Callable[..., Any]
+) -> None:
+    times = {"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0}
+    choose(op, Autotuner(timer=FakeTimer(times)), ALL)
+    (path,) = cache_dir.glob("autotune/*.json")
+    doc = json.loads(path.read_text())
+    (record,) = doc["entries"].values()
+    edit(record)
+    path.write_text(json.dumps(doc))
+    timer = FakeTimer({**times, "fast": 0.5})
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        assert choose(op, Autotuner(timer=timer), ALL) == "fast"
+    assert timer.timed
+    assert "malformed" in caplog.text
+    (rewritten,) = json.loads(path.read_text())["entries"].values()
+    assert rewritten["winner"] == "fast"
+
+
+def test_a_deeply_nested_cache_file_is_treated_as_empty(
+    op: ir.IrOp, cache_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    times = {"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0}
+    choose(op, Autotuner(timer=FakeTimer(times)), ALL)
+    (path,) = cache_dir.glob("autotune/*.json")
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        assert TuningCache(torch.device("cpu")).entries() == {}
+        assert choose(op, Autotuner(timer=FakeTimer(times)), ALL) == "slow"
+    assert "unreadable" in caplog.text
+
+
+def test_an_unwritable_cache_keeps_the_measurement(
+    op: ir.IrOp, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk (or a read-only dir) loses only the persistence, with a warning."""
+    import errno
+
+    from vllm_ir.compilation import tuning_cache
+
+    def full(*args: object, **kwargs: object) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tuning_cache.tempfile, "mkstemp", full)
+    times = {"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0}
+    tuner = Autotuner(timer=FakeTimer(times))
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        assert choose(op, tuner, ALL) == "slow"
+    assert "not saved" in caplog.text
+    assert "No space left" in caplog.text
+    again = FakeTimer({})  # the in-memory record serves the next node: nothing timed
+    tuner.timer = again
+    with op.set_priority(ALL), compiled_selection():
+        assert tuner.choose(op, "node1", (X, 2.0)).provider == "slow"
+    assert again.timed == []
+
+
+def test_a_tuning_cache_under_a_parent_others_can_write_is_refused(tmp_path: Path) -> None:
+    from vllm_ir.build_cache import UnsafeCacheError
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    cache = TuningCache(torch.device("cpu"), root=shared / "cache" / "autotune")
+    with pytest.raises(UnsafeCacheError, match="sticky"):
+        cache.put("k", {"op": "o", "winner": "native", "times_s": {"native": 1.0}})
+
+
 def test_uuid_changes_when_tuning_results_change(op: ir.IrOp) -> None:
     lowering = LoweringPass({op.name: ALL})
     lowering.autotuner = Autotuner(timer=FakeTimer({}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from vllm_ir import extension
+from vllm_ir import build_cache, extension
 from vllm_ir.build_cache import MARKER, BuildCache, BuildCacheError, UnsafeCacheError
 
 
@@ -59,6 +60,8 @@ def test_failed_build_publishes_nothing(tmp_path: Path) -> None:
         (lambda entry: (entry / "lib.so").write_bytes(b"evil-bytes!!!!"), "sha256"),
         (lambda entry: (entry / MARKER).unlink(), "no completion marker"),
         (lambda entry: (entry / MARKER).write_text("{"), "unreadable"),
+        # json recurses per level: RecursionError, not a crash
+        (lambda entry: (entry / MARKER).write_text("[" * 100_000 + "]" * 100_000), "unreadable"),
     ],
 )
 def test_damaged_entry_is_quarantined_and_rebuilt(tmp_path: Path, caplog, damage, reason) -> None:  # type: ignore[no-untyped-def]
@@ -118,6 +121,109 @@ def test_extension_refuses_a_world_writable_cache_root(tmp_path: Path, monkeypat
     shared.chmod(0o1777)  # a shared temp-like dir (r07)
     monkeypatch.setenv(extension.CACHE_ENV, str(shared))
     with pytest.raises(extension.ExtensionBuildError, match=f"refusing build cache path {shared}"):
+        extension.build_extension("never_built", "0.1", [Path(__file__)])
+
+
+def _refuse_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every open for writing under the cache fail as on a read-only mount."""
+    real_open = os.open
+
+    def open_(path, flags, *args):  # type: ignore[no-untyped-def]
+        if flags & (os.O_RDWR | os.O_WRONLY | os.O_CREAT):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(build_cache.os, "open", open_)
+
+
+@pytest.mark.parametrize("lock_file", [True, False])
+def test_a_read_only_cache_serves_its_verified_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lock_file: bool
+) -> None:
+    """A pre-built, read-only cache (an image layer, a read-only mount) loads."""
+    cache = BuildCache(tmp_path / "cache")
+    path, _ = cache.get_or_build("k", "lib.so", _writer(b"prebuilt"))
+    if not lock_file:
+        (tmp_path / "cache" / "k.lock").unlink()
+    _refuse_writes(monkeypatch)
+    loaded: list[Path] = []
+    again, built = cache.get_or_build("k", "lib.so", _writer(b"never"), loaded.append)
+    assert (again, built, loaded) == (path, False, [path])
+
+
+def test_a_read_only_cache_without_the_entry_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = BuildCache(tmp_path / "cache")
+    path, _ = cache.get_or_build("k", "lib.so", _writer(b"prebuilt"))
+    os.truncate(path, 2)
+    _refuse_writes(monkeypatch)
+    for key in ("k", "other"):
+        with pytest.raises(BuildCacheError, match="is read-only and its entry") as info:
+            cache.get_or_build(key, "lib.so", _writer(b"never"), lambda p: pytest.fail("loaded"))
+        assert "VLLM_IR_CACHE_DIR" in str(info.value)
+    assert path.read_bytes() == b"pr"  # nothing was moved or rewritten
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through chmod a-w")
+def test_a_chmod_read_only_cache_loads(tmp_path: Path) -> None:
+    cache = BuildCache(tmp_path / "cache")
+    path, _ = cache.get_or_build("k", "lib.so", _writer(b"prebuilt"))
+    files = [path, path.parent / MARKER, tmp_path / "cache" / "k.lock"]
+    dirs = [path.parent, tmp_path / "cache"]
+    for p in [*files, *dirs]:
+        p.chmod(p.stat().st_mode & ~0o222)
+    try:
+        assert cache.get_or_build("k", "lib.so", _writer(b"never")) == (path, False)
+    finally:
+        for p in dirs:
+            p.chmod(0o700)
+
+
+def test_a_cache_under_a_parent_others_can_write_is_refused(tmp_path: Path) -> None:
+    """Whoever can rename the cache root's parent entries can swap the whole cache."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # no sticky bit: anyone can rename our cache away
+    cache = BuildCache(shared / "cache")
+    with pytest.raises(UnsafeCacheError, match="without the sticky bit") as info:
+        cache.get_or_build("k", "lib.so", _writer(b"x"), lambda p: pytest.fail("loaded"))
+    assert str(shared) in str(info.value)
+    assert "\n" not in str(info.value)
+    shared.chmod(0o1777)  # sticky, like /tmp: only the owner may rename our cache
+    assert cache.get_or_build("k", "lib.so", _writer(b"x"))[1]
+    # through a symbolic link too: the resolved path's parents count
+    link = tmp_path / "link"
+    link.symlink_to(shared / "cache")
+    shared.chmod(0o777)
+    with pytest.raises(UnsafeCacheError, match="without the sticky bit"):
+        BuildCache(link).get_or_build("k", "lib.so", _writer(b"x"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a link to another user")
+def test_a_cache_root_through_another_users_link_is_refused(tmp_path: Path) -> None:
+    """In a sticky /tmp-like directory, a link's owner can still re-point it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    ours = tmp_path / "ours"
+    link = shared / "cache"
+    link.symlink_to(ours)
+    os.lchown(link, 12345, 12345)
+    with pytest.raises(UnsafeCacheError, match="symbolic link owned by uid 12345"):
+        BuildCache(link).get_or_build("k", "lib.so", _writer(b"x"))
+    assert not ours.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_cache_under_another_users_directory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 12345, 12345)
+    monkeypatch.setenv(extension.CACHE_ENV, str(theirs / "cache"))
+    with pytest.raises(extension.ExtensionBuildError, match="owned by uid 12345"):
         extension.build_extension("never_built", "0.1", [Path(__file__)])
 
 

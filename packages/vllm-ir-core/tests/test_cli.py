@@ -103,6 +103,19 @@ BAD_INPUT = [
     ),
     (["ops", "--ir-pass.fuse_norm_quant"], "--ir-pass.fuse_norm_quant expects a value"),
     (["--ir-pass.nope=on", "ops"], "unknown IR pass(es) 'nope'"),
+    # sizes no memory holds: checked before allocating, never an allocator traceback
+    (
+        ["explain", "rms_norm", "--shape", "99999999999,99999999999", "--eager"],
+        "rms_norm's arguments for shape 99999999999x99999999999 would take",
+    ),
+    (
+        ["bench", "rms_norm", "--shapes", "99999999x99999999", "--dtypes", "fp32"],
+        "GiB, more than the",
+    ),
+    (["demo", "--hidden", "99999999999"], "give a smaller --hidden, --layers or --tokens"),
+    (["explain", "rms_norm", "--arg", "epsilon=" + "-" * 100_000 + "1"], "is not a Python literal"),
+    (["tune", "--ops", "rms_norm", "--out", "/nonexistent/t.json"], "directory '/nonexistent'"),
+    (["tune", "--ops", "rms_norm", "--out", "/"], "--out /: is a directory; give a file name"),
     (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
     ([], "the following arguments are required: COMMAND"),
 ]
@@ -135,7 +148,9 @@ def bad_input_results() -> list[tuple[int, str]]:
     return [(code, err) for code, err in json.loads(result.stdout.splitlines()[-1])]
 
 
-@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=lambda i: " ".join(BAD_INPUT[i][0]))
+@pytest.mark.parametrize(
+    "case", range(len(BAD_INPUT)), ids=lambda i: " ".join(BAD_INPUT[i][0])[:80]
+)
 def test_bad_input_is_one_line_and_exit_2(
     bad_input_results: list[tuple[int, str]], case: int
 ) -> None:
@@ -145,6 +160,107 @@ def test_bad_input_is_one_line_and_exit_2(
     assert stderr.startswith("vllm-ir: error: ")
     assert len(stderr.strip().splitlines()) == 1, stderr
     assert "Traceback" not in stderr
+
+
+def _tune_document(**edits: object) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "ir_op_priority": {"rms_norm": ["cpu_c", "native"]},
+        "measured": {
+            "rms_norm": {
+                "a": {
+                    "shape": [4, 64],
+                    "times_us": {"cpu_c": 1.0, "native": 2.0},
+                    "winner": "cpu_c",
+                }
+            }
+        },
+        "dtype": "float32",
+    }
+    doc.update(edits)
+    return doc
+
+
+def _file_cases(tmp: Path) -> list[tuple[list[str], str]]:
+    """Bad input that needs files: tune's output and device, --tuned and @FILE documents."""
+    out = str(tmp / "t.json")
+    tune = ["tune", "--ops", "rms_norm", "--shapes", "a=4x64", "--runs", "1"]
+    (tmp / "adir").mkdir()
+    files = {
+        "measured-number.json": json.dumps(_tune_document(measured=5)),
+        "no-priority.json": json.dumps(_tune_document(ir_op_priority={})),
+        "no-times.json": json.dumps(
+            _tune_document(measured={"rms_norm": {"a": {"shape": [4, 64], "winner": "native"}}})
+        ),
+        "deep.json": "[" * 100_000 + "]" * 100_000,
+        "huge-time.json": json.dumps(
+            _tune_document(
+                measured={
+                    "rms_norm": {
+                        "a": {"shape": [4, 64], "times_us": {"cpu_c": 10**400}, "winner": "cpu_c"}
+                    }
+                }
+            )
+        ),
+    }
+    for name, text in files.items():
+        (tmp / name).write_text(text)
+    (tmp / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
+    tuned = ["explain", "rms_norm", "--shape", "4,64", "--eager", "--tuned"]
+    return [
+        ([*tune, "--out", str(tmp / "missing" / "t.json")], "does not exist; create it first"),
+        ([*tune, "--out", str(tmp / "adir")], "is a directory; give a file name"),
+        ([*tune, "--device", "cuda", "--out", out], "--device cuda: torch"),
+        ([*tune, "--device", "junk", "--out", out], "unknown device 'junk'"),
+        (
+            ["tune", "--ops", "silu_and_mul", "--shapes", "a=4x7", "--out", out],
+            "silu_and_mul cannot take shape 4x7",
+        ),
+        (
+            ["tune", "--ops", "rms_norm", "--shapes", "a=99999999x99999999", "--out", out],
+            "would take",
+        ),
+        ([*tuned, str(tmp / "measured-number.json")], "'measured' is not an object"),
+        ([*tuned, str(tmp / "no-priority.json")], "rms_norm is measured but has no list"),
+        ([*tuned, str(tmp / "no-times.json")], "'measured.rms_norm.a' has no 'times_us'"),
+        ([*tuned, str(tmp / "deep.json")], "nested too deeply"),
+        ([*tuned, str(tmp / "huge-time.json")], "has no 'times_us' object of numbers"),
+        ([f"--ir-op-priority=@{tmp / 'binary.json'}", "ops"], "binary.json: the file is not UTF-8"),
+    ]
+
+
+def test_bad_input_with_files_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Checked before any work: nothing measured, no temporary file left anywhere."""
+    cases = _file_cases(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    argvs = json.dumps([argv for argv, _ in cases])
+    result = subprocess.run(
+        [sys.executable, "-c", _RUN_EACH, argvs], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    results = json.loads(result.stdout.splitlines()[-1])
+    for (argv, expected), (code, stderr) in zip(cases, results, strict=True):
+        assert code == 2, (argv, stderr)
+        assert stderr.startswith("vllm-ir: error: "), (argv, stderr)
+        assert expected in stderr, (argv, stderr)
+        assert len(stderr.strip().splitlines()) == 1, (argv, stderr)
+    assert sorted(tmp_path.rglob("*")) == before  # no .NAME.tmp, no t.json
+
+
+def test_tune_leaves_no_temporary_file_when_writing_fails(tmp_path: Path) -> None:
+    from vllm_ir.cli.args import UsageError, write_atomically
+
+    target = tmp_path / "t.json"
+    target.mkdir()  # os.replace onto a directory fails after the temporary file is written
+    with pytest.raises(UsageError, match="cannot write"):
+        write_atomically("--out", target, "{}")
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]
+    write_atomically("--out", tmp_path / "u.json", "{}")
+    assert (tmp_path / "u.json").read_text() == "{}"
+    umask = os.umask(0)
+    os.umask(umask)
+    # an ordinary file, not mkstemp's private 0600
+    assert oct((tmp_path / "u.json").stat().st_mode & 0o777) == oct(0o666 & ~umask)
 
 
 def test_bad_input_through_the_command() -> None:

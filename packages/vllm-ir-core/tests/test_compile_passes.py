@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -289,6 +291,38 @@ def test_graphs_are_dumped_after_each_pass(tmp_path, monkeypatch) -> None:  # ty
     ]
     final = next(p for p in tmp_path.iterdir() if "clone_elimination" in p.name).read_text()
     assert "vllm_ir_test.fused_add_rms_norm_" in final
+
+
+def test_graph_dumps_never_follow_planted_links(tmp_path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Dump names are predictable: a link planted under the next one is not written through."""
+    from vllm_ir.compilation import pass_base
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    precious = tmp_path / "precious.txt"
+    precious.write_text("precious\n")
+    first = pass_base._dump_counter + 1
+    (dumps / f"{os.getpid()}_{first:04d}_inplace_functionalization.txt").symlink_to(precious)
+    stale = dumps / f"{os.getpid()}_{first + 1:04d}_lowering_functional.txt"
+    stale.write_text("an older process with our pid")  # ours: replaced, not appended to
+    monkeypatch.setenv("VLLM_IR_DUMP_GRAPHS", str(dumps))
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        run_pipeline(trace(donated_chain, *inputs()), {"fused_add_rms_norm": [kernels.INPLACE]})
+    assert precious.read_text() == "precious\n"
+    assert "graph not written" in caplog.text
+    assert stale.read_text().startswith("graph():")
+    assert len(list(dumps.iterdir())) == 4
+
+
+def test_graph_dumps_refuse_a_directory_others_can_write(tmp_path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # no sticky bit: anyone could plant links under our next names
+    monkeypatch.setenv("VLLM_IR_DUMP_GRAPHS", str(shared))
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        run_pipeline(trace(donated_chain, *inputs()), {"fused_add_rms_norm": [kernels.INPLACE]})
+    assert list(shared.iterdir()) == []
+    assert caplog.text.count("not writing graphs there") == 1
 
 
 def test_impls_that_allocate_trace_in_the_fake_mode() -> None:

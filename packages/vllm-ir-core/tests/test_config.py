@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import vllm_ir as ir
 from torch import Tensor
@@ -146,3 +148,45 @@ def test_non_string_keys_are_a_clear_error() -> None:
 def test_iterator_of_providers_is_read_once_not_emptied() -> None:
     config = ir.IrOpPriorityConfig(rms_norm=iter(["native"]))
     assert config.to_dict() == {"rms_norm": ["native"]}
+
+
+# -- tune documents: the same checks and unwrapping for a file and its text ---------
+
+
+def test_a_tune_document_naming_an_op_twice_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "dup.json"
+    path.write_text(
+        '{"ir_op_priority": {"rms_norm": ["native"], "rms_norm": ["bogus"]}, "measured": {}}'
+    )
+    for load in (
+        lambda: ir.IrOpPriorityConfig.from_json(path),
+        lambda: ir.IrOpPriorityConfig.from_json(str(path)),
+        lambda: ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority=@{path}"]),
+        lambda: ir.IrOpPriorityConfig.from_json(path.read_text()),
+    ):
+        with pytest.raises(ValueError, match="names op 'rms_norm' twice"):
+            load()
+
+
+def test_a_tune_document_loads_alike_from_its_file_and_its_text(tmp_path: Path) -> None:
+    doc = '{"ir_op_priority": {"rms_norm": ["native"]}, "measured": {}, "dtype": "float32"}'
+    path = tmp_path / "tuned.json"
+    path.write_text(doc)
+    from_file = ir.IrOpPriorityConfig.from_json(path)
+    assert from_file.to_dict() == {"rms_norm": ["native"]}
+    assert ir.IrOpPriorityConfig.from_json(doc).to_dict() == from_file.to_dict()
+    assert ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority={doc}"]).to_dict() == {
+        "rms_norm": ["native"]
+    }
+    path.write_text('{"ir_op_priority": ["native"]}')
+    with pytest.raises(ValueError, match=f"@{path}: its ir_op_priority: JSON must map"):
+        ir.IrOpPriorityConfig.from_json(path)
+
+
+def test_a_file_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "binary.json"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ValueError, match="is not UTF-8") as info:
+        ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority=@{path}"])
+    assert f"--ir-op-priority=@{path}" in str(info.value)
+    assert "\n" not in str(info.value)

@@ -263,3 +263,66 @@ def test_cases_parametrize_per_op_check_and_dtype(registered) -> None:  # type: 
         conformance_cases("no_such_provider")
     with pytest.raises(ValueError, match="unknown checks"):
         conformance_cases("kit_cases", checks=("speed",))
+
+
+# -- sample coverage: odd widths, a provider's own extra samples ----------------
+
+
+def test_a_kernel_raising_on_odd_hidden_sizes_fails_the_kit(registered) -> None:  # type: ignore[no-untyped-def]
+    """Vector kernels often assume an even (or 4-, 8-aligned) hidden size: core's
+    samples include an odd one, so such a kernel must decline it in supports_args."""
+
+    def even_only(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> Tensor:
+        if x.shape[-1] % 2:
+            raise RuntimeError("hidden size must be even")
+        return good_rms(x, weight, epsilon, variance_size)
+
+    _rms("kit_even_only", even_only, registered)
+    report = check_provider("kit_even_only", checks=("correctness",), dtypes=(torch.float32,))
+    assert len(report.failures) == 1
+    assert "odd-hidden" in report.failures[0]
+    assert "hidden size must be even" in report.failures[0]
+    for op in (RMS, FUSED, ir.ops.silu_and_mul, ir.ops.dynamic_per_token_fp8_quant):
+        widths = {s.args[0].shape[-1] for s in op.sample_inputs(torch.float32)}
+        half = op is ir.ops.silu_and_mul  # its kernels see halves of the last dimension
+        assert any((w // 2 if half else w) % 2 for w in widths), op.name
+
+
+def test_a_provider_adds_samples_for_its_own_impls_only(registered) -> None:  # type: ignore[no-untyped-def]
+    """The shape a kernel special-cases (here 48) joins that provider's checks, and
+    nobody else's; core's samples stay as they are."""
+
+    def wrong_at_48(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> Tensor:
+        out = good_rms(x, weight, epsilon, variance_size)
+        return out * 2 if x.shape[-1] == 48 else out
+
+    _rms("kit_special", wrong_at_48, registered)
+    _rms("kit_other", wrong_at_48, registered)
+    core = [s.name for s in RMS.sample_inputs(torch.float32)]
+    fp32 = {"checks": ("correctness",), "dtypes": (torch.float32,)}
+    assert not check_provider("kit_special", **fp32).failures  # type: ignore[arg-type]
+
+    def at_48(dtype: torch.dtype, device: torch.device) -> Iterator[ir.SampleInput]:
+        x = torch.randn(3, 48).to(device=device, dtype=dtype)
+        yield ir.SampleInput((x, None, 1e-6), "3x48-special")
+
+    with ir.recording_registrations("kit_special") as log:
+        RMS.register_extra_samples("kit_special")(at_48)
+    try:
+        report = check_provider("kit_special", checks=("correctness",), dtypes=(torch.float32,))
+        assert len(report.failures) == 1
+        assert "sample 3x48-special" in report.failures[0]
+        other = check_provider("kit_other", checks=("correctness",), dtypes=(torch.float32,))
+        assert not other.failures
+        assert [s.name for s in RMS.sample_inputs(torch.float32)] == core
+        names = [s.name for s in RMS.sample_inputs(torch.float32, provider="kit_special")]
+        assert names == [*core, "3x48-special"]
+    finally:
+        log.remove()
+    assert [s.name for s in RMS.sample_inputs(torch.float32, provider="kit_special")] == core
+    with pytest.raises(TypeError, match="takes a provider name"):
+        RMS.register_extra_samples(at_48)  # type: ignore[arg-type]

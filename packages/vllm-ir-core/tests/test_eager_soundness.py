@@ -340,3 +340,20 @@ def test_the_check_catches_a_predicate_reading_a_fact_outside_the_key(make_op) -
             assert _ran(op, ran, base[16:24]) == "offset0"  # what the check exists for
         finally:
             eager.set_dispatch_check(True)
+
+
+def test_the_check_covers_the_first_call_served_by_the_selection_key(make_op) -> None:  # type: ignore[no-untyped-def]
+    """A new batch size of a known class misses the exact cache and hits the selection
+    cache: that cached call is re-checked too, as every cached call is."""
+    op, ran = make_op(double), []
+    _recording(op, ran, "few_rows", lambda x: x.shape[0] < 4)  # reads the batch size
+    with op.set_priority(["few_rows"]):
+        assert _ran(op, ran, torch.zeros(2, 8)) == "few_rows"
+        with pytest.raises(eager.DispatchMismatch, match=r"runs 'few_rows'.*chooses 'native'"):
+            op(torch.zeros(8, 8))  # batch class "2 or more" as before, a new exact key
+        eager.set_dispatch_check(False)
+        try:
+            assert _ran(op, ran, torch.zeros(16, 8)) == "few_rows"  # what the check exists for
+        finally:
+            eager.set_dispatch_check(True)
+        assert _ran(op, ran, torch.zeros(3, 8)) == "few_rows"  # agreeing: no error

@@ -160,3 +160,69 @@ def test_allow_list_none_loads_nothing(fresh_discovery, monkeypatch, caplog) -> 
     with caplog.at_level("WARNING", logger="vllm_ir"):
         assert ir.loaded_providers() == {}
     assert "no such provider" not in caplog.text
+
+
+def _claimed_by(name: str, dist_name: str, module: str) -> metadata.EntryPoint:
+    ep = metadata.EntryPoint(name, f"{module}:provider", providers.ENTRY_POINT_GROUP)
+    return ep._for(types.SimpleNamespace(name=dist_name, version="1.0"))  # type: ignore[attr-defined]
+
+
+def test_an_entry_point_name_claimed_by_two_distributions_is_a_load_error(
+    fresh_discovery, monkeypatch, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    """Which one importlib lists first depends on install order: neither loads, both named."""
+    name = unique("clash")
+    calls: list[str] = []
+    for which in ("a", "b"):
+        module = types.ModuleType(f"clash_{which}_{name}")
+        module.provider = ir.ProviderSpec(name, ir.API_VERSION, lambda w=which: calls.append(w))  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    eps = [
+        _claimed_by(name, "acme-kernels", f"clash_a_{name}"),
+        _claimed_by(name, "other-kernels", f"clash_b_{name}"),
+    ]
+    for order in (eps, eps[::-1]):
+        monkeypatch.setattr(providers, "_loaded_once", False)
+        monkeypatch.setattr(providers, "_errors", {})
+        monkeypatch.setattr(providers.metadata, "entry_points", lambda group, o=order: list(o))
+        with caplog.at_level("WARNING", logger="vllm_ir"):
+            errors = ir.load_errors()
+        assert name not in ir.loaded_providers()
+        cause = errors[name].cause
+        assert "acme-kernels 1.0" in cause
+        assert "other-kernels 1.0" in cause
+        assert cause.index("acme-kernels") < cause.index("other-kernels")  # the same either way
+        assert "Uninstall all but one" in cause
+        assert errors[name].package == "acme-kernels 1.0, other-kernels 1.0"
+    assert calls == []
+    assert "is skipped" in caplog.text
+
+
+def test_conformance_cases_load_the_providers_first(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
+    """The kit is often a test process's first call: a provider's own ops must be listed."""
+    from vllm_ir.testing import conformance_cases
+
+    name = unique("own_ops")
+    op_name = unique("provider_own_op")
+
+    def register() -> None:
+        def own(x: Tensor) -> Tensor:
+            return x * 2
+
+        op = ir.register_op(name=op_name)(own)
+        op.register_input_generator(lambda dtype, device: iter([ir.SampleInput(torch.ones(2, 4))]))
+
+        @op.register_impl(name)
+        def doubled(x: Tensor) -> Tensor:
+            return x + x
+
+    fresh_discovery[name] = ir.ProviderSpec(
+        name=name, api_version=ir.API_VERSION, register=register
+    )
+    registrations = providers._registrations
+    try:
+        cases = conformance_cases(name, checks=["correctness"], dtypes=[torch.float32])
+        assert [c.op.name for c in cases] == [op_name]
+    finally:
+        registrations[name].remove()
+    assert op_name not in ir.op.IrOp.registry

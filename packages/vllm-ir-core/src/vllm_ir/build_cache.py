@@ -24,12 +24,22 @@ Why each piece:
   with a warning.
 - Loading a library runs its code: every directory and file used must belong
   to the current user and be writable by nobody else, or the cache is refused
-  with an error that names the path and the fix.
+  with an error that names the path and the fix. The directories above the
+  cache root count too (:func:`check_trusted_parents`): whoever can rename
+  entries of a parent can swap the whole cache for their own tree between the
+  checks and the ``dlopen``, so each parent must be owned by the current user
+  or root and, if group or others can write it, be sticky (like ``/tmp``).
+- A cache that cannot be written (a read-only image layer or mount) still
+  serves the entries it holds, once they are verified: the lock is then taken
+  shared on an existing lock file, or skipped when there is none (nothing can
+  be written, so nothing can race). A missing or damaged entry in such a cache
+  is a :class:`BuildCacheError` naming the directory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -49,6 +59,7 @@ __all__ = [
     "BuildCacheError",
     "UnsafeCacheError",
     "check_private",
+    "check_trusted_parents",
     "ensure_private_dir",
 ]
 
@@ -56,6 +67,10 @@ MARKER = "COMPLETE.json"
 """The completion marker inside a published entry."""
 
 logger = get_logger(__name__)
+
+
+_READ_ONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+"""Why a lock file of an otherwise readable cache cannot be opened for writing."""
 
 
 class BuildCacheError(RuntimeError):
@@ -88,8 +103,61 @@ def check_private(path: Path, *, follow_symlinks: bool = False) -> os.stat_resul
     return st
 
 
-def ensure_private_dir(path: Path, *, follow_symlinks: bool = False) -> Path:
-    """Create ``path`` (mode ``0700``) if missing, then :func:`check_private` it."""
+def check_trusted_parents(path: Path) -> None:
+    """Raise :class:`UnsafeCacheError` if another user could replace ``path`` from above.
+
+    Every existing directory above ``path``, both as written and with symbolic
+    links resolved, must be owned by the current user or root, and must be
+    sticky if group or others can write it: otherwise its owner or writers can
+    rename ``path`` away and put their own tree in its place after it was
+    checked. A symbolic link on the way (``path`` itself included) must be
+    the current user's or root's: its owner can re-point it. ``/tmp`` (root,
+    sticky) passes; a ``0777`` directory without the sticky bit, or one owned
+    by another user, does not.
+    """
+    absolute = Path(os.path.abspath(path))
+    parents = {*absolute.parents, *Path(os.path.realpath(path)).parents}
+    fix = "set VLLM_IR_CACHE_DIR to a directory whose parents only you (or root) can write"
+    for component in (*reversed(absolute.parents), absolute):
+        # a link's owner may point it elsewhere at any time (in /tmp too: sticky
+        # protects the name from others, not from its owner)
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(component)
+            if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.getuid()):
+                raise UnsafeCacheError(
+                    f"refusing cache directory {path}: {component} is a symbolic link owned "
+                    f"by uid {st.st_uid}, who could point it at their own code; {fix}"
+                )
+    for parent in sorted(parents, key=lambda p: len(p.parts)):
+        try:
+            st = os.stat(parent)
+        except FileNotFoundError:
+            continue  # created by us below
+        if st.st_uid not in (0, os.getuid()):
+            raise UnsafeCacheError(
+                f"refusing cache directory {path}: its parent {parent} is owned by uid "
+                f"{st.st_uid}, who could swap the cache for their own code; {fix}"
+            )
+        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable and not st.st_mode & stat.S_ISVTX:
+            raise UnsafeCacheError(
+                f"refusing cache directory {path}: its parent {parent} is writable by group "
+                f"or others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o}), so "
+                f"anyone could swap the cache for their own code; `chmod +t {parent}` or "
+                f"`chmod go-w {parent}`, or {fix}"
+            )
+
+
+def ensure_private_dir(
+    path: Path, *, follow_symlinks: bool = False, check_parents: bool = False
+) -> Path:
+    """Create ``path`` (mode ``0700``) if missing, then :func:`check_private` it.
+
+    ``check_parents`` also applies :func:`check_trusted_parents` (for a cache
+    root; below a checked root every directory is private already).
+    """
+    if check_parents:
+        check_trusted_parents(path)
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as e:
@@ -132,17 +200,26 @@ class BuildCache:
         self.lock_timeout_s = lock_timeout_s
 
     @contextlib.contextmanager
-    def locked(self, key: str) -> Iterator[None]:
-        """Hold ``<key>.lock``: a kernel ``flock``, released if this process dies."""
+    def locked(self, key: str, *, read_only_ok: bool = False) -> Iterator[bool]:
+        """Hold ``<key>.lock``: a kernel ``flock``, released if this process dies.
+
+        Yields whether the cache can be written. When the lock file cannot be
+        created or opened for writing (a read-only cache), ``read_only_ok``
+        takes a shared lock on an existing lock file instead, or none when
+        there is no lock file, and yields ``False``; without it, that is a
+        :class:`BuildCacheError`.
+        """
         path = self.root / f"{key}.lock"
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o600)
+        fd, mode = self._open_lock(path, read_only_ok)
+        if fd is None:
+            yield False  # nobody can write here: there is nothing to serialize
+            return
         try:
             deadline = time.monotonic() + self.lock_timeout_s
             waited = False
             while True:
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
@@ -155,9 +232,29 @@ class BuildCache:
                         logger.info("waiting for another process building %s (%s)", key, path)
                         waited = True
                     time.sleep(0.1)
-            yield
+            yield mode == fcntl.LOCK_EX
         finally:
             os.close(fd)  # releases the flock
+
+    def _open_lock(self, path: Path, read_only_ok: bool) -> tuple[int | None, int]:
+        """The lock file's fd and flock mode; ``(None, _)``: read-only, no lock file."""
+        fix = f"make {self.root} writable or set VLLM_IR_CACHE_DIR to a writable directory"
+        try:
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            return os.open(path, flags, 0o600), fcntl.LOCK_EX
+        except OSError as e:
+            if not read_only_ok or e.errno not in _READ_ONLY_ERRNOS:
+                raise BuildCacheError(
+                    f"cannot open the lock file {path}: {e.strerror}; {fix}"
+                ) from None
+        try:
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), fcntl.LOCK_SH
+        except FileNotFoundError:
+            return None, fcntl.LOCK_SH
+        except OSError as e:
+            raise BuildCacheError(
+                f"cannot open the lock file {path}: {e.strerror}; {fix}"
+            ) from None
 
     def get_or_build(
         self,
@@ -174,15 +271,21 @@ class BuildCache:
         """
         if "/" in key or key.startswith("."):
             raise ValueError(f"build cache key must be a plain name, got {key!r}")
-        ensure_private_dir(self.root, follow_symlinks=True)
+        ensure_private_dir(self.root, follow_symlinks=True, check_parents=True)
         entry = self.root / key
-        with self.locked(key):
+        with self.locked(key, read_only_ok=True) as writable:
             problem = self._problem(entry, filename)
             if problem is None:
                 path = entry / filename
                 if load is not None:
                     load(path)
                 return path, False
+            if not writable:
+                raise BuildCacheError(
+                    f"the build cache {self.root} is read-only and its entry {key} is "
+                    f"{'missing' if problem == 'missing' else f'unusable ({problem})'}; make "
+                    "it writable or set VLLM_IR_CACHE_DIR to a writable directory"
+                )
             if entry.exists() or entry.is_symlink():
                 self._quarantine(entry, problem)
             self._remove_stale_builds(key)
@@ -201,7 +304,8 @@ class BuildCache:
             record = json.loads(marker.read_text())
             size, digest = int(record["size"]), str(record["sha256"])
             recorded_name = str(record["file"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError, MemoryError):
+            # RecursionError: deeply nested JSON (json recurses once per level)
             return "its completion marker is unreadable"
         if recorded_name != filename:
             return f"its marker names {recorded_name!r}, not {filename!r}"

@@ -106,7 +106,7 @@ class IrOpPriorityConfig:
     def from_json(cls, source: str | Path) -> IrOpPriorityConfig:
         """From a JSON file (a path) or text: ``{"OP": ["a", "b"]}``, or a document
         holding that map under ``"ir_op_priority"`` (what ``vllm-ir tune`` writes)."""
-        return cls.from_dict(_parse_json(_read_json_source(source)))
+        return cls.from_dict(_parse_json(*_read_json_source(source)))
 
     def to_dict(self) -> dict[str, list[str]]:
         return {op: list(p) for op, p in self._priorities.items()}
@@ -344,43 +344,52 @@ def _parse_providers(op_name: str, value: str) -> list[str]:
     return providers
 
 
-def _parse_json(value: str) -> dict[str, Any]:
+def _parse_json(value: str, where: str | None = None) -> dict[str, Any]:
+    """The priority map in JSON ``value``: ``{"OP": ["a", "b"]}``, or a document
+    holding that map under ``"ir_op_priority"`` (what ``vllm-ir tune`` writes).
+
+    One parse for text and files alike: duplicate keys are refused at every
+    level, and the document is unwrapped the same way. ``where`` names the
+    source in errors (default: the flag and the text, cut short).
+    """
+    where = where or f"{CLI_FLAG} {_short(value)}"
+    example = 'expected e.g. \'{"rms_norm": ["vllm_c", "native"]}\''
     if _nesting_depth(value) > _MAX_JSON_DEPTH:  # json recurses: deep input is a RecursionError
-        raise ValueError(
-            f"{CLI_FLAG} {_short(value)} nests deeper than {_MAX_JSON_DEPTH} levels; "
-            'expected e.g. \'{"rms_norm": ["vllm_c", "native"]}\''
-        )
+        raise ValueError(f"{where} nests deeper than {_MAX_JSON_DEPTH} levels; {example}")
     try:
         parsed = json.loads(value, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as e:
         raise ValueError(
-            f"{CLI_FLAG} {_short(value)} is not valid JSON ({e.msg} at column {e.colno}); "
-            'expected e.g. \'{"rms_norm": ["vllm_c", "native"]}\''
+            f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); {example}"
         ) from None
+    except _DuplicateKey as e:
+        raise ValueError(f"{where}: JSON names op {e.args[0]!r} twice; give each op once") from None
+    if isinstance(parsed, dict) and "ir_op_priority" in parsed:  # a `vllm-ir tune` document
+        parsed = parsed["ir_op_priority"]
+        where = f"{where}: its ir_op_priority"
     if not isinstance(parsed, dict) or not all(
         isinstance(v, list) and all(isinstance(p, str) for p in v) for v in parsed.values()
     ):
-        raise ValueError(
-            f"{CLI_FLAG} JSON must map op names to lists of provider names, got {_short(value)}"
-        )
+        raise ValueError(f"{where}: JSON must map op names to lists of provider names; {example}")
     return parsed
 
 
-def _read_json_source(source: str | Path) -> str:
-    """JSON text from ``source``: a path (``Path``, or text not starting with ``{``)."""
+def _read_json_source(source: str | Path) -> tuple[str, str | None]:
+    """JSON text from ``source`` (a ``Path``, or text not starting with ``{``, is a
+    file), and how errors name it (``None``: by the text itself)."""
     if isinstance(source, str) and source.lstrip().startswith("{"):
-        return source
+        return source, None
     path = Path(source)
+    where = f"{CLI_FLAG}=@{path}"
     try:
-        text = path.read_text()
+        return path.read_text(encoding="utf-8"), where
     except OSError as e:
-        raise ValueError(f"{CLI_FLAG}=@{path}: cannot read the file ({e.strerror})") from None
-    if _nesting_depth(text) <= _MAX_JSON_DEPTH:
-        with contextlib.suppress(json.JSONDecodeError):
-            doc = json.loads(text)
-            if isinstance(doc, dict) and isinstance(doc.get("ir_op_priority"), dict):
-                return json.dumps(doc["ir_op_priority"])  # a `vllm-ir tune` document
-    return text
+        raise ValueError(f"{where}: cannot read the file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{where}: the file is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+            f"{e.start}); give a JSON file such as `vllm-ir tune --out` writes"
+        ) from None
 
 
 def _nesting_depth(text: str) -> int:
@@ -408,12 +417,16 @@ def _nesting_depth(text: str) -> int:
     return deepest
 
 
+class _DuplicateKey(Exception):
+    """A JSON object gave this key twice (raised through ``json.loads``)."""
+
+
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A key given twice is a mistake; silently keeping the last one hides it."""
     result: dict[str, Any] = {}
     for key, item in pairs:
         if key in result:
-            raise ValueError(f"{CLI_FLAG} JSON names op {key!r} twice; give each op once")
+            raise _DuplicateKey(key)
         result[key] = item
     return result
 
@@ -453,7 +466,7 @@ def parse_ir_op_priority_args(
                 raise ValueError(f"{flag} expects a value, got the next flag {_short(value)}")
             i += 1
         if flag == CLI_FLAG and value.startswith("@"):  # @file: a JSON file
-            priorities.update(_parse_json(_read_json_source(Path(value[1:]))))
+            priorities.update(_parse_json(*_read_json_source(Path(value[1:]))))
         elif flag == CLI_FLAG:
             priorities.update(_parse_json(value))
         elif flag.startswith(CLI_FLAG + "."):

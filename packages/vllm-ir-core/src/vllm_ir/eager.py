@@ -17,8 +17,10 @@ refuses a backward that saved it, as after any in-place op.
 
 ``VLLM_IR_CHECK_DISPATCH=1`` (or :func:`set_dispatch_check`) regenerates
 every op's call to re-validate each cache hit against an uncached
-selection, raising :class:`DispatchMismatch` on a difference — a
-``supports_args`` that reads a fact the key does not hold. It costs a full
+selection — hits of the exact-facts cache and, on its misses, hits of the
+selection-key cache (a new batch size of a known class) — raising
+:class:`DispatchMismatch` on a difference: a ``supports_args`` that reads a
+fact the key does not hold. It costs a full
 selection per call: a debugging and testing aid.
 """
 
@@ -135,6 +137,7 @@ class EagerCall:
 
     def install(self) -> None:
         """(Re)generate the overload's ``__call__``, with the check if enabled."""
+        self.checking = dispatch_check_enabled()
         call = make_eager_call(
             self.op.signature,
             self.op.name,
@@ -142,7 +145,7 @@ class EagerCall:
             calls=self.calls,
             miss=self.miss,
             scoped_get=self.scoped_get,
-            verify=self.verify if dispatch_check_enabled() else None,
+            verify=self.verify if self.checking else None,
         )
         self.owner.__call__ = call  # type: ignore[method-assign]
 
@@ -222,7 +225,10 @@ class EagerCall:
             return self.routed
         since = generation()
         # through the selection cache: a new batch size selects nothing anew
-        fn = self.fn_for(op._cached_select(args), args)
+        impl = op._cached_select(args)
+        if self.checking:  # a selection-cache hit is a cached call too: re-check it
+            impl = self._verify_selection(impl, args, since)
+        fn = self.fn_for(impl, args)
         try:
             key = op._fast_key(*args)
         except Exception:  # e.g. a tensor without strides: not cached
@@ -249,10 +255,21 @@ class EagerCall:
         if not holds(self.calls, key, fn, since):
             return expected  # the priorities changed concurrently: not a mismatch
         cached = next((p for p, i in op._impls.items() if fn in self._fns_of(i)), repr(fn))
-        raise DispatchMismatch(
-            f"{envs.VLLM_IR_CHECK_DISPATCH}: the eager cache of op {op.name!r} runs "
+        raise self._mismatch(cached, args, expected_impl)
+
+    def _verify_selection(self, impl: IrOpImpl, args: tuple[Any, ...], since: int) -> IrOpImpl:
+        """Check mode, on a miss: the selection cache's ``impl`` (found through the
+        coarser selection key, e.g. for a new batch size) must be ``select()``'s."""
+        expected = self.op._select_impl(args)
+        if impl is expected or generation() != since:  # changed meanwhile: not a mismatch
+            return expected
+        raise self._mismatch(impl.provider, args, expected)
+
+    def _mismatch(self, cached: str, args: tuple[Any, ...], expected: IrOpImpl) -> DispatchMismatch:
+        return DispatchMismatch(
+            f"{envs.VLLM_IR_CHECK_DISPATCH}: the eager cache of op {self.op.name!r} runs "
             f"{cached!r} for {describe(args)}, but select() chooses "
-            f"{expected_impl.provider!r}. A supports_args reads a fact the dispatch key "
+            f"{expected.provider!r}. A supports_args reads a fact the dispatch key "
             "does not hold (see vllm_ir.dispatch_key); make it a function of the key's facts."
         )
 

@@ -138,7 +138,7 @@ def build_extension(
         return Path(str(built))
 
     try:
-        ensure_private_dir(cache_root(), follow_symlinks=True)
+        ensure_private_dir(cache_root(), follow_symlinks=True, check_parents=True)
         cache = BuildCache(cache_root() / "extensions", lock_timeout_s=_LOCK_TIMEOUT_S)
         # a cached build loads without compiler or ninja; a fresh one was loaded by build()
         library, _built = cache.get_or_build(

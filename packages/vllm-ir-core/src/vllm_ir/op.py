@@ -13,6 +13,7 @@ live in :mod:`vllm_ir.signature`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
@@ -146,6 +147,8 @@ class IrOp:
             )
         }
         self._input_generator: SampleInputGenerator | None = None
+        # provider -> its extra conformance samples, on top of the op's own
+        self._extra_samples: dict[str, list[SampleInputGenerator]] = {}
         self.tolerances: dict[torch.dtype, Tolerance] = {}
         self.__doc__ = native_fn.__doc__
         self._gradient = NativeGradient(native_fn)
@@ -555,15 +558,61 @@ class IrOp:
         record(RegistrationHandle(f"input generator of op {self.name!r}", undo))
         return generator
 
+    def register_extra_samples(
+        self, provider: str
+    ) -> Callable[[SampleInputGenerator], SampleInputGenerator]:
+        """Decorator: more sample inputs for ``provider``'s impl of this op only.
+
+        The conformance kit checks ``provider``'s impl on the op's own samples
+        and then on these (the shapes its kernel special-cases, say); other
+        providers' checks, and what :meth:`sample_inputs` yields without
+        ``provider``, are unchanged. Undone with the provider's registrations.
+        """
+        if not isinstance(provider, str) or not provider:
+            raise TypeError(
+                f"register_extra_samples of op {self.name!r} takes a provider name, e.g. "
+                f"@ir.ops.{self.name}.register_extra_samples('my_kernels'), got {provider!r}"
+            )
+
+        def decorator(generator: SampleInputGenerator) -> SampleInputGenerator:
+            if not callable(generator):
+                raise TypeError(
+                    f"extra samples of op {self.name!r} for {provider!r} must be a generator "
+                    f"function (dtype, device) -> SampleInputs, got {type(generator).__name__}"
+                )
+            extras = self._extra_samples.setdefault(provider, [])
+            extras.append(generator)
+
+            def undo() -> None:
+                if generator in extras:
+                    extras.remove(generator)
+                if not extras and self._extra_samples.get(provider) is extras:
+                    del self._extra_samples[provider]
+
+            record(RegistrationHandle(f"extra samples of op {self.name!r} for {provider!r}", undo))
+            return generator
+
+        return decorator
+
     def sample_inputs(
-        self, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+        self,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        *,
+        provider: str | None = None,
     ) -> Iterator[SampleInput]:
+        """The op's sample calls; with ``provider``, followed by that provider's
+        extra samples (:meth:`register_extra_samples`)."""
         if self._input_generator is None:
             raise LookupError(
                 f"op {self.name!r} has no input generator; register one with "
                 f"@ir.ops.{self.name}.register_input_generator"
             )
-        return self._input_generator(dtype, torch.device(device))
+        own = self._input_generator(dtype, torch.device(device))
+        extras = list(self._extra_samples.get(provider, ())) if provider is not None else []
+        if not extras:
+            return own
+        return itertools.chain(own, *(g(dtype, torch.device(device)) for g in extras))
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
         return tolerance_for(dtype, self.tolerances)

@@ -323,10 +323,38 @@ class _Loader:
         return self.entry_point.load()
 
 
+def _claimed_twice(eps: list[metadata.EntryPoint]) -> dict[str, ProviderLoadError]:
+    """Entry-point names that two installed distributions both declare.
+
+    Which one ``importlib.metadata`` lists first depends on install order, so
+    neither is loaded: an error naming both, the same whatever the order.
+    """
+    by_name: dict[str, dict[str, metadata.EntryPoint]] = {}
+    for ep in eps:
+        by_name.setdefault(ep.name, {}).setdefault(_package_of(ep), ep)
+    errors = {}
+    for name, claims in by_name.items():
+        if len(claims) < 2:
+            continue
+        listed = " and ".join(f"{pkg} ({claims[pkg].value})" for pkg in sorted(claims))
+        cause = (
+            f"entry point {name!r} of group {ENTRY_POINT_GROUP} is declared by {len(claims)} "
+            f"installed distributions: {listed}; neither is loaded. Uninstall all but one, or "
+            "rename the entry point in one package"
+        )
+        errors[name] = ProviderLoadError(name, ", ".join(sorted(claims)), cause)
+    return errors
+
+
 def _discover() -> None:
     allow = envs.provider_allow_list()
     eps = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
     names = {ep.name for ep in eps}
+    twice = _claimed_twice(eps)
+    for name, error in twice.items():
+        if (allow is None or name in allow) and name not in _loaded:
+            _errors[name] = error
+            logger.warning("provider %r is skipped: %s", name, error.cause)
     if allow is not None:
         for missing in sorted(allow - names):
             logger.warning(
@@ -339,7 +367,7 @@ def _discover() -> None:
         if allow is not None and ep.name not in allow:
             logger.debug("provider %r skipped: not in %s", ep.name, envs.VLLM_IR_PROVIDERS)
             continue
-        if ep.name in _loaded:
+        if ep.name in _loaded or ep.name in twice:
             continue
         package = _package_of(ep)
         logger.debug("loading provider %r from package %s (%s)", ep.name, package, ep.value)

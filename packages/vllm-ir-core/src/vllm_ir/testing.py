@@ -8,7 +8,8 @@ One call checks everything an impl promises::
 For each op the provider implements, and each dtype:
 
 * ``correctness``: results equal the native semantics within the op's
-  tolerance, over the op's sample inputs (those ``supports_args`` accepts);
+  tolerance, over the op's sample inputs (those ``supports_args`` accepts),
+  then the provider's own extra samples (``op.register_extra_samples``);
 * ``supports_args``: returns a plain ``bool``, and the same answer for every
   batch size — it is called with FakeTensors of a symbolic batch dimension,
   where reading a size yields a ``SymBool`` (a guard on the batch size) —
@@ -106,7 +107,7 @@ class ConformanceCase:
 
 def _samples(case: ConformanceCase) -> Iterator[SampleInput]:
     """The samples selection would send to the case's impl (``op.candidates``' rule)."""
-    for sample in case.op.sample_inputs(case.dtype, case.device):
+    for sample in case.op.sample_inputs(case.dtype, case.device, provider=case.provider):
         if case.op.candidates(*sample.args)[case.provider].accepted:
             yield sample
 
@@ -185,7 +186,15 @@ def _mismatch(got: Any, want: Any, atol: float, rtol: float) -> str | None:
 def _check_correctness(case: ConformanceCase) -> Iterator[str]:
     for sample in _samples(case):
         want = case.op.native(*sample.clone().args)
-        got = case.impl.impl_fn(*sample.clone().args)
+        try:
+            got = case.impl.impl_fn(*sample.clone().args)
+        except Exception as e:  # arguments supports_args accepted: raising is a failure
+            first = str(e).splitlines()[0] if str(e) else ""
+            yield (
+                f"sample {sample.name}: raised {type(e).__name__}: {first[:200]}; an impl "
+                "must compute every call its supports_args accepts (decline the others)"
+            )
+            continue
         failure = _close(got, want, case, f"sample {sample.name}")
         if failure:
             yield failure
@@ -211,7 +220,7 @@ def _check_supports_args(case: ConformanceCase) -> Iterator[str]:
     supports = case.impl.supports_args
     if supports is None:
         return
-    for sample in case.op.sample_inputs(case.dtype, case.device):
+    for sample in case.op.sample_inputs(case.dtype, case.device, provider=case.provider):
         answer = supports(*sample.args)
         if type(answer) is not bool:
             yield f"sample {sample.name}: returned {type(answer).__name__}, not a plain bool"
@@ -439,9 +448,14 @@ def conformance_cases(
 
     ``compiled`` runs for the first dtype only (a compile costs seconds).
     """
+    from vllm_ir.providers import ensure_loaded
+
     unknown = [c for c in checks if c not in _CHECKS]
     if unknown:
         raise ValueError(f"unknown checks {unknown}; known: {', '.join(CHECKS)}")
+    # the installed providers first: ops they declare exist only once they load, and
+    # this is often the first call of a test process
+    ensure_loaded()
     selected = list(ops) if ops is not None else list(IrOp.registry.values())
     cases = []
     for op in selected:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import tempfile
 import types
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +20,17 @@ from vllm_ir.op import IrOp, get_op
 __all__ = [
     "DTYPES",
     "UsageError",
+    "allocating",
     "apply_threads",
     "call_args_for",
+    "check_fits",
     "check_native_accepts",
     "parse_device",
     "parse_dtype",
     "parse_op",
     "parse_shape",
     "writable_file",
+    "write_atomically",
 ]
 
 DTYPES = {
@@ -76,9 +83,48 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
             raise UsageError(f"--arg expects NAME=VALUE, got {item!r}")
         try:
             values[name] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            raise UsageError(f"--arg {name}: {raw!r} is not a Python literal") from None
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            # MemoryError / RecursionError: nested too deeply for the parser
+            shown = raw if len(raw) <= 40 else f"{raw[:40]}... ({len(raw)} characters)"
+            raise UsageError(f"--arg {name}: {shown!r} is not a Python literal") from None
     return values
+
+
+def _memory_bytes(device: torch.device) -> int | None:
+    """The memory of ``device`` (``None``: unknown, nothing is checked up front)."""
+    try:
+        if device.type == "cpu":
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[1])
+    except (ValueError, OSError, RuntimeError, AttributeError):
+        pass
+    return None
+
+
+def check_fits(what: str, numel: int, dtype: torch.dtype, device: str, fix: str) -> None:
+    """A usage error if ``numel`` elements of ``dtype`` exceed the device's memory."""
+    needed = numel * torch.empty((), dtype=dtype).element_size()
+    available = _memory_bytes(torch.device(device))
+    if needed >= 2**63 or (available is not None and needed > available):
+        have = f"the {available / 2**30:.1f} GiB" if available is not None else "the memory"
+        raise UsageError(
+            f"{what} would take {needed / 2**30:,.1f} GiB, more than {have} of {device}; {fix}"
+        )
+
+
+@contextlib.contextmanager
+def allocating(what: str, fix: str) -> Iterator[None]:
+    """Allocation failures (out of memory, sizes that overflow) as one usage error."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, MemoryError) or any(
+            word in first for word in ("alloc", "out of memory", "overflow")
+        ):
+            raise UsageError(f"cannot allocate {what}: {first[:200]}; {fix}") from None
+        raise
 
 
 def call_args_for(
@@ -101,19 +147,23 @@ def call_args_for(
         )
     for name, value in overrides.items():
         _check_arg_type(op, name, value)
-    args: list[Any] = []
+    values: list[Any] = []
+    shapes: dict[int, tuple[int, ...]] = {}
     for i, name in enumerate(names):
         if name in overrides:
-            args.append(overrides[name])
+            values.append(overrides[name])
             continue
         value = sample.args[i] if i < len(sample.args) else op.signature.parameters[name].default
         if isinstance(value, torch.Tensor):
-            if name in op.activations:
-                value = torch.randn(*shape, dtype=dtype, device=device)
-            else:
-                value = torch.randn(*value.shape[:-1], shape[-1], dtype=dtype, device=device)
-        args.append(value)
-    return tuple(args)
+            shapes[i] = shape if name in op.activations else (*value.shape[:-1], shape[-1])
+        values.append(value)
+    what = f"{op.name}'s arguments for shape {'x'.join(map(str, shape))}"
+    fix = "give a smaller shape"
+    check_fits(what, sum(math.prod(s) for s in shapes.values()), dtype, device, fix)
+    with allocating(what, fix):
+        for i, tensor_shape in shapes.items():
+            values[i] = torch.randn(*tensor_shape, dtype=dtype, device=device)
+    return tuple(values)
 
 
 def parse_device(text: str) -> str:
@@ -214,13 +264,44 @@ def apply_threads(threads: int) -> str:
 
 
 def writable_file(option: str, path: str) -> Path:
-    """``path`` for ``option``, checked before any work: its directory exists."""
+    """``path`` for ``option``, checked before any work: its directory exists and
+    takes new files, and ``path`` is not a directory."""
     target = Path(path)
     parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise UsageError(f"{option} {path}: is a directory; give a file name")
     if not parent.is_dir():
         raise UsageError(
             f"{option} {path}: directory {str(parent)!r} does not exist; create it first"
         )
-    if target.is_dir():
-        raise UsageError(f"{option} {path}: is a directory; give a file name")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: directory {str(parent)!r} is not writable")
     return target
+
+
+def write_atomically(option: str, target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` through a temporary file beside it, then rename:
+    a reader never sees half a file, and a failure leaves nothing behind."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as e:
+        raise UsageError(f"{option} {target}: cannot write: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; an output file is not secret
+        os.replace(tmp, target)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise UsageError(f"{option} {target}: cannot write: {e.strerror}") from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from vllm_ir.cli.args import apply_threads
+from vllm_ir.cli.args import allocating, apply_threads, check_fits
 from vllm_ir.cli.bench import NOISY, is_noisy, spread
 from vllm_ir.config import IrOpPriorityConfig
 from vllm_ir.ops import fused_add_rms_norm, rms_norm
@@ -73,8 +73,14 @@ def run(args: argparse.Namespace) -> int:
     from vllm_ir.testing import inductor_caches_off
 
     torch.manual_seed(0)
-    model = TinyDecoder(args.hidden, args.layers).eval()
-    x = torch.randn(args.tokens, args.hidden)
+    what = f"a {args.layers}-layer decoder of hidden size {args.hidden} for {args.tokens} tokens"
+    fix = "give a smaller --hidden, --layers or --tokens"
+    # the weights, and a few activations alive at once (input, residual, clones)
+    numel = args.layers * args.hidden * (args.hidden + 2) + 8 * args.tokens * args.hidden
+    check_fits(what, numel, torch.float32, "cpu", fix)
+    with allocating(what, fix):
+        model = TinyDecoder(args.hidden, args.layers).eval()
+        x = torch.randn(args.tokens, args.hidden)
     ops = [rms_norm, fused_add_rms_norm]
     print(f"vllm-ir demo: {args.layers}-layer decoder, hidden {args.hidden}, {args.tokens} tokens")
     print(f"platform {current_platform()}, torch {torch.__version__}")

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     shape = parse_shape(args.shape)
     device = parse_device(args.device)
     call = call_args_for(op, shape, dtype, device, parse_assignments(args.arg))
+    tuned = tune.read_tuned(args.tuned, op) if args.tuned else None  # checked before output
     modes: list[Mode] = ["compiled"] if args.compiled else ["eager"] if args.eager else list(MODES)
     print(f"{op.name}{describe(call)} on {current_platform()}")
     for mode in modes:
@@ -72,6 +73,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"  selected: {op.select(*call, mode=mode).impl.provider}")
         if mode == "compiled" and args.autotune:
             tune.explain_autotune(op, call)
-    if args.tuned:
-        tune.explain_tuned(args.tuned, op)
+    if tuned is not None:
+        tune.explain_tuned(args.tuned, op, tuned)
     return 0

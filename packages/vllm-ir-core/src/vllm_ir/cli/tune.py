@@ -21,7 +21,17 @@ from typing import Any
 
 import torch
 
-from vllm_ir.cli.args import UsageError, call_args_for, parse_dtype, parse_op, parse_shape
+from vllm_ir.cli.args import (
+    UsageError,
+    call_args_for,
+    check_native_accepts,
+    parse_device,
+    parse_dtype,
+    parse_op,
+    parse_shape,
+    writable_file,
+    write_atomically,
+)
 from vllm_ir.compilation.autotune import (
     DEFAULT_MARGIN,
     WallClockTimer,
@@ -32,7 +42,15 @@ from vllm_ir.compilation.autotune import (
 from vllm_ir.compilation.tuning_cache import environment
 from vllm_ir.op import IrOp
 
-__all__ = ["explain_autotune", "explain_tuned", "parse_named_shapes", "run", "tune"]
+__all__ = [
+    "explain_autotune",
+    "explain_tuned",
+    "parse_named_shapes",
+    "read_tuned",
+    "run",
+    "tune",
+    "tuned_problem",
+]
 
 _TIE = 0.02  # within 2 % of the fastest: a tie, the earlier priority keeps its place
 
@@ -106,15 +124,73 @@ def _rank(order: list[str], per_shape: dict[str, Any]) -> list[str]:
     return sorted(order, key=lambda p: (scores[p] > best * (1 + _TIE), scores[p], order.index(p)))
 
 
-def explain_tuned(path: str, op: IrOp) -> None:
-    """Print the measurements behind ``op``'s list in a ``vllm-ir tune`` file."""
+def _number(value: object) -> bool:
+    """A JSON number that prints as a float (an integer too large for one does not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def tuned_problem(doc: object, op_name: str) -> str | None:
+    """What keeps ``doc`` from being a ``vllm-ir tune`` document with ``op_name``'s
+    results well formed (``None``: nothing)."""
+    if not isinstance(doc, dict) or "measured" not in doc:
+        return "no 'measured' key"
+    measured, priority = doc["measured"], doc.get("ir_op_priority")
+    if not isinstance(measured, dict):
+        return "'measured' is not an object"
+    if not isinstance(priority, dict):
+        return "'ir_op_priority' is missing or not an object"
+    if op_name not in measured:
+        return None
+    providers = priority.get(op_name)
+    if not isinstance(providers, list) or not all(isinstance(p, str) for p in providers):
+        return f"{op_name} is measured but has no list of provider names in 'ir_op_priority'"
+    results = measured[op_name]
+    if not isinstance(results, dict):
+        return f"'measured.{op_name}' is not an object"
+    for name, result in results.items():
+        where = f"'measured.{op_name}.{name}'"
+        if not isinstance(result, dict):
+            return f"{where} is not an object"
+        times, shape = result.get("times_us"), result.get("shape")
+        if not isinstance(times, dict) or not all(_number(t) for t in times.values()):
+            return f"{where} has no 'times_us' object of numbers"
+        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            return f"{where} has no 'shape' list of integers"
+        if not isinstance(result.get("winner"), str):
+            return f"{where} has no 'winner'"
+    return None
+
+
+def read_tuned(path: str, op: IrOp) -> dict[str, Any]:
+    """The ``vllm-ir tune`` document at ``path``, checked for ``op`` (a usage error if not)."""
     try:
         doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--tuned {path}: cannot read a vllm-ir tune file ({e})") from None
-    if not isinstance(doc, dict) or "measured" not in doc:
-        raise UsageError(f"--tuned {path}: not a vllm-ir tune file (no 'measured' key)")
-    print(f"\ntuned in {path} ({doc.get('dtype')}, {doc.get('environment', {}).get('device')})")
+    except (OSError, ValueError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else e
+        raise UsageError(f"--tuned {path}: cannot read a vllm-ir tune file ({reason})") from None
+    problem = tuned_problem(doc, op.name)
+    if problem is not None:
+        raise UsageError(
+            f"--tuned {path}: not a well-formed vllm-ir tune file ({problem}); "
+            "write one with `vllm-ir tune --out FILE`"
+        )
+    assert isinstance(doc, dict)
+    return doc
+
+
+def explain_tuned(path: str, op: IrOp, doc: dict[str, Any] | None = None) -> None:
+    """Print the measurements behind ``op``'s list in a ``vllm-ir tune`` file
+    (``doc``: the file's document, already read by :func:`read_tuned`)."""
+    doc = read_tuned(path, op) if doc is None else doc
+    environment = doc.get("environment")
+    device = environment.get("device") if isinstance(environment, dict) else None
+    print(f"\ntuned in {path} ({doc.get('dtype')}, {device})")
     if op.name not in doc["measured"]:
         print(f"  {op.name}: not tuned (fewer than two candidates)")
         return
@@ -154,11 +230,14 @@ def run(args: argparse.Namespace) -> int:
     dtype = parse_dtype(args.dtype)
     if args.runs < 1:
         raise UsageError(f"--runs must be at least 1, got {args.runs}")
-    doc = tune(ops, shapes, dtype, args.device, WallClockTimer(warmup=3, runs=args.runs))
-    out = Path(args.out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(out)  # a reader never sees half a file
+    # everything checked before any measurement, as bench does
+    out = writable_file("--out", args.out)
+    device = parse_device(args.device)
+    for op in ops:
+        for shape in shapes.values():
+            check_native_accepts(op, call_args_for(op, shape, dtype, device), shape)
+    doc = tune(ops, shapes, dtype, device, WallClockTimer(warmup=3, runs=args.runs))
+    write_atomically("--out", out, json.dumps(doc, indent=2) + "\n")
     for op_name, providers in doc["ir_op_priority"].items():
         winners = ", ".join(f"{n}: {r['winner']}" for n, r in doc["measured"][op_name].items())
         print(f"{op_name}: {','.join(providers)}  ({winners})")

@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -58,9 +59,10 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.utils._python_dispatch import _disable_current_modes
 from vllm_ir_cli.flags import DEFAULT_AUTOTUNE_MARGIN
 
+from vllm_ir.build_cache import BuildCacheError, UnsafeCacheError
 from vllm_ir.compilation.context import _current_context
 from vllm_ir.compilation.fingerprint import code_fingerprint
-from vllm_ir.compilation.tuning_cache import TuningCache
+from vllm_ir.compilation.tuning_cache import TuningCache, record_problem
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
@@ -323,8 +325,11 @@ def _outside_current_compile() -> Iterator[None]:
     into its cache entry through the class-level ``TritonBundler`` (torch 2.13):
     a nested compile finds the outer one's bundle open (``begin_compile``
     asserts) and closes it when done. The outer bundle is set aside and
-    restored, so both compiles bundle their own kernels.
+    restored, so both compiles bundle their own kernels. The nested compile
+    also runs outside the outer one's ``TracingContext``: on an FX-cache hit it
+    would record its output strides there (and assert it is the first).
     """
+    from torch._guards import tracing
     from torch._inductor.triton_bundler import TritonBundler
 
     fields = ("_entries", "_static_autotuners", "_winners")
@@ -332,7 +337,10 @@ def _outside_current_compile() -> Iterator[None]:
     for name in fields:
         setattr(TritonBundler, name, None)
     try:
-        yield
+        # and outside its TracingContext, whose output strides a cache hit of
+        # the nested graph would otherwise fill in
+        with tracing(None):
+            yield
     finally:
         for name, value in saved.items():
             setattr(TritonBundler, name, value)
@@ -465,7 +473,13 @@ class Autotuner:
         cache = self._cache(device)
         stored = cache.get(key) if cache is not None else None
         order = tuple(i.provider for i in impls)
-        if stored is not None and stored.get("winner") in order:
+        # a record of other candidates (or one that lost its times) is measured again
+        if (
+            stored is not None
+            and record_problem(stored) is None
+            and stored["winner"] in order
+            and set(order) <= set(stored["times_s"])
+        ):
             record = TuningRecord(
                 op.name,
                 order,
@@ -495,13 +509,19 @@ class Autotuner:
             )
             logger.debug("autotune %s: tuned in %.2f s", op.name, elapsed)
             if cache is not None:
-                cache.put(key, record.to_json())
-        logger.debug(
-            "autotune %s%s: %s -> %s",
-            op.name,
-            " (cached)" if record.from_cache else "",
-            ", ".join(f"{p} {record.times_s[p] * 1e6:.1f} us" for p in order),
-            record.winner,
-        )
+                try:
+                    cache.put(key, record.to_json())
+                except UnsafeCacheError:
+                    raise
+                except BuildCacheError as e:  # persisting is only a cache: keep the result
+                    logger.warning("autotune %s: result not saved: %s", op.name, e)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "autotune %s%s: %s -> %s",
+                op.name,
+                " (cached)" if record.from_cache else "",
+                ", ".join(f"{p} {record.times_s[p] * 1e6:.1f} us" for p in order),
+                record.winner,
+            )
         self.records[key] = record
         return record

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
+import stat
 import time
 from abc import abstractmethod
 from pathlib import Path
@@ -89,15 +90,61 @@ def _donation_key() -> tuple[tuple[str, str, str, bool], ...]:
 
 
 _dump_counter = 0
+_refused_dump_dirs: set[str] = set()
+
+
+def _unsafe_dump_dir(directory: Path) -> str | None:
+    """Why another user could redirect dumps written into ``directory`` (``None``: none)."""
+    st = os.stat(directory)
+    if st.st_uid not in (0, os.getuid()):
+        return f"it is owned by uid {st.st_uid}"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        return f"group or others can write it (mode {stat.S_IMODE(st.st_mode):o}, no sticky bit)"
+    return None
+
+
+def _create(path: Path) -> int:
+    """A new file at ``path``, never through a link someone planted there.
+
+    ``O_EXCL | O_NOFOLLOW``: an existing name is never opened. A stale dump of
+    ours (a reused pid) is removed first; anything else there raises.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o644)
+    except FileExistsError:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            raise
+        os.unlink(path)
+        return os.open(path, flags, 0o644)  # one planted in between: FileExistsError
 
 
 def _dump(name: str, graph: fx.Graph) -> None:
+    """Write ``graph`` to ``$VLLM_IR_DUMP_GRAPHS`` (a debugging aid: failures only warn)."""
     directory = envs.dump_graphs_dir()
     if not directory:
         return
     global _dump_counter
     _dump_counter += 1
     path = Path(directory) / f"{os.getpid()}_{_dump_counter:04d}_{name}.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(str(graph))
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        problem = _unsafe_dump_dir(path.parent)
+        if problem is not None:
+            if directory not in _refused_dump_dirs:
+                _refused_dump_dirs.add(directory)
+                logger.warning(
+                    "%s=%s: not writing graphs there, %s, so another user could plant links "
+                    "that redirect them; use a directory only you can write",
+                    DUMP_ENV,
+                    directory,
+                    problem,
+                )
+            return
+        with os.fdopen(_create(path), "w") as f:
+            f.write(str(graph))
+    except OSError as e:
+        logger.warning("%s: graph not written to %s: %s", name, path, e)
+        return
     logger.info("%s: graph written to %s", name, path)

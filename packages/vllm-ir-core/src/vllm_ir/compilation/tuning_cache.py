@@ -14,9 +14,15 @@ shape and strides, the other arguments and the decision margin.
 Crash safety, as for kernel builds (:mod:`vllm_ir.build_cache`): the file is
 written to a private temporary file and published with ``os.replace``, so a
 killed process leaves the old file or the new one. A file that cannot be read
-(truncated, not JSON, another layout) is reported with a warning and treated
-as empty: its ops are tuned again and the file rewritten. Directories and the
-file must belong to the current user and be writable by nobody else.
+(truncated, not JSON, nested too deeply, another layout) is reported with a
+warning and treated as empty: its ops are tuned again and the file rewritten;
+a malformed record (times missing, not numbers, no time for its winner) is
+reported and dropped the same way. Directories and the file must belong to the
+current user and be writable by nobody else, and so must the directories above
+(:func:`vllm_ir.build_cache.check_trusted_parents`). Persisting is only a
+cache: when the file cannot be written (a full disk, a read-only directory),
+:meth:`TuningCache.put` raises :class:`vllm_ir.build_cache.BuildCacheError`
+and the autotuner keeps the measurement in memory, with a warning.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -33,11 +40,17 @@ from typing import Any
 import torch
 
 from vllm_ir._version import __version__
-from vllm_ir.build_cache import BuildCache, check_private, ensure_private_dir
+from vllm_ir.build_cache import (
+    BuildCache,
+    BuildCacheError,
+    check_private,
+    check_trusted_parents,
+    ensure_private_dir,
+)
 from vllm_ir.extension import cache_root
 from vllm_ir.logger import get_logger
 
-__all__ = ["TuningCache", "environment"]
+__all__ = ["TuningCache", "environment", "record_problem"]
 
 logger = get_logger(__name__)
 
@@ -69,6 +82,34 @@ def environment(device: torch.device) -> dict[str, str]:
     }
 
 
+def _number(value: object) -> bool:
+    """A finite JSON number (an integer too large for a float is not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def record_problem(record: object) -> str | None:
+    """Why a stored record cannot be used (``None``: it can)."""
+    if not isinstance(record, dict):
+        return "not an object"
+    winner, times = record.get("winner"), record.get("times_s")
+    if not isinstance(winner, str):
+        return "no winner"
+    if not isinstance(times, dict) or not times:
+        return "times_s is not an object of times"
+    if not all(isinstance(k, str) and _number(v) and v >= 0 for k, v in times.items()):
+        return "times_s holds something other than non-negative numbers"
+    if winner not in times:
+        return f"times_s has no time for its winner {winner!r}"
+    if not _number(record.get("native_overhead_s", 0.0)):
+        return "native_overhead_s is not a number"
+    return None
+
+
 def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -91,24 +132,37 @@ class TuningCache:
             if doc.get("format") != _FORMAT or doc.get("env") != self.env:
                 raise ValueError("another format or environment")
             entries = doc["entries"]
-            if not isinstance(entries, dict) or not all(
-                isinstance(v, dict) and isinstance(v.get("winner"), str) for v in entries.values()
-            ):
+            if not isinstance(entries, dict):
                 raise ValueError("malformed entries")
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, MemoryError) as e:
+            # RecursionError: deeply nested JSON (json recurses once per level)
             logger.warning(
                 "autotune cache %s is unreadable (%s); its ops are tuned again and the "
                 "file rewritten",
                 self.path,
-                e,
+                type(e).__name__ if isinstance(e, RecursionError) else e,
             )
             return {}
-        return entries
+        usable = {}
+        for key, record in entries.items():
+            problem = record_problem(record)
+            if problem is None:
+                usable[key] = record
+            else:
+                logger.warning(
+                    "autotune cache %s: record %s is malformed (%s); its op is tuned again "
+                    "and the record rewritten",
+                    self.path,
+                    key,
+                    problem,
+                )
+        return usable
 
     def entries(self) -> Mapping[str, dict[str, Any]]:
         """Every record (read once per instance; :meth:`put` keeps it current)."""
         if self._entries is None:
             if self.root.exists():
+                check_trusted_parents(self.root)
                 check_private(self.root)
             self._entries = self._read()
         return self._entries
@@ -123,14 +177,29 @@ class TuningCache:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        ensure_private_dir(self.root.parent, follow_symlinks=True)
+        ensure_private_dir(self.root.parent, follow_symlinks=True, check_parents=True)
         ensure_private_dir(self.root)
         with BuildCache(self.root, lock_timeout_s=60).locked(self.path.stem):
             yield
 
     def put(self, key: str, record: dict[str, Any]) -> None:
         """Add a record: re-read under the lock (others may have added theirs), then
-        publish the whole file atomically."""
+        publish the whole file atomically.
+
+        The record is kept in memory first, so :meth:`get` serves it even when
+        writing fails: a :class:`BuildCacheError` saying why (an unsafe path
+        raises its :class:`~vllm_ir.build_cache.UnsafeCacheError` subclass).
+        """
+        self._entries = {**self.entries(), key: record}
+        try:
+            self._write(key, record)
+        except OSError as e:
+            raise BuildCacheError(
+                f"cannot write the autotune cache {self.path}: {e.strerror or e}; free space, "
+                "make it writable, or set VLLM_IR_CACHE_DIR to a writable directory"
+            ) from None
+
+    def _write(self, key: str, record: dict[str, Any]) -> None:
         with self._locked():
             entries = self._read()
             entries[key] = record

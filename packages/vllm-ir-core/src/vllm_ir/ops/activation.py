@@ -27,3 +27,6 @@ def _silu_and_mul_inputs(dtype: torch.dtype, device: torch.device) -> Iterator[S
     for shape in ((1, 128), (7, 192), (2, 3, 2000)):
         x = torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
         yield SampleInput((x,), "x".join(map(str, shape)))
+    # an odd half width (17), no multiple of any vector width
+    x = torch.randn(5, 34, generator=gen).to(dtype=dtype, device=device)
+    yield SampleInput((x,), "5x34-odd-half")

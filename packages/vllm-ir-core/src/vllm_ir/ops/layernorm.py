@@ -68,6 +68,12 @@ def _weight(gen: torch.Generator, dtype: torch.dtype, device: torch.device, hidd
 _SHAPES = ((1, 64), (7, 96), (16, 1000), (2, 3, 128))
 """One row; odd row count; hidden not a power of two; 3-D input."""
 
+_ODD = (5, 33)
+_ODD_NAME = "5x33-odd-hidden"
+"""An odd hidden size, no multiple of any vector width: a kernel that assumes one
+must decline it in ``supports_args``. Yielded last, so the other samples keep
+their values."""
+
 
 @rms_norm.register_input_generator
 def _rms_norm_inputs(dtype: torch.dtype, device: torch.device) -> Iterator[SampleInput]:
@@ -85,6 +91,8 @@ def _rms_norm_inputs(dtype: torch.dtype, device: torch.device) -> Iterator[Sampl
     )
     strided = _hidden(gen, dtype, device, 4, 256)[:, :128]
     yield SampleInput((strided, _weight(gen, dtype, device, 128), 1e-6), "4x128-strided-rows")
+    odd = _hidden(gen, dtype, device, *_ODD)
+    yield SampleInput((odd, _weight(gen, dtype, device, _ODD[-1]), 1e-6), _ODD_NAME)
 
 
 @fused_add_rms_norm.register_input_generator
@@ -116,3 +124,5 @@ def _fused_add_rms_norm_inputs(dtype: torch.dtype, device: torch.device) -> Iter
         ),
         "4x96-variance64",
     )
+    odd = (_hidden(gen, dtype, device, *_ODD), _hidden(gen, dtype, device, *_ODD))
+    yield SampleInput((*odd, _weight(gen, dtype, device, _ODD[-1]), 1e-6), _ODD_NAME)

@@ -95,7 +95,7 @@ def _scale(device: torch.device) -> Tensor:
 @static_scaled_fp8_quant.register_input_generator
 def _static_inputs(dtype: torch.dtype, device: torch.device) -> Iterator[SampleInput]:
     gen = torch.Generator().manual_seed(3)
-    for shape in ((1, 64), (7, 96), (2, 3, 128)):
+    for shape in ((1, 64), (7, 96), (2, 3, 128), (5, 33)):  # 33: an odd width
         x = torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
         yield SampleInput((x, _scale(device)), "x".join(map(str, shape)))
 
@@ -109,6 +109,8 @@ def _dynamic_inputs(dtype: torch.dtype, device: torch.device) -> Iterator[Sample
     x = torch.randn(4, 64, generator=gen).to(dtype=dtype, device=device)
     ub = torch.tensor([1.0], dtype=torch.float32, device=device)
     yield SampleInput((x, ub), "4x64-scale-ub")
+    x = torch.randn(5, 33, generator=gen).to(dtype=dtype, device=device)
+    yield SampleInput((x,), "5x33-odd-width")
 
 
 @rms_norm_static_fp8_quant.register_input_generator
