@@ -34,18 +34,16 @@ True
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
 
-from vllm_ir import envs, extension
+from vllm_ir import envs
 from vllm_ir._version import API_VERSION
-from vllm_ir.extension import ExtensionBuildError, cache_root
 from vllm_ir.layout import contiguous, may_overlap_itself, rows_flatten_free
 from vllm_ir.logger import get_logger
 from vllm_ir.platform import current_platform
@@ -61,6 +59,9 @@ from vllm_ir.tolerances import (
     Tolerance,
     fp8_steps_apart,
 )
+
+if TYPE_CHECKING:
+    from vllm_ir.extension import ExtensionBuildError, cache_root
 
 __all__ = [
     "API_VERSION",
@@ -92,10 +93,25 @@ __all__ = [
 TensorCheck = Callable[..., bool]
 
 
-@functools.wraps(extension.build_extension)
 def build_extension(*args: Any, **kwargs: Any) -> Any:
-    # looked up per call, so a test that replaces vllm_ir.extension.build_extension reaches here
+    """:func:`vllm_ir.extension.build_extension`: compile and load a C++/CUDA extension, cached.
+
+    Imported on first use (importing a provider package builds nothing), and
+    looked up per call, so replacing ``vllm_ir.extension.build_extension``
+    (a test's fake build) reaches here too.
+    """
+    from vllm_ir import extension
+
     return extension.build_extension(*args, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    # the kernel-build module loads on first use: a provider package's import stays light
+    if name in ("ExtensionBuildError", "cache_root"):
+        from vllm_ir import extension
+
+        return getattr(extension, name)
+    raise AttributeError(f"module 'vllm_ir.provider' has no attribute {name!r}")
 
 
 def norm_supports_args(
