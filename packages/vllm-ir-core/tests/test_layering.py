@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -207,3 +208,74 @@ def test_no_import_cycles_in_core() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert " 0 cycles" in done.stdout
+
+
+# -- shared test helpers ---------------------------------------------------------
+
+
+def test_isolated_resets_and_restores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_ir.priority import process_priorities
+    from vllm_ir.testing import isolated
+
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    ir.IrOpPriorityConfig(rms_norm=["native"]).apply()
+    before = dispatch.generation()
+    with isolated():
+        assert "VLLM_BATCH_INVARIANT" not in os.environ
+        assert dict(process_priorities()) == {}
+        assert dispatch.generation() > before
+    assert dict(process_priorities()) == {"rms_norm": ("native",)}
+    assert os.environ["VLLM_BATCH_INVARIANT"] == "1"
+
+
+PLUGIN = "vllm_ir.testing.pytest_plugin"
+
+
+def test_pytest_plugin_fixture(tmp_path: Path) -> None:
+    """The plugin's fixture, loaded as the pytest11 entry point loads it (by module name)."""
+    (tmp_path / "test_uses_plugin.py").write_text(
+        "import os\n"
+        "from vllm_ir.priority import process_priorities\n"
+        "def test_clean(vllm_ir_isolated):\n"
+        "    assert 'VLLM_IR_PLATFORM' not in os.environ\n"
+        "    assert dict(process_priorities()) == {}\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            PLUGIN,
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "VLLM_IR_PLATFORM": "cpu"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+
+
+def test_tiny_decoder_is_reproducible() -> None:
+    from vllm_ir.testing import TinyDecoder
+
+    x = torch.randn(3, 16)
+    a, b = TinyDecoder(16, 2), TinyDecoder(16, 2)
+    plain = TinyDecoder(16, 2, use_ir=False)
+    with torch.no_grad():
+        torch.testing.assert_close(a(x.clone()), b(x.clone()))
+        torch.testing.assert_close(a(x.clone()), plain(x.clone()))
+
+
+def test_compile_agrees() -> None:
+    from vllm_ir.testing import TinyDecoder, compile_agrees
+
+    priority = {"rms_norm": ["native"], "fused_add_rms_norm": ["native"]}
+    backend = compile_agrees(TinyDecoder(16, 1).eval(), priority, torch.randn(4, 16))
+    assert backend.lowering_pass.selected_impls["rms_norm"] == {"rms_norm": "native"}
+    assert not backend.pass_contexts[0].from_cache
