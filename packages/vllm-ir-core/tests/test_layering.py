@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -279,3 +280,57 @@ def test_compile_agrees() -> None:
     backend = compile_agrees(TinyDecoder(16, 1).eval(), priority, torch.randn(4, 16))
     assert backend.lowering_pass.selected_impls["rms_norm"] == {"rms_norm": "native"}
     assert not backend.pass_contexts[0].from_cache
+
+
+def test_design_module_map_names_every_module() -> None:
+    """docs/design.md's module map matches the code: every core module is placed."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    table = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    placed = set()
+    for row in table.splitlines():
+        if row.startswith("| ") and not row.startswith("| Layer"):
+            cells = row.split("|")
+            placed |= {name.strip("/") for name in re.findall(r"`([^`]+)`", cells[2])}
+    missing = {m for m in _core_modules() if m not in placed and m.lstrip("_") not in placed}
+    assert not missing, f"modules missing from docs/design.md's module map: {sorted(missing)}"
+    compilation = {p.stem for p in (CORE_SRC / "vllm_ir" / "compilation").glob("[!_]*.py")}
+    assert compilation <= placed, sorted(compilation - placed)
+
+
+def _layers() -> list[tuple[str, set[str]]]:
+    text = (ROOT / "docs" / "design.md").read_text()
+    table = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    layers = []
+    for row in table.splitlines():
+        if row.startswith("| ") and not row.startswith("| Layer"):
+            cells = row.split("|")
+            layers.append((cells[1].strip(), set(re.findall(r"`([^`]+)`", cells[2]))))
+    return layers
+
+
+def test_imports_follow_the_module_map_layers() -> None:
+    """No module of core imports from a layer after its own in docs/design.md."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from import_cycles import import_graph
+    finally:
+        sys.path.pop(0)
+    layers = _layers()
+
+    def layer(module: str) -> int:
+        parts = module.split(".")[1:] or ["vllm_ir/__init__.py"]
+        for i, (_, names) in enumerate(layers):
+            if any(
+                parts[0] in (n.strip("/"), n) or (parts[0] == "compilation" and parts[1:2] == [n])
+                for n in names
+            ):
+                return i
+        raise AssertionError(f"{module} is not in docs/design.md's module map")
+
+    upward = [
+        f"{m} ({layers[layer(m)][0]}) imports {t} ({layers[layer(t)][0]})"
+        for m, targets in import_graph(CORE_SRC, "vllm_ir").items()
+        for t in targets
+        if layer(t) > layer(m)
+    ]
+    assert not upward, upward

@@ -8,18 +8,22 @@ in-place ``fused_add_rms_norm`` whose activations are donated.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-import vllm_ir as ir
+from vllm_ir import ops
+from vllm_ir.config import IrOpPriorityConfig
 from vllm_ir.testing.isolation import inductor_caches_off
+
+if TYPE_CHECKING:
+    from vllm_ir.compilation.backend import VllmIRBackend
 
 __all__ = ["TinyDecoder", "compile_agrees"]
 
 
 def _native_fused(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -> Any:
-    return ir.ops.fused_add_rms_norm.native(x, r, w, eps)
+    return ops.fused_add_rms_norm.native(x, r, w, eps)
 
 
 class TinyDecoder(torch.nn.Module):
@@ -44,8 +48,8 @@ class TinyDecoder(torch.nn.Module):
         self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        norm = ir.ops.rms_norm if self.use_ir else ir.ops.rms_norm.native
-        fused = ir.ops.fused_add_rms_norm.maybe_inplace if self.use_ir else _native_fused
+        norm = ops.rms_norm if self.use_ir else ops.rms_norm.native
+        fused = ops.fused_add_rms_norm.maybe_inplace if self.use_ir else _native_fused
         residual = x
         h = norm(x, self.weight, 1e-6)
         for linear in self.linears:
@@ -59,7 +63,7 @@ def compile_agrees(
     *inputs: torch.Tensor,
     dynamic: bool | None = False,
     **assert_close: Any,
-) -> ir.VllmIRBackend:
+) -> VllmIRBackend:
     """Compile ``model`` with ``VllmIRBackend(priority=priority)``; assert it agrees with eager.
 
     Eager runs under the same priorities. Inputs are cloned for each run (the
@@ -68,10 +72,12 @@ def compile_agrees(
     backend for further checks; ``assert_close`` goes to
     ``torch.testing.assert_close``.
     """
-    backend = ir.VllmIRBackend(priority=priority)
+    from vllm_ir.compilation.backend import VllmIRBackend
+
+    backend = VllmIRBackend(priority=priority)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic)
     with torch.no_grad():
-        with ir.IrOpPriorityConfig.from_dict(priority).scope():
+        with IrOpPriorityConfig.from_dict(priority).scope():
             want = model(*(t.clone() for t in inputs))
         with inductor_caches_off():
             got = compiled(*(t.clone() for t in inputs))
