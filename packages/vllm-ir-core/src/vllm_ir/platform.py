@@ -34,4 +34,3 @@ def current_platform() -> str:
     """
     override = envs.platform_override()  # a bad value raises, naming the variable
     return _detect() if override is None else override
-

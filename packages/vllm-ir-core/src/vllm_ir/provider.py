@@ -227,6 +227,47 @@ class VendorNorm:
                 f"{self.lacks}; its supports_args declines such calls"
             )
 
+    def impls(
+        self, kernels: Any, *, module: str, rms_doc: str, fused_doc: str
+    ) -> tuple[Callable[..., Tensor], Callable[..., tuple[Tensor, Tensor]]]:
+        """The ``rms_norm`` and in-place ``fused_add_rms_norm`` impls over ``kernels``.
+
+        ``kernels`` has ``rms_norm(x, weight, epsilon)`` (returns the result)
+        and ``fused_add_rms_norm(x, x_residual, weight, epsilon)`` (writes
+        both), looked up per call. The functions are credited to ``module``
+        (their package) and documented by ``rms_doc`` / ``fused_doc``.
+        """
+        kit = self
+
+        def rms_norm(
+            x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+        ) -> Tensor:
+            kit.no_variance_size("rms_norm", variance_size)
+            out: Tensor = kernels.rms_norm(x, kit.weight(weight, x), epsilon)
+            if kit.rms_layout(x):
+                return out
+            # Declined by supports_args (dispatch never sends it here), but the impl
+            # is a public function: the kernel got x as contiguous rows; lay the
+            # result out like the native function would.
+            return torch.empty_like(x).copy_(out)
+
+        def fused_add_rms_norm(
+            x: Tensor,
+            x_residual: Tensor,
+            weight: Tensor | None,
+            epsilon: float,
+            variance_size: int | None = None,
+        ) -> tuple[Tensor, Tensor]:
+            kit.no_variance_size("fused_add_rms_norm", variance_size)
+            kernels.fused_add_rms_norm(x, x_residual, kit.weight(weight, x), epsilon)
+            return x, x_residual
+
+        for fn, doc in ((rms_norm, rms_doc), (fused_add_rms_norm, fused_doc)):
+            fn.__module__ = module  # the impl's package, for attribution and reprs
+            fn.__qualname__ = fn.__name__
+            fn.__doc__ = doc
+        return rms_norm, fused_add_rms_norm
+
     def supports_args_for(self, device_type: str) -> tuple[TensorCheck, TensorCheck]:
         """The impls' ``supports_args`` for tensors on ``device_type``."""
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from torch import Tensor
 from vllm_ir.provider import VendorNorm, contiguous, rows_flatten_free
 
@@ -53,35 +52,16 @@ KIT = VendorNorm(
 """The vendor-wrapper settings; the wiring around the kernels is core's :class:`VendorNorm`."""
 
 
-def rms_norm(
-    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-) -> Tensor:
-    """``_C.rms_norm`` on ``x``'s rows; a new tensor laid out as the native one."""
-    KIT.no_variance_size("rms_norm", variance_size)
-    out = ops.rms_norm(x, KIT.weight(weight, x), epsilon)
-    if rows_flatten_free(x):
-        return out
-    # Declined by supports_args (dispatch never sends it here), but the impl
-    # is a public function: the op copied x to contiguous rows; lay the
-    # result out like the native function would.
-    return torch.empty_like(x).copy_(out)
+rms_norm, fused_add_rms_norm = KIT.impls(
+    ops,
+    module=__name__,
+    rms_doc="``_C.rms_norm`` on ``x``'s rows; a new tensor laid out as the native one.",
+    fused_doc="""In place (``_C.fused_add_rms_norm``): returns ``(x, x_residual)``, which it wrote.
 
-
-def fused_add_rms_norm(
-    x: Tensor,
-    x_residual: Tensor,
-    weight: Tensor | None,
-    epsilon: float,
-    variance_size: int | None = None,
-) -> tuple[Tensor, Tensor]:
-    """In place (``_C.fused_add_rms_norm``): returns ``(x, x_residual)``, which it wrote.
-
-    ``x_residual`` becomes ``x + x_residual`` (rounded to the dtype), ``x``
-    its RMSNorm times ``weight``.
-    """
-    KIT.no_variance_size("fused_add_rms_norm", variance_size)
-    ops.fused_add_rms_norm(x, x_residual, KIT.weight(weight, x), epsilon)
-    return x, x_residual
+``x_residual`` becomes ``x + x_residual`` (rounded to the dtype), ``x``
+its RMSNorm times ``weight``.
+""",
+)
 
 
 def supports_args_for(
