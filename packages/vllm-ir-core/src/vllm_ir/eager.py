@@ -77,7 +77,7 @@ _functorch_active: Callable[[], bool] = getattr(
     "_are_functorch_transforms_active",
     lambda: torch._C._functorch.peek_interpreter_stack() is not None,
 )
-_is_alias_of = torch._C._is_alias_of
+_is_alias_of = torch._C._is_alias_of  # type: ignore[attr-defined]
 _increment_version = torch._C._increment_version
 _installed: weakref.WeakSet[EagerCall] = weakref.WeakSet()
 

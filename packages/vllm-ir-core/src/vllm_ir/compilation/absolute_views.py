@@ -180,7 +180,7 @@ def _place(node: fx.Node, places: dict[fx.Node, tuple[fx.Node, Any] | None]) -> 
                 placed = (node, sympy.Integer(0))
             elif up is not None:
                 placed = _reinterpreted(node.graph, up, parent_val, val, places)
-        elif up is not None:
+        elif up is not None and parent_val is not None:
             shift = _expr(val.storage_offset()) - _expr(parent_val.storage_offset())
             placed = (up[0], sympy.expand(up[1] + shift))
     elif not _is_view(node) and (node.op == "placeholder" or _expr(val.storage_offset()) == 0):
