@@ -154,6 +154,30 @@ def build(session: nox.Session) -> None:
     session.run("python", str(ROOT / "tools" / "check_wheels.py"), str(dist))
 
 
+VLLM_PIN = "vllm==0.33.0"
+"""The vLLM the ``vllm`` session tests beside and inside (the last with ``vllm.ir``)."""
+
+
+@nox.session
+def vllm(session: nox.Session) -> None:
+    """vllm-ir beside and inside vLLM, without an engine (not in the default sessions).
+
+    Installs ``vllm==0.33.0`` and the pinned packages its config, plugin and
+    layer code import (``packages/vllm-ir-vllm/tests/vllm-requirements.txt``),
+    all with ``--no-deps`` so the torch of ``constraints.txt`` stays the only
+    one, then runs the plugin's tests: both import orders, discovery through
+    ``load_general_plugins()``, vLLM's layers on marker impls. A local wheel
+    instead of the index: ``VLLM_IR_VLLM_WHEEL=/path/to/vllm-0.33.0-*.whl``.
+    """
+    plugin = PACKAGES["vllm-ir-vllm"]
+    _install(session, "vllm-ir-vllm")
+    wheel = os.environ.get("VLLM_IR_VLLM_WHEEL", VLLM_PIN)
+    requirements = str(plugin / "tests" / "vllm-requirements.txt")
+    session.install("-c", CONSTRAINTS, "--no-deps", wheel, "-r", requirements)
+    # a CPU-only torch: vLLM's CPU platform, chosen explicitly
+    _pytest(session, str(plugin / "tests"), env={"VLLM_TARGET_DEVICE": "cpu"})
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff (lint + format), mypy, the import contracts and the core's import cycles.

@@ -5,9 +5,11 @@
 * providers depend on ``vllm-ir-core`` through a compatible range
   (``>=X.Y,<X+1``), never on another provider, and declare a
   ``vllm_ir.providers`` entry point;
-* integrations (``vllm-ir-transformers``) depend on core the same way and on
-  no provider, and declare no provider entry point: they use whichever
-  providers are installed.
+* integrations (``vllm-ir-transformers``, ``vllm-ir-vllm``) depend on core the
+  same way and on no provider, and declare no provider entry point: they use
+  whichever providers are installed; the vLLM plugin declares its
+  ``vllm.general_plugins`` entry point and never depends on vllm (installing
+  it must not pull or replace vLLM and its torch).
 
     python tools/check_wheels.py DIST_DIR
 """
@@ -21,7 +23,8 @@ from email.parser import Parser
 from pathlib import Path
 
 CORE = "vllm-ir-core"
-INTEGRATIONS = frozenset({"vllm-ir-transformers"})
+INTEGRATIONS = frozenset({"vllm-ir-transformers", "vllm-ir-vllm"})
+VLLM_PLUGIN = "vllm-ir-vllm"
 
 
 def _metadata(wheel: zipfile.ZipFile) -> tuple[dict[str, list[str]], str]:
@@ -59,6 +62,11 @@ def check(path: Path) -> list[str]:
     if name in INTEGRATIONS:
         if "[vllm_ir.providers]" in eps:
             problems.append(f"{name}: an integration must not register a provider")
+        if name == VLLM_PLUGIN:
+            if "[vllm.general_plugins]" not in eps:
+                problems.append(f"{name}: no vllm.general_plugins entry point")
+            if any(re.match(r"vllm\b(?!-ir)", r) for r in runtime):
+                problems.append(f"{name}: must not depend on vllm, got {runtime}")
     elif "[vllm_ir.providers]" not in eps:
         problems.append(f"{name}: no vllm_ir.providers entry point")
     return problems

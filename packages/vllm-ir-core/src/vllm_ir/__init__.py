@@ -20,8 +20,9 @@ from vllm_ir.config import (
     clear_process_priority,
     parse_ir_op_priority_args,
 )
-from vllm_ir.dispatch import Selection, invalidate_caches
+from vllm_ir.dispatch import invalidate_caches
 from vllm_ir.impl import NATIVE, IrOpImpl
+from vllm_ir.namespace import NAMESPACE
 from vllm_ir.op import IrOp, get_op, register_op
 from vllm_ir.providers import load_errors, loaded_providers
 from vllm_ir.samples import SampleInput
@@ -42,6 +43,7 @@ _MOVED = {
     # selection internals
     "IrOpInplaceOverload": "vllm_ir.op",
     "PriorityEntry": "vllm_ir.priority",
+    "Selection": "vllm_ir.dispatch",
     "compiled_selection": "vllm_ir.priority",
 }
 """Names that left the top level: still served here, with a DeprecationWarning, for one release."""
@@ -74,8 +76,8 @@ __all__ = [
     "IrOpPriorityConfig",
     "IrPassConfig",
     "KernelConfig",
+    "NAMESPACE",
     "SampleInput",
-    "Selection",
     "Tolerance",
     "VllmIRBackend",
     "__version__",

@@ -8,7 +8,7 @@ checked here instead. Three outcomes per call:
   may be cached;
 * an argument is a value torch converts (a 0-d tensor or a numpy scalar for
   a ``float``, a ``bool`` for an ``int`` ...): the call goes through the torch
-  op, uncached, so it behaves exactly as ``torch.ops.vllm_ir.<op>`` does and
+  op, uncached, so it behaves exactly as ``torch.ops.<NAMESPACE>.<op>`` does and
   no key keeps such a value (or a tensor) alive;
 * anything else raises ``TypeError`` naming the argument, what the schema
   expects and what was passed.

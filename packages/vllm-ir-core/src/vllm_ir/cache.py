@@ -94,6 +94,13 @@ def generation() -> int:
     return _generation[0]
 
 
+def settled_generation() -> int:
+    """The generation once any invalidation in progress has finished: a selection
+    that saw new inputs compares this with the generation it started under."""
+    with _lock:
+        return _generation[0]
+
+
 def invalidate_caches() -> None:
     """Forget every cached selection, and re-read ``VLLM_BATCH_INVARIANT`` and
     ``VLLM_IR_PLATFORM`` at the next selection (call after changing them)."""

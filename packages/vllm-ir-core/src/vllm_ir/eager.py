@@ -36,7 +36,7 @@ import torch
 
 from vllm_ir import envs
 from vllm_ir._hotpath import _FORWARD_AD, make_eager_call
-from vllm_ir.cache import generation, holds, register_cache, store
+from vllm_ir.cache import generation, holds, register_cache, settled_generation, store
 from vllm_ir.dispatch import describe
 from vllm_ir.dispatch_key import key_is_cacheable
 from vllm_ir.impl import IrOpImpl
@@ -261,7 +261,9 @@ class EagerCall:
         """Check mode, on a miss: the selection cache's ``impl`` (found through the
         coarser selection key, e.g. for a new batch size) must be ``select()``'s."""
         expected = self.op._select_impl(args)
-        if impl is expected or generation() != since:  # changed meanwhile: not a mismatch
+        # inputs changed meanwhile (their change and the generation's advance are
+        # atomic, so wait for one in progress): not a mismatch
+        if impl is expected or settled_generation() != since:
             return expected
         raise self._mismatch(impl.provider, args, expected)
 

@@ -1,11 +1,11 @@
 """IR ops: declaration, torch-library wiring, impls, priorities, samples.
 
-An IR op is a torch custom op in the ``vllm_ir`` namespace whose semantics are
+An IR op is a torch custom op in the :data:`~vllm_ir.NAMESPACE` namespace whose semantics are
 its native Python function. Calling the :class:`IrOp` object selects an impl
 by priority and calls it. Plain eager calls take a cached fast path
 (:mod:`vllm_ir.eager`); calls under Dynamo, ``make_fx``, a dispatch mode, a
 ``__torch_function__`` subclass or autograd go through
-``torch.ops.vllm_ir.<name>`` so tracers see one node. Gradients are the
+``torch.ops.<NAMESPACE>.<name>`` so tracers see one node. Gradients are the
 native function's (:mod:`vllm_ir.autograd`); signature and activation checks
 live in :mod:`vllm_ir.signature`.
 """
@@ -44,6 +44,7 @@ from vllm_ir.impl import (
     check_supports_args_signature,
     resolved_signature,
 )
+from vllm_ir.namespace import NAMESPACE
 from vllm_ir.op_registry import OPS
 from vllm_ir.priority import (
     Mode,
@@ -70,8 +71,9 @@ from vllm_ir.tolerances import Tolerance, tolerance_for
 
 __all__ = ["IrOp", "IrOpInplaceOverload", "NAMESPACE", "get_op", "register_op"]
 
-NAMESPACE = "vllm_ir"
-"""The ``torch.ops`` namespace of every IR op."""
+# The torch.ops namespace of every IR op: vllm_ir, or vllm_ir_core beside
+# vLLM 0.32/0.33 (see vllm_ir.namespace)
+_torch_ns = getattr(torch.ops, NAMESPACE)
 
 _grad_enabled = torch.is_grad_enabled
 _scoped_get = scoped_state_var().get
@@ -156,8 +158,8 @@ class IrOp:
         self._maybe_inplace: IrOpInplaceOverload | None = None
         try:
             self._define_torch_ops()
-            self.torch_op: torch._ops.OpOverload = getattr(torch.ops.vllm_ir, name).default
-            """``torch.ops.vllm_ir.<name>.default``: never mutates its inputs."""
+            self.torch_op: torch._ops.OpOverload = getattr(_torch_ns, name).default
+            """``torch.ops.<NAMESPACE>.<name>.default``: never mutates its inputs."""
             # A class per op, as torch.fx does per GraphModule: ``op(...)`` looks
             # ``__call__`` up on the type, and the generated one takes the op's own
             # parameters.
@@ -643,7 +645,7 @@ class IrOpInplaceOverload:
 
     def __init__(self, op: IrOp) -> None:
         self.op = op
-        self.torch_op: torch._ops.OpOverload = getattr(torch.ops.vllm_ir, op.name).maybe_inplace
+        self.torch_op: torch._ops.OpOverload = getattr(_torch_ns, op.name).maybe_inplace
         self.__class__ = type(f"IrOpInplaceOverload[{op.name}]", (IrOpInplaceOverload,), {})
         self._eager = EagerCall(
             op, self.__class__, self.torch_op, _scoped_get, copy_activations=False
@@ -686,7 +688,7 @@ def register_op(
 ) -> IrOp | Callable[[Callable[..., Any]], IrOp]:
     """Declare an IR op whose semantics are the decorated native function.
 
-    Defines ``torch.ops.vllm_ir.<name>.default`` (and ``.maybe_inplace`` with
+    Defines ``torch.ops.<NAMESPACE>.<name>.default`` (and ``.maybe_inplace`` with
     ``allow_inplace=True``) with a fake impl and gradients of the native
     function, and exposes the op as ``vllm_ir.ops.<name>``.
 
@@ -701,7 +703,7 @@ def register_op(
     >>> @ir.register_op(name="doc_double")
     ... def double(x: torch.Tensor) -> torch.Tensor:
     ...     return x * 2
-    >>> torch.ops.vllm_ir.doc_double(torch.ones(2)).tolist()
+    >>> getattr(torch.ops, ir.NAMESPACE).doc_double(torch.ones(2)).tolist()
     [2.0, 2.0]
     """
 

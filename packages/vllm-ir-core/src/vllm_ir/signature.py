@@ -95,16 +95,18 @@ def check_op_name(name: object, taken: Mapping[str, str], shadowed: Collection[s
         raise ValueError(
             f"IR op {name!r} is already registered (by {taken[name]}); choose another name"
         )
-    namespace = torch.ops.vllm_ir
+    from vllm_ir.namespace import NAMESPACE
+
+    namespace = getattr(torch.ops, NAMESPACE)
     own = vars(namespace).get(name)
     if hasattr(type(namespace), name) or (
         own is not None and not isinstance(own, torch._ops.OpOverloadPacket)
     ):
         # an attribute of the torch.ops namespace object itself (e.g. 'name'):
-        # torch.ops.vllm_ir.<name> would never reach the op
+        # torch.ops.<namespace>.<name> would never reach the op
         raise ValueError(
-            f"IR op name {name!r} is an attribute of torch.ops.vllm_ir itself, so "
-            f"torch.ops.vllm_ir.{name} could not reach the op; choose another name"
+            f"IR op name {name!r} is an attribute of torch.ops.{NAMESPACE} itself, so "
+            f"torch.ops.{NAMESPACE}.{name} could not reach the op; choose another name"
         )
     if name in shadowed:
         raise ValueError(

@@ -1,0 +1,64 @@
+"""vllm-ir inside vLLM: vLLM's hardware-agnostic layers run through vllm-ir selection.
+
+vLLM loads :func:`register` through the ``vllm.general_plugins`` entry point
+in every process. It applies the ``VLLM_IR_*`` priorities
+(:mod:`vllm_ir_vllm.settings`) and replaces ``RMSNorm`` and ``SiluAndMul``
+from ``vllm.model_executor.hw_agnostic.layers`` with classes that call
+``vllm_ir.ops`` (:mod:`vllm_ir_vllm.layers`). :func:`unregister` undoes both.
+Importing this package does not import vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from vllm_ir.provider import get_logger
+from vllm_ir.priority import process_priorities, set_process_priority
+
+from vllm_ir_vllm._version import __version__
+from vllm_ir_vllm.settings import priority_config
+
+__all__ = ["__version__", "register", "unregister"]
+
+logger = get_logger("vllm_ir.vllm")
+
+_saved_priorities: Mapping[str, tuple[str, ...]] | None = None
+"""The process-wide priorities before :func:`register` applied the settings."""
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point; safe to call more than once.
+
+    Raises ``ValueError`` naming the variable when a ``VLLM_IR_*`` priority
+    setting is wrong (vLLM then stops at startup, before loading a model).
+    """
+    global _saved_priorities
+    config = priority_config()
+    try:
+        from vllm_ir_vllm import layers
+    except ImportError as e:  # vLLM < 0.33: no hardware-agnostic layers
+        logger.warning("vllm-ir-vllm: this vLLM has no hardware-agnostic layers (%s)", e)
+        return
+    if config is not None:
+        if _saved_priorities is None:
+            _saved_priorities = dict(process_priorities())
+        config.apply()
+    done = layers.register_layers()
+    if done:
+        logger.info("vllm-ir routes vLLM's %s through vllm-ir ops", ", ".join(done))
+
+
+def unregister() -> None:
+    """Remove the layer replacements and restore the priorities ``register`` replaced.
+
+    Layers built before stay what they are; new ones are vLLM's in-tree classes.
+    """
+    global _saved_priorities
+    try:
+        from vllm_ir_vllm import layers
+    except ImportError:
+        return
+    layers.unregister_layers()
+    if _saved_priorities is not None:
+        set_process_priority(_saved_priorities, replace=True)
+        _saved_priorities = None

@@ -1,0 +1,115 @@
+"""Priority settings and the semantics check (no vLLM needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from vllm_ir_vllm.semantics import rms_norm_mismatch
+from vllm_ir_vllm.settings import priority_config
+
+
+def test_nothing_set_is_none() -> None:
+    assert priority_config({}) is None
+
+
+def test_per_op_variables_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "tuned.json"
+    # the shape `vllm-ir tune --out` writes: lists under "ir_op_priority"
+    doc = {"ir_op_priority": {"rms_norm": ["native"], "silu_and_mul": ["native"]}, "times": {}}
+    path.write_text(json.dumps(doc))
+    env = {"VLLM_IR_PRIORITY_FILE": str(path), "VLLM_IR_PRIORITY_SILU_AND_MUL": " native "}
+    config = priority_config(env)
+    assert config is not None
+    assert config.to_dict() == {"rms_norm": ["native"], "silu_and_mul": ["native"]}
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"VLLM_IR_PRIORITY_NO_SUCH_OP": "native"}, "VLLM_IR_PRIORITY_NO_SUCH_OP"),
+        ({"VLLM_IR_PRIORITY_RMS_NORM": "native,,"}, "VLLM_IR_PRIORITY_RMS_NORM"),
+        ({"VLLM_IR_PRIORITY_RMS_NORM": "no_such_provider"}, "VLLM_IR_PRIORITY_RMS_NORM"),
+        ({"VLLM_IR_PRIORITY_FILE": "/no/such/file.json"}, "VLLM_IR_PRIORITY_FILE"),
+    ],
+)
+def test_bad_settings_name_the_variable(env: dict[str, str], names: str) -> None:
+    with pytest.raises(ValueError, match=names) as info:
+        priority_config(env)
+    assert "\n" not in str(info.value)
+
+
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+
+
+@pytest.mark.parametrize(
+    ("x", "residual", "weight", "matches"),
+    [
+        (BF16, None, BF16, True),
+        (BF16, None, None, True),
+        (BF16, None, F32, False),  # vLLM multiplies in the weight's dtype
+        (F32, F32, F32, True),
+        (F32, F32, None, True),
+        (BF16, BF16, BF16, False),  # vLLM normalizes the fp32 sum
+        (F16, F16, F16, False),
+        (F32, BF16, F32, True),  # the sum is fp32 in both
+        (F32, torch.float64, F32, False),  # vllm-ir adds in fp64
+    ],
+)
+def test_mismatch_follows_the_native_functions(
+    x: torch.dtype, residual: torch.dtype | None, weight: torch.dtype | None, matches: bool
+) -> None:
+    """Where the check says "match", the two reference expressions agree bit for bit."""
+    assert (rms_norm_mismatch(x, residual, weight) is None) is matches
+    import vllm_ir as ir
+
+    gen = torch.Generator().manual_seed(0)
+    xs = (torch.randn(8, 96, generator=gen) * 3).to(x)
+    w = None if weight is None else (1 + 0.1 * torch.randn(96, generator=gen)).to(weight)
+    if residual is None:
+        ours = ir.ops.rms_norm.native(xs, w, 1e-6)
+        theirs = _vllm_rms_norm(xs, w, 1e-6)
+    else:
+        rs = torch.randn(8, 96, generator=gen).to(residual)
+        ours = ir.ops.fused_add_rms_norm.native(xs, rs, w, 1e-6)
+        theirs = _vllm_fused_add_rms_norm(xs, rs, w, 1e-6)
+    same = all(a.dtype == b.dtype and torch.equal(a, b) for a, b in _pairs(ours, theirs))
+    if matches:
+        assert same
+    else:
+        assert not same  # the check declines only real differences
+
+
+def _pairs(a: object, b: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor)
+        return [(a, b)]
+    assert isinstance(a, tuple)
+    assert isinstance(b, tuple)
+    return list(zip(a, b, strict=True))
+
+
+# vLLM 0.33's hw-agnostic RMSNorm._rms_norm / _fused_add_rms_norm, restated
+# here so the check is tested where vLLM is not installed (test_vllm.py
+# compares against the real layer)
+def _vllm_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    orig = x.dtype
+    x = x.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if weight is not None:
+        x = x.to(weight.dtype) * weight
+    return x.to(orig)
+
+
+def _vllm_fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    orig = x.dtype
+    s = x.to(torch.float32) + residual.to(torch.float32)
+    new_residual = s.to(orig)
+    s = s * torch.rsqrt(s.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if weight is not None:
+        s = s.to(weight.dtype) * weight
+    return s.to(orig), new_residual

@@ -1,0 +1,225 @@
+"""The plugin inside the real vLLM, without an engine (``nox -s vllm``).
+
+Needs ``vllm`` (0.33: installed without its dependencies plus the pure-Python
+packages its layer code imports, see the noxfile); skipped where it is absent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed (nox -s vllm installs it)")
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # a CPU-only torch: vLLM's CPU platform
+
+import vllm_ir as ir
+import vllm_ir_vllm
+from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
+from vllm.model_executor.hw_agnostic.custom_op import op_registry_oot
+from vllm.model_executor.hw_agnostic.layers.activation import SiluAndMul
+from vllm.model_executor.hw_agnostic.layers.layernorm import RMSNorm
+from vllm_ir_vllm import layers
+
+MARKER = "vllm_marker"
+OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul")
+
+# -- coexistence --------------------------------------------------------------
+
+_COEXIST = """
+import torch
+{first}
+{second}
+from vllm import ir as vllm_ir_of_vllm
+import vllm_ir
+x, w = torch.randn(4, 64), torch.rand(64) + 0.5
+ours = vllm_ir.ops.rms_norm(x, w, 1e-6)
+theirs = vllm_ir_of_vllm.ops.rms_norm(x, w, 1e-6)
+torch.testing.assert_close(ours, theirs)
+torch.testing.assert_close(getattr(torch.ops, vllm_ir.NAMESPACE).rms_norm(x, w, 1e-6), ours)
+print(vllm_ir.NAMESPACE)
+"""
+
+
+@pytest.mark.parametrize("vllm_first", [True, False], ids=["vllm-first", "vllm_ir-first"])
+def test_both_import_orders(vllm_first: bool) -> None:
+    imports = ["import vllm.config", "import vllm_ir"]
+    first, second = imports if vllm_first else imports[::-1]
+    result = subprocess.run(
+        [sys.executable, "-c", _COEXIST.format(first=first, second=second)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "vllm_ir_core"
+
+
+# -- plugin discovery ---------------------------------------------------------
+
+
+@pytest.fixture
+def teardown() -> Iterator[None]:
+    """Every test leaves no OOT class, priority or marker impl behind."""
+    yield
+    vllm_ir_vllm.unregister()
+    assert not set(layers.REPLACED) & set(op_registry_oot)
+    layers._declined.clear()
+
+
+def test_general_plugins_load_the_plugin(monkeypatch: pytest.MonkeyPatch, teardown: None) -> None:
+    import vllm.plugins
+
+    assert "vllm_ir" in {ep.name for ep in entry_points(group="vllm.general_plugins")}
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
+    vllm.plugins.load_general_plugins()
+    assert op_registry_oot["RMSNorm"] is layers.IrRMSNorm
+    assert op_registry_oot["SiluAndMul"] is layers.IrSiluAndMul
+    vllm_ir_vllm.register()  # vLLM may load a plugin twice: no duplicate error
+
+
+# -- layers under a VllmConfig --------------------------------------------------
+
+
+class Marker:
+    """A marker impl of each op: native results, every call counted."""
+
+    def __init__(self) -> None:
+        self.calls = dict.fromkeys(OPS, 0)
+        self._log: Any = None
+
+    def __enter__(self) -> Marker:
+        with ir.recording_registrations() as log:
+            for name in OPS:
+                op = ir.get_op(name)
+                op.register_impl(MARKER)(self._counting(name, op.native))
+        self._log = log
+        return self
+
+    def _counting(self, name: str, native: Any) -> Any:
+        def impl(*args: Any) -> Any:
+            self.calls[name] += 1
+            return native(*args)
+
+        impl.__signature__ = ir.get_op(name).signature  # type: ignore[attr-defined]
+        return impl
+
+    def __exit__(self, *exc: object) -> None:
+        self._log.remove()
+
+
+@pytest.fixture
+def marker(monkeypatch: pytest.MonkeyPatch, teardown: None) -> Iterator[Marker]:
+    with Marker() as m:
+        for name in OPS:
+            monkeypatch.setenv(f"VLLM_IR_PRIORITY_{name.upper()}", f"{MARKER},native")
+        vllm_ir_vllm.register()  # reads the VLLM_IR_* settings
+        yield m
+
+
+def _config(custom_ops: list[str]) -> VllmConfig:
+    return VllmConfig(compilation_config=CompilationConfig(custom_ops=custom_ops))
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor, op: str) -> None:
+    tol = ir.get_op(op).tolerances.get(expected.dtype) or ir.Tolerance(atol=1e-5, rtol=1e-5)
+    assert actual.dtype == expected.dtype
+    torch.testing.assert_close(actual, expected, atol=tol.atol, rtol=tol.rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_runs_the_prioritized_impl(marker: Marker, dtype: torch.dtype) -> None:
+    with set_current_vllm_config(_config(["all"])), torch.inference_mode():
+        norm = RMSNorm(96, eps=1e-5, dtype=dtype)
+        assert isinstance(norm, layers.IrRMSNorm)
+        with torch.no_grad():
+            norm.weight.copy_(1 + 0.1 * torch.randn(96))
+        x = torch.randn(5, 96, dtype=dtype)
+        assert norm.ir_provider(x) == MARKER
+        _assert_close(norm(x), norm.forward_native(x), "rms_norm")
+    assert marker.calls["rms_norm"] == 1
+
+
+def test_fused_add_in_fp32_runs_the_prioritized_impl(marker: Marker) -> None:
+    with set_current_vllm_config(_config(["+rms_norm"])), torch.inference_mode():
+        norm = RMSNorm(64, dtype=torch.float32, var_hidden_size=48)
+        x, residual = torch.randn(3, 64), torch.randn(3, 64)
+        expected = norm.forward_native(x, residual)
+        assert norm.ir_provider(x, residual) == MARKER
+        out, new_residual = norm(x.clone(), residual.clone())  # donated: maybe_inplace
+    assert marker.calls["fused_add_rms_norm"] == 1
+    _assert_close(out, expected[0], "fused_add_rms_norm")
+    _assert_close(new_residual, expected[1], "fused_add_rms_norm")
+
+
+def test_fused_add_in_bf16_declines_with_a_logged_reason(
+    marker: Marker, caplog: pytest.LogCaptureFixture
+) -> None:
+    with set_current_vllm_config(_config(["all"])), torch.inference_mode():
+        norm = RMSNorm(64, dtype=torch.bfloat16)
+        x = torch.randn(3, 64, dtype=torch.bfloat16)
+        residual = torch.randn(3, 64, dtype=torch.bfloat16)
+        with caplog.at_level(logging.WARNING, logger="vllm_ir.vllm"):
+            out, new_residual = norm(x, residual)
+            norm(x, residual)
+        expected = norm.forward_native(x, residual)
+        provider = norm.ir_provider(x, residual)
+    assert marker.calls["fused_add_rms_norm"] == 0
+    assert provider.startswith("vllm native (fused_add_rms_norm: x is torch.bfloat16")
+    # vLLM's own numerics, bit for bit, and the reason logged once
+    assert torch.equal(out, expected[0])
+    assert torch.equal(new_residual, expected[1])
+    reasons = [r.getMessage() for r in caplog.records if "fp32 sum" in r.getMessage()]
+    assert len(reasons) == 1
+
+
+def test_silu_and_mul_runs_the_prioritized_impl(marker: Marker) -> None:
+    with set_current_vllm_config(_config(["all"])), torch.inference_mode():
+        act = SiluAndMul()
+        assert isinstance(act, layers.IrSiluAndMul)
+        x = torch.randn(4, 2, 64, dtype=torch.bfloat16)
+        assert act.ir_provider(x) == MARKER
+        _assert_close(act(x), act.forward_native(x), "silu_and_mul")
+    assert marker.calls["silu_and_mul"] == 1
+
+
+def test_a_disabled_custom_op_runs_vllm_native(marker: Marker) -> None:
+    with set_current_vllm_config(_config(["all", "-rms_norm"])), torch.inference_mode():
+        norm, act = RMSNorm(32), SiluAndMul()
+        x = torch.randn(2, 32)
+        assert norm.ir_provider(x) == "vllm native (custom op rms_norm disabled)"
+        norm(x)
+        act(x)
+    assert marker.calls["rms_norm"] == 0
+    assert marker.calls["silu_and_mul"] == 1
+
+
+def test_unregister_restores_vllm(marker: Marker) -> None:
+    vllm_ir_vllm.unregister()
+    with set_current_vllm_config(_config(["all"])):
+        assert type(RMSNorm(8)) is RMSNorm
+        assert type(SiluAndMul()) is SiluAndMul
+    assert ir.ops.rms_norm.get_priority()[0] != MARKER
+
+
+def test_compiled_layers_keep_the_selection(marker: Marker) -> None:
+    """Dynamo traces ``forward_oot`` whole (no graph break, declines included); the
+    IR op is one node that runs the prioritized impl (aot_eager: no Inductor codegen)."""
+    with set_current_vllm_config(_config(["all"])), torch.inference_mode():
+        norm = RMSNorm(64, dtype=torch.float32)
+        compiled = torch.compile(norm, backend="aot_eager", fullgraph=True)
+        x = torch.randn(4, 64)
+        _assert_close(compiled(x), norm.forward_native(x), "rms_norm")
+        assert marker.calls["rms_norm"] == 1
+        x16 = x.bfloat16()
+        out, _ = compiled(x16, x16.clone())  # declined (bf16 sum): vLLM's numerics
+        assert torch.equal(out, norm.forward_native(x16, x16.clone())[0])
+    assert marker.calls["fused_add_rms_norm"] == 0
