@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -383,7 +384,10 @@ def test_autotune_measures_with_inductor_caches_on(tmp_path: Path) -> None:
     timed. A random factor in the program makes every run a cache miss."""
     from vllm_ir.compilation.autotune import WallClockTimer
 
-    name = f"autotune_caches_on_{torch.randint(0, 2**31, ()).item()}"
+    # not torch's generator: an earlier test on this worker may have seeded it, and
+    # the same factor again would hit the FX cache a previous run left on disk
+    rng = random.SystemRandom()
+    name = f"autotune_caches_on_{rng.randrange(2**31)}"
 
     @ir.register_op(name=name)
     def shift(x: Tensor, y: Tensor) -> Tensor:
@@ -394,7 +398,7 @@ def test_autotune_measures_with_inductor_caches_on(tmp_path: Path) -> None:
         return torch.addcmul(y, x, torch.full_like(x, 2.0))
 
     try:
-        factor = float(torch.rand(()).item()) + 1.0
+        factor = rng.random() + 1.0
         x, y = torch.randn(16, 64), torch.randn(16, 64)
         tuner = Autotuner(timer=WallClockTimer(warmup=1, runs=3), persist=False)
         backend = VllmIRBackend(autotune=tuner, priority={name: ["second", "native"]})
