@@ -180,12 +180,22 @@ def vllm(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format) and mypy over every package."""
-    session.install("-c", CONSTRAINTS, "ruff", "mypy", "torch", "nox", "pytest")
+    """ruff (lint + format), mypy, the import contracts and the core's import cycles.
+
+    ``lint-imports`` checks ``.importlinter`` (providers use only the provider
+    contract of core); ``tools/import_cycles.py`` fails on any cycle among
+    core's modules, function-level imports included.
+    """
+    session.install("-c", CONSTRAINTS, "ruff", "mypy", "torch", "nox", "pytest", "import-linter")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     sources = [str(p / "src") for p in PACKAGES.values()]
     session.run("mypy", *sources, env={"MYPYPATH": os.pathsep.join(sources)})
+    # the contracts read the source trees, nothing is imported
+    session.run("lint-imports", "--no-cache", env={"PYTHONPATH": os.pathsep.join(sources)})
+    session.run(
+        "python", str(ROOT / "tools" / "import_cycles.py"), str(PACKAGES[CORE] / "src"), "vllm_ir"
+    )
 
 
 @nox.session

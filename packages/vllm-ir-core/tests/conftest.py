@@ -13,8 +13,9 @@ import pytest
 import torch
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir import dispatch, priority, providers
+from vllm_ir import priority, providers
 from vllm_ir.eager import set_dispatch_check
+from vllm_ir.testing import isolated
 
 _counter = itertools.count()
 
@@ -28,14 +29,10 @@ def unique(prefix: str) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _isolated_state() -> Iterator[None]:
     """Process-wide priorities, env-driven selection and caches reset per test."""
-    for var in ("VLLM_BATCH_INVARIANT", "VLLM_IR_PLATFORM"):
-        monkeypatch.delenv(var, raising=False)
-    priority.set_process_priority({}, replace=True)
-    yield
-    priority.set_process_priority({}, replace=True)
-    dispatch.invalidate_caches()
+    with isolated():
+        yield
 
 
 @pytest.fixture

@@ -348,10 +348,13 @@ def test_cli_flags_and_kernel_config(tmp_path: Path) -> None:
     config = ir.KernelConfig.from_cli_args(["--ir-autotune", "--ir-autotune.margin=0.05"])
     assert config.autotune
     assert config.autotune_margin == 0.05
-    backend = config.backend()
+    backend = ir.VllmIRBackend.from_config(config)
     assert backend.autotuner is not None
     assert backend.autotuner.margin == 0.05
-    assert ir.KernelConfig.from_cli_args(["--ir-autotune=off"]).backend().autotuner is None
+    assert (
+        ir.VllmIRBackend.from_config(ir.KernelConfig.from_cli_args(["--ir-autotune=off"])).autotuner
+        is None
+    )
     with pytest.raises(ValueError, match="margin must be in"):
         ir.KernelConfig.from_cli_args(["--ir-autotune.margin=1.5"])
     with pytest.raises(ValueError, match="cannot read the file"):

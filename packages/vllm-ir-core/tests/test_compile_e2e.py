@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 from torch._inductor import metrics
 from torch._inductor.custom_graph_pass import CustomGraphPass
-from vllm_ir.testing import inductor_caches_off
+from vllm_ir.testing import TinyDecoder, inductor_caches_off
 
 HIDDEN, LAYERS = 32, 3
 
@@ -21,28 +21,11 @@ HIDDEN, LAYERS = 32, 3
 no_cache = inductor_caches_off
 
 
-class Decoder(torch.nn.Module):
+class Decoder(TinyDecoder):
     """rms_norm, then per layer a linear and fused_add_rms_norm.maybe_inplace."""
 
     def __init__(self, use_ir: bool = True) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.use_ir = use_ir
-        self.linears = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(LAYERS))
-        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(HIDDEN))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        norm = ir.ops.rms_norm if self.use_ir else ir.ops.rms_norm.native
-        fused = ir.ops.fused_add_rms_norm.maybe_inplace if self.use_ir else _plain_fused
-        residual = x
-        h = norm(x, self.weight, 1e-6)
-        for linear in self.linears:
-            h, residual = fused(linear(h), residual, self.weight, 1e-6)
-        return h
-
-
-def _plain_fused(x, r, w, eps):  # type: ignore[no-untyped-def]
-    return ir.ops.fused_add_rms_norm.native(x, r, w, eps)
+        super().__init__(HIDDEN, LAYERS, use_ir=use_ir)
 
 
 @pytest.fixture(scope="module", autouse=True)

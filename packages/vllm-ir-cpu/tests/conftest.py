@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from vllm_ir import dispatch, priority
+from vllm_ir.testing import isolated
 from vllm_ir_cpu import build
 
 
@@ -24,12 +24,7 @@ def kernels() -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _isolated_state() -> Iterator[None]:
     """Process-wide priorities, env-driven selection and caches reset per test."""
-    for var in ("VLLM_BATCH_INVARIANT", "VLLM_IR_PLATFORM"):
-        monkeypatch.delenv(var, raising=False)
-    priority.set_process_priority({}, replace=True)
-    dispatch.invalidate_caches()
-    yield
-    priority.set_process_priority({}, replace=True)
-    dispatch.invalidate_caches()
+    with isolated():
+        yield

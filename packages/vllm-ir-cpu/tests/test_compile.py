@@ -15,7 +15,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from cpu_c_testing import on_cpu_platform
-from vllm_ir.testing import inductor_caches_off
+from vllm_ir.testing import TinyDecoder, inductor_caches_off
 from vllm_ir_cpu import PROVIDER
 
 pytestmark = on_cpu_platform
@@ -27,23 +27,11 @@ CPU_C = {"rms_norm": [PROVIDER], "fused_add_rms_norm": [PROVIDER]}
 no_cache = inductor_caches_off
 
 
-class Decoder(torch.nn.Module):
+class Decoder(TinyDecoder):
     """rms_norm, then per layer a linear and fused_add_rms_norm.maybe_inplace."""
 
     def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linears = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(LAYERS))
-        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(HIDDEN))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        residual = x
-        h = ir.ops.rms_norm(x, self.weight, 1e-6)
-        for linear in self.linears:
-            h, residual = ir.ops.fused_add_rms_norm.maybe_inplace(
-                linear(h), residual, self.weight, 1e-6
-            )
-        return h
+        super().__init__(HIDDEN, LAYERS)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ import pytest
 import vllm_ir as ir
 import vllm_ir_cuda
 from cuda_stand_ins import STANDIN, StandInKernels
-from vllm_ir import dispatch, priority, providers
+from vllm_ir import providers
+from vllm_ir.testing import SELECTION_ENV, isolated
 from vllm_ir_cuda import layernorm
 
 PROVIDER = vllm_ir_cuda.PROVIDER
@@ -27,14 +28,10 @@ def _vllm_c_loaded() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for var in ("VLLM_BATCH_INVARIANT", "VLLM_IR_PLATFORM", "VLLM_IR_PROVIDERS"):
-        monkeypatch.delenv(var, raising=False)
-    priority.set_process_priority({}, replace=True)
-    dispatch.invalidate_caches()
-    yield
-    priority.set_process_priority({}, replace=True)
-    dispatch.invalidate_caches()
+def _isolated_state() -> Iterator[None]:
+    """Selection state reset per test; VLLM_IR_PROVIDERS unset too."""
+    with isolated((*SELECTION_ENV, "VLLM_IR_PROVIDERS")):
+        yield
 
 
 @pytest.fixture

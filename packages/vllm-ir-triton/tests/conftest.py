@@ -19,7 +19,7 @@ if gpu_device() is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
-from vllm_ir import dispatch, priority
+from vllm_ir.testing import isolated
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,12 +33,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _isolated_state() -> Iterator[None]:
     """Process-wide priorities, env-driven selection and caches reset per test."""
-    for var in ("VLLM_BATCH_INVARIANT", "VLLM_IR_PLATFORM"):
-        monkeypatch.delenv(var, raising=False)
-    priority.set_process_priority({}, replace=True)
-    dispatch.invalidate_caches()
-    yield
-    priority.set_process_priority({}, replace=True)
-    dispatch.invalidate_caches()
+    with isolated():
+        yield

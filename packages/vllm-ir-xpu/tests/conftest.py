@@ -17,7 +17,8 @@ from collections.abc import Iterator
 import pytest
 import vllm_ir as ir
 import vllm_ir_xpu
-from vllm_ir import dispatch, priority, providers
+from vllm_ir import providers
+from vllm_ir.testing import SELECTION_ENV, isolated
 from vllm_ir_xpu import availability, layernorm
 from xpu_stand_ins import StandInXpuKernels
 
@@ -38,14 +39,10 @@ def _register_again() -> availability.Availability:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for var in ("VLLM_BATCH_INVARIANT", "VLLM_IR_PLATFORM", "VLLM_IR_PROVIDERS"):
-        monkeypatch.delenv(var, raising=False)
-    priority.set_process_priority({}, replace=True)
-    dispatch.invalidate_caches()
-    yield
-    priority.set_process_priority({}, replace=True)
-    dispatch.invalidate_caches()
+def _isolated_state() -> Iterator[None]:
+    """Selection state reset per test; VLLM_IR_PROVIDERS unset too."""
+    with isolated((*SELECTION_ENV, "VLLM_IR_PROVIDERS")):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ eager mode and under ``torch.compile``.
 """
 
 from vllm_ir import ops
-from vllm_ir._version import API_VERSION, __version__
+from vllm_ir._version import __version__
 from vllm_ir.config import (
     IrOpPriorityConfig,
     IrPassConfig,
@@ -20,19 +20,33 @@ from vllm_ir.config import (
     clear_process_priority,
     parse_ir_op_priority_args,
 )
-from vllm_ir.dispatch import Selection, invalidate_caches
+from vllm_ir.dispatch import invalidate_caches
 from vllm_ir.impl import NATIVE, IrOpImpl
 from vllm_ir.namespace import NAMESPACE
-from vllm_ir.op import IrOp, IrOpInplaceOverload, get_op, register_op
-from vllm_ir.platform import current_platform
-from vllm_ir.priority import PlatformDefaults, PriorityEntry, compiled_selection
-from vllm_ir.providers import ProviderSpec, load_errors, loaded_providers
-from vllm_ir.registration import RegistrationHandle, RegistrationLog, recording_registrations
+from vllm_ir.op import IrOp, get_op, register_op
+from vllm_ir.providers import load_errors, loaded_providers
 from vllm_ir.samples import SampleInput
 from vllm_ir.tolerances import Tolerance
 
 # The compile integration imports Inductor (seconds): loaded on first use.
 _LAZY = {"VllmIRBackend": "vllm_ir.compilation", "compile": "vllm_ir.compilation"}
+
+_MOVED = {
+    # the provider contract: what provider packages use lives in vllm_ir.provider
+    "API_VERSION": "vllm_ir.provider",
+    "PlatformDefaults": "vllm_ir.provider",
+    "ProviderSpec": "vllm_ir.provider",
+    "RegistrationHandle": "vllm_ir.provider",
+    "RegistrationLog": "vllm_ir.provider",
+    "current_platform": "vllm_ir.provider",
+    "recording_registrations": "vllm_ir.provider",
+    # selection internals
+    "IrOpInplaceOverload": "vllm_ir.op",
+    "PriorityEntry": "vllm_ir.priority",
+    "Selection": "vllm_ir.dispatch",
+    "compiled_selection": "vllm_ir.priority",
+}
+"""Names that left the top level: still served here, with a DeprecationWarning, for one release."""
 
 
 def __getattr__(name: str) -> object:
@@ -40,41 +54,40 @@ def __getattr__(name: str) -> object:
 
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in ("compilation", "testing"):
+    if name in _MOVED:
+        import warnings
+
+        warnings.warn(
+            f"vllm_ir.{name} is deprecated: use {_MOVED[name]}.{name} "
+            "(the old name goes in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    if name in ("compilation", "testing", "provider"):
         return importlib.import_module(f"vllm_ir.{name}")
     raise AttributeError(f"module 'vllm_ir' has no attribute {name!r}")
 
 
 __all__ = [
-    "API_VERSION",
     "NATIVE",
     "IrOp",
     "IrOpImpl",
-    "IrOpInplaceOverload",
     "IrOpPriorityConfig",
     "IrPassConfig",
     "KernelConfig",
     "NAMESPACE",
-    "PlatformDefaults",
-    "PriorityEntry",
-    "ProviderSpec",
-    "RegistrationHandle",
-    "RegistrationLog",
     "SampleInput",
-    "Selection",
     "Tolerance",
     "VllmIRBackend",
     "__version__",
     "clear_process_priority",
     "compile",
-    "compiled_selection",
-    "current_platform",
     "get_op",
     "invalidate_caches",
     "load_errors",
     "loaded_providers",
     "ops",
     "parse_ir_op_priority_args",
-    "recording_registrations",
     "register_op",
 ]

@@ -18,6 +18,11 @@ workload cycling through more layouts than that re-selects, but memory stays
 bounded. Keys hold only metadata (dtypes, devices, sizes, strides, scalars),
 never tensors.
 
+Before the first selection: what can add impls the first selection must see
+(provider discovery) registers itself with :func:`on_before_selection`, and
+every selection entry point calls :func:`before_selection` first. Discovery
+thus sits above the op machinery instead of the op importing it.
+
 Fork safety: a child forked while another thread held the lock (in an
 invalidation, say) would inherit it locked, with no thread to release it.
 The child therefore gets a new lock, and — since the invalidation may have
@@ -29,14 +34,16 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = [
     "MAX_ENTRIES",
+    "before_selection",
     "generation",
     "invalidate_caches",
     "invalidating",
+    "on_before_selection",
     "register_cache",
     "release_cache",
     "holds",
@@ -50,6 +57,21 @@ _lock = threading.Lock()
 _caches: list[dict[Any, Any]] = []
 # a one-element list: read without the lock on the miss path (an int read is atomic)
 _generation = [0]
+
+
+_before: list[Callable[[], None]] = []
+
+
+def on_before_selection(hook: Callable[[], None]) -> None:
+    """Run ``hook`` before every selection (it must return at once after its first run)."""
+    if hook not in _before:
+        _before.append(hook)
+
+
+def before_selection() -> None:
+    """Run the hooks of :func:`on_before_selection` (provider discovery, once)."""
+    for hook in _before:
+        hook()
 
 
 def register_cache() -> dict[Any, Any]:

@@ -18,6 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_ir_cli.flags import (
+    AUTOTUNE_FLAG,
+    BUILTIN_PASSES,
+    DEFAULT_AUTOTUNE_MARGIN,
+    PASS_FLAG,
+    PRIORITY_FLAG,
+)
+
 from vllm_ir.op import IrOp, get_op
 from vllm_ir.priority import scoped_priority, set_process_priority
 
@@ -35,10 +43,9 @@ __all__ = [
     "parse_ir_op_priority_args",
 ]
 
-CLI_FLAG = "--ir-op-priority"
-
-DEFAULT_AUTOTUNE_MARGIN = 0.10
-"""Autotuning: a kernel must beat Inductor-compiled native by 10 % (it cannot fuse)."""
+CLI_FLAG = PRIORITY_FLAG
+# DEFAULT_AUTOTUNE_MARGIN (imported): a kernel must beat Inductor-compiled native
+# by 10 % (it cannot fuse)
 
 _MAX_JSON_DEPTH = 32  # a priority map nests two levels; deeper input is not a priority map
 
@@ -132,10 +139,10 @@ class IrOpPriorityConfig:
         return f"IrOpPriorityConfig({inner})"
 
 
-IR_PASSES: dict[str, bool] = {"fuse_norm_quant": True, "sequence_parallel": False}
-"""The built-in IR passes of the compile backend, and whether each is on by default."""
+IR_PASSES: dict[str, bool] = dict(BUILTIN_PASSES)
+"""The built-in IR passes of the compile backend, and whether each is on by default
+(a copy of :data:`vllm_ir_cli.flags.BUILTIN_PASSES`, the one list)."""
 
-PASS_FLAG = "--ir-pass"
 _ON = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 
 
@@ -277,17 +284,21 @@ class KernelConfig:
         return cls(priority, passes, autotune, margin)
 
     def backend(self, **kwargs: Any) -> Any:
-        """A ``VllmIRBackend`` with these settings (``kwargs`` go to it too)."""
-        from vllm_ir.compilation.autotune import Autotuner
-        from vllm_ir.compilation.backend import VllmIRBackend
+        """Deprecated: use ``VllmIRBackend.from_config(config, **kwargs)``.
 
-        tuner = Autotuner(margin=self.autotune_margin) if self.autotune else False
-        return VllmIRBackend(
-            priority=self.priority, passes=self.ir_passes, autotune=tuner, **kwargs
+        Kept for one release. The configuration sits below the compile
+        integration, so this late lookup is the one upward reference left.
+        """
+        import importlib
+        import warnings
+
+        warnings.warn(
+            "KernelConfig.backend() is deprecated; use vllm_ir.VllmIRBackend.from_config(config)",
+            DeprecationWarning,
+            stacklevel=2,
         )
-
-
-AUTOTUNE_FLAG = "--ir-autotune"
+        backend = importlib.import_module("vllm_ir.compilation.backend")  # no import cycle
+        return backend.VllmIRBackend.from_config(self, **kwargs)
 
 
 def parse_ir_autotune_args(argv: Sequence[str]) -> tuple[bool, float, list[str]]:

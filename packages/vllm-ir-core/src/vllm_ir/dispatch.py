@@ -12,7 +12,7 @@ change takes effect at the next :func:`invalidate_caches`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +24,15 @@ from vllm_ir.platform import current_platform
 from vllm_ir.priority import Mode, PriorityEntry, effective_priority
 
 __all__ = [
+    "NOT_LISTED",
+    "Candidates",
     "Decision",
     "Selection",
     "SelectionEnv",
     "invalidate_caches",
     "register_cache",
     "release_cache",
+    "candidates",
     "select",
     "selection_env",
 ]
@@ -67,6 +70,19 @@ class Decision:
     accepted: bool
     reason: str
 
+    @property
+    def provider(self) -> str:
+        return self.entry.provider
+
+    @property
+    def listed(self) -> bool:
+        """On the effective priority list (else only :func:`candidates` asked it)."""
+        return self.entry.source != NOT_LISTED
+
+
+NOT_LISTED = "not on the priority list"
+"""The ``source`` of a :class:`Decision` on an impl that the priority list does not name."""
+
 
 @dataclass(frozen=True)
 class Selection:
@@ -74,6 +90,50 @@ class Selection:
 
     impl: IrOpImpl
     decisions: tuple[Decision, ...]
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The decision on every registered impl of an op for one call (:meth:`IrOp.candidates`).
+
+    First the entries of the effective priority list, in order (what
+    :func:`select` walks; it stops at the first accepted), then every other
+    registered impl by provider name (``listed`` false). Each decision applies
+    the one rule of selection: registered, ``supported``, batch invariance
+    under ``VLLM_BATCH_INVARIANT``, ``supports_args``.
+    """
+
+    op_name: str
+    decisions: tuple[Decision, ...]
+
+    def __iter__(self) -> Iterator[Decision]:
+        return iter(self.decisions)
+
+    def __len__(self) -> int:
+        return len(self.decisions)
+
+    def __getitem__(self, provider: str) -> Decision:
+        """The decision on ``provider`` (its first, if the list names it twice)."""
+        for d in self.decisions:
+            if d.provider == provider:
+                return d
+        raise KeyError(f"{self.op_name} has no impl or priority entry {provider!r}")
+
+    def __contains__(self, provider: object) -> bool:
+        return any(d.provider == provider for d in self.decisions)
+
+    @property
+    def selected(self) -> Decision:
+        """The decision :func:`select` would return last: the first accepted listed entry."""
+        return next(d for d in self.decisions if d.listed and d.accepted)
+
+    def accepted(self) -> list[str]:
+        """The providers that accept the call, listed ones first in priority order."""
+        seen: list[str] = []
+        for d in self.decisions:
+            if d.accepted and d.provider not in seen:
+                seen.append(d.provider)
+        return seen
 
 
 def _check_plain_bool(op_name: str, impl: IrOpImpl, answer: object) -> bool:
@@ -170,20 +230,45 @@ def select(
     ``native`` is always on the list and always accepts, so this never fails
     (an impl whose ``supports_args`` raises propagates its error).
     """
-    env = selection_env()
-    batch_invariant = env.batch_invariant
     decisions: list[Decision] = []
-    for entry in effective_priority(op_name, mode, platform=env.platform):
-        impl = impls.get(entry.provider)
-        reason = _rejection(op_name, impl, args, batch_invariant)
+    for entry, reason in _walk(op_name, impls, args, mode):
         if reason is None:
-            assert impl is not None
             decisions.append(Decision(entry, True, "selected"))
-            selection = Selection(impl, tuple(decisions))
+            selection = Selection(impls[entry.provider], tuple(decisions))
             _log(op_name, mode, selection, describe_args)
             return selection
         decisions.append(Decision(entry, False, reason))
     raise AssertionError(f"no impl of {op_name!r} accepted the call; native must always accept")
+
+
+def _walk(
+    op_name: str, impls: Mapping[str, IrOpImpl], args: tuple[Any, ...], mode: Mode
+) -> Iterator[tuple[PriorityEntry, str | None]]:
+    """``(entry, why it is rejected or None)`` down the effective priority list, lazily."""
+    env = selection_env()
+    for entry in effective_priority(op_name, mode, platform=env.platform):
+        yield entry, _rejection(op_name, impls.get(entry.provider), args, env.batch_invariant)
+
+
+def candidates(
+    op_name: str, impls: Mapping[str, IrOpImpl], args: tuple[Any, ...], mode: Mode
+) -> Candidates:
+    """:func:`select`'s rule applied to every entry and every registered impl (no early stop)."""
+    decisions: list[Decision] = []
+    chosen = False
+    for entry, reason in _walk(op_name, impls, args, mode):
+        if reason is None:
+            decisions.append(Decision(entry, True, "accepts" if chosen else "selected"))
+            chosen = True
+        else:
+            decisions.append(Decision(entry, False, reason))
+    listed = {d.provider for d in decisions}
+    batch_invariant = selection_env().batch_invariant
+    for provider in sorted(set(impls) - listed):
+        reason = _rejection(op_name, impls[provider], args, batch_invariant)
+        entry = PriorityEntry(provider, NOT_LISTED)
+        decisions.append(Decision(entry, reason is None, reason or "accepts"))
+    return Candidates(op_name, tuple(decisions))
 
 
 def _log(

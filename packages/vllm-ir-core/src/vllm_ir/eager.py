@@ -55,7 +55,9 @@ class SelectingOp(Protocol):
     name: str
     signature: inspect.Signature
     native: Callable[..., Any]
-    _activation_idx: frozenset[int]
+
+    @property
+    def activation_indices(self) -> frozenset[int]: ...
 
     def _check_args(self, args: tuple[Any, ...]) -> str: ...
     def _route(self, *args: Any) -> bool: ...
@@ -123,12 +125,12 @@ class EagerCall:
         self._on_copies: dict[IrOpImpl, Callable[..., Any]] = {}
         self._donating: dict[IrOpImpl, Callable[..., Any]] = {}
         params = list(op.signature.parameters.values())
-        self._act_idx = tuple(sorted(op._activation_idx))
+        self._act_idx = tuple(sorted(op.activation_indices))
         # the other tensor arguments a donated activation must not share memory with
         self._other_idx = tuple(
             i
             for i, p in enumerate(params)
-            if i not in op._activation_idx and _holds_tensors(p.annotation)
+            if i not in op.activation_indices and _holds_tensors(p.annotation)
         )
         self.install()
         _installed.add(self)

@@ -22,12 +22,18 @@ from typing import Any, ClassVar, overload
 import torch
 from torch.library import Library, infer_schema
 
-from vllm_ir import providers
 from vllm_ir._hotpath import compile_source, make_needs_grad_fn, make_route_fn
 from vllm_ir.arguments import make_argument_check
 from vllm_ir.autograd import NativeGradient
-from vllm_ir.cache import generation, invalidating, register_cache, release_cache, store
-from vllm_ir.dispatch import Selection, describe, select
+from vllm_ir.cache import (
+    before_selection,
+    generation,
+    invalidating,
+    register_cache,
+    release_cache,
+    store,
+)
+from vllm_ir.dispatch import Candidates, Selection, candidates, describe, select
 from vllm_ir.dispatch_key import key_is_cacheable, make_key_fn
 from vllm_ir.eager import EagerCall
 from vllm_ir.impl import (
@@ -39,6 +45,7 @@ from vllm_ir.impl import (
     resolved_signature,
 )
 from vllm_ir.namespace import NAMESPACE
+from vllm_ir.op_registry import OPS
 from vllm_ir.priority import (
     Mode,
     PriorityEntry,
@@ -48,7 +55,12 @@ from vllm_ir.priority import (
     selection_mode,
     selection_mode_scope,
 )
-from vllm_ir.registration import RegistrationHandle, current_registration_log, record
+from vllm_ir.registration import (
+    RegistrationHandle,
+    current_registration_log,
+    on_snapshot,
+    record,
+)
 from vllm_ir.samples import SampleInput, SampleInputGenerator
 from vllm_ir.signature import (
     check_native_signature,
@@ -90,7 +102,7 @@ class IrOp:
     """
 
     registry: ClassVar[Mapping[str, IrOp]]
-    _registry: ClassVar[dict[str, IrOp]] = {}
+    _registry: ClassVar[dict[str, IrOp]] = OPS
 
     def __init__(
         self,
@@ -243,19 +255,39 @@ class IrOp:
         """Like :meth:`dispatch`, uncached, with the decision on every candidate."""
         args = self._bind(args, kwargs)
         self._check_args(args)
-        providers.ensure_loaded()
+        before_selection()
         with selection_mode_scope(mode or selection_mode()):
             return select(self.name, self._impls, args, selection_mode(), lambda: describe(args))
 
+    def candidates(self, *args: Any, mode: Mode | None = None, **kwargs: Any) -> Candidates:
+        """The decision on every registered impl for this call: accepted, or rejected and why.
+
+        The rule :meth:`select` applies, asked of every impl (``select`` stops
+        at the first accepted entry): autotuning, ``vllm-ir bench`` and
+        ``explain`` and the conformance kit choose their candidates here.
+
+        >>> import torch, vllm_ir as ir
+        >>> x = torch.randn(2, 8)
+        >>> with ir.ops.rms_norm.set_priority(["native"]):
+        ...     found = ir.ops.rms_norm.candidates(x, None, 1e-6)
+        >>> found.selected.provider, found["native"].accepted
+        ('native', True)
+        """
+        args = self._bind(args, kwargs)
+        self._check_args(args)
+        before_selection()
+        with selection_mode_scope(mode or selection_mode()):
+            return candidates(self.name, self._impls, args, selection_mode())
+
     def _select_impl(self, args: tuple[Any, ...]) -> IrOpImpl:
         """The uncached selection for complete positional ``args`` (the rule the caches hold)."""
-        providers.ensure_loaded()
+        before_selection()
         return select(self.name, self._impls, args, selection_mode(), lambda: describe(args)).impl
 
     def _dispatch_miss(self, args: tuple[Any, ...]) -> IrOpImpl:
         args = self._bind(args, {})
         cacheable = self._check_args(args) == "plain"
-        providers.ensure_loaded()  # may invalidate: before reading the generation
+        before_selection()  # may invalidate: before reading the generation
         since = generation()
         mode = selection_mode()
         impl = self._select_impl(args)
@@ -287,7 +319,30 @@ class IrOp:
     @property
     def impls(self) -> Mapping[str, IrOpImpl]:
         """Provider name -> impl, always including ``native`` (loads providers)."""
-        providers.ensure_loaded()
+        before_selection()
+        return MappingProxyType(self._impls)
+
+    @property
+    def activation_indices(self) -> frozenset[int]:
+        """Positions of the activation parameters (what an in-place impl may write)."""
+        return self._activation_idx
+
+    @property
+    def has_input_generator(self) -> bool:
+        """Whether :meth:`input_generator` registered a generator of benchmark inputs."""
+        return self._input_generator is not None
+
+    def selection_key(self, *args: Any) -> Any:
+        """The selection cache's key for positional ``args`` (what ``supports_args`` may read).
+
+        Two calls with equal keys get the same selection; the conformance kit
+        checks that ``supports_args`` agrees with that.
+        """
+        return self._key(*args)
+
+    @property
+    def registered_impls(self) -> Mapping[str, IrOpImpl]:
+        """Like :attr:`impls`, without loading providers: what is registered so far."""
         return MappingProxyType(self._impls)
 
     def register_impl(
@@ -489,7 +544,7 @@ class IrOp:
 
     def get_priority_entries(self, mode: Mode | None = None) -> tuple[PriorityEntry, ...]:
         """The effective priority list with the origin of each entry."""
-        providers.ensure_loaded()
+        before_selection()
         return effective_priority(self.name, mode)
 
     # -- samples ----------------------------------------------------------
@@ -687,10 +742,30 @@ def get_op(name: str) -> IrOp:
     try:
         return IrOp._registry[name]
     except KeyError:
-        providers.ensure_loaded()
+        before_selection()
     try:
         return IrOp._registry[name]
     except KeyError:
         raise KeyError(
             f"unknown IR op {name!r}; known ops: {', '.join(sorted(IrOp._registry))}"
         ) from None
+
+
+def _snapshot_tolerances() -> Callable[[], str | None]:
+    before = {name: dict(op.tolerances) for name, op in IrOp._registry.items()}
+
+    def restore() -> str | None:
+        changed = []
+        for name, tolerances in before.items():
+            op = IrOp._registry.get(name)
+            if op is not None and op.tolerances != tolerances:
+                op.tolerances.clear()
+                op.tolerances.update(tolerances)
+                changed.append(f"tolerances of {name}")
+        return ", ".join(changed) or None
+
+    return restore
+
+
+# a failed provider load puts back any op tolerance it changed
+on_snapshot(_snapshot_tolerances)

@@ -8,7 +8,7 @@ import torch
 
 from vllm_ir import envs
 
-__all__ = ["PLATFORMS", "current_platform", "is_cuda_alike"]
+__all__ = ["PLATFORMS", "current_platform"]
 
 PLATFORMS = envs.PLATFORMS
 
@@ -34,8 +34,3 @@ def current_platform() -> str:
     """
     override = envs.platform_override()  # a bad value raises, naming the variable
     return _detect() if override is None else override
-
-
-def is_cuda_alike() -> bool:
-    """True on CUDA and ROCm."""
-    return current_platform() in ("cuda", "rocm")

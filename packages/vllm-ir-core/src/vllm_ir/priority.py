@@ -31,13 +31,14 @@ import contextvars
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from vllm_ir.cache import invalidating
 from vllm_ir.impl import NATIVE
 from vllm_ir.platform import PLATFORMS, current_platform
+from vllm_ir.registration import RegistrationHandle, on_snapshot, record
 
 __all__ = [
     "Mode",
@@ -386,8 +387,6 @@ def add_platform_defaults(source: str, defaults: Sequence[PlatformDefaults]) -> 
 
     Undone with the rest of a provider's registrations if its load fails.
     """
-    from vllm_ir.registration import RegistrationHandle, record
-
     defaults = tuple(defaults)
     for d in defaults:
         if not isinstance(d, PlatformDefaults):
@@ -470,3 +469,27 @@ def effective_priority(
             add(provider, f"{platform} {mode} default of {source}")
     add(NATIVE, "native fallback")
     return tuple(entries)
+
+
+def _snapshot_process_priorities() -> Callable[[], str | None]:
+    before = process_priorities()
+
+    def restore() -> str | None:
+        now = process_priorities()
+        if now == before:
+            return None
+        # only the ops whose lists changed: another thread's settings stay
+        merged = dict(now)
+        for op_name in {*now, *before}:
+            if now.get(op_name) != before.get(op_name):
+                merged.pop(op_name, None)
+                if op_name in before:
+                    merged[op_name] = before[op_name]
+        set_process_priority(merged, replace=True)
+        return "process-wide priorities"
+
+    return restore
+
+
+# a failed provider load puts back the process-wide priorities it changed
+on_snapshot(_snapshot_process_priorities)

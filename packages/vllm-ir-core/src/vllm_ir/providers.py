@@ -38,8 +38,9 @@ from importlib import metadata
 
 from vllm_ir import envs
 from vllm_ir._version import API_VERSION, __version__
-from vllm_ir.cache import invalidate_caches
+from vllm_ir.cache import invalidate_caches, on_before_selection
 from vllm_ir.logger import get_logger
+from vllm_ir.op_registry import OPS
 from vllm_ir.priority import MODES, PlatformDefaults, add_platform_defaults
 from vllm_ir.registration import RegistrationLog, recording_registrations
 
@@ -65,12 +66,13 @@ class ProviderSpec:
 
     Attributes:
         name: the provider package's short name (usually its main provider name).
-        api_version: the :data:`vllm_ir.API_VERSION` it was written against.
+        api_version: the :data:`vllm_ir.provider.API_VERSION` it was written against.
         register: imports the package's kernels and calls ``register_impl``.
         defaults: default priorities per platform, for eager and compiled mode.
 
     >>> import vllm_ir as ir
-    >>> ProviderSpec(name="my_kernels", api_version=ir.API_VERSION, register=lambda: None)
+    >>> from vllm_ir.provider import API_VERSION
+    >>> ProviderSpec(name="my_kernels", api_version=API_VERSION, register=lambda: None)
     ProviderSpec(name='my_kernels', api_version=1, defaults=())
     """
 
@@ -135,19 +137,17 @@ def check_spec(spec: ProviderSpec) -> None:
 
 def _check_defaults_name_known_ops(spec: ProviderSpec, package: str) -> None:
     """Defaults naming an op that does not exist would silently never apply."""
-    from vllm_ir.op import IrOp
-
     for d in spec.defaults:
         for mode in MODES:
             for op_name, providers in d.for_mode(mode).items():
-                op = IrOp.registry.get(op_name)
+                op = OPS.get(op_name)
                 if op is None:
                     raise ValueError(
                         f"ProviderSpec {spec.name!r} ({package}): {d.platform} {mode} defaults "
                         f"name unknown IR op {op_name!r}; known ops: "
-                        f"{', '.join(sorted(IrOp.registry))}"
+                        f"{', '.join(sorted(OPS))}"
                     )
-                unknown = [p for p in providers if p not in op._impls]
+                unknown = [p for p in providers if p not in op.registered_impls]
                 if unknown:  # another package's provider, maybe not installed: not an error
                     logger.debug(
                         "provider %r (%s): %s %s defaults of op %r name provider(s) %s, which "
@@ -158,7 +158,7 @@ def _check_defaults_name_known_ops(spec: ProviderSpec, package: str) -> None:
                         mode,
                         op_name,
                         ", ".join(map(repr, unknown)),
-                        ", ".join(sorted(op._impls)),
+                        ", ".join(sorted(op.registered_impls)),
                     )
 
 
@@ -432,3 +432,11 @@ def load_errors() -> dict[str, ProviderLoadError]:
     """Entry-point name -> error, for every provider that failed to load."""
     ensure_loaded()
     return dict(_errors)
+
+
+def _before_selection() -> None:
+    ensure_loaded()  # looked up at call time: tests may replace it
+
+
+# discovery runs before the first selection; the op machinery never imports this module
+on_before_selection(_before_selection)

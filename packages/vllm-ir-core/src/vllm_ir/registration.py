@@ -11,7 +11,8 @@ snapshotted when the scope opens and restored where it differs.
 Tests use the same scope to register freely and undo it all afterwards:
 
 >>> import torch, vllm_ir as ir
->>> with ir.recording_registrations("doc") as log:
+>>> from vllm_ir.provider import recording_registrations
+>>> with recording_registrations("doc") as log:
 ...     @ir.ops.rms_norm.register_impl("doc_kernel")
 ...     def doc_kernel(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
 ...                    variance_size: int | None = None) -> torch.Tensor:
@@ -29,19 +30,16 @@ import contextlib
 import contextvars
 import gc
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from vllm_ir.logger import get_logger
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = [
     "RegistrationHandle",
     "RegistrationLog",
     "current_registration_log",
+    "on_snapshot",
     "record",
     "recording_registrations",
 ]
@@ -82,13 +80,28 @@ class RegistrationHandle:
         return f"RegistrationHandle({self.description}, {state})"
 
 
+Restore = Callable[[], "str | None"]
+"""Puts one piece of state back as it was; returns what it restored (``None``: unchanged)."""
+
+_contributors: list[Callable[[], Restore]] = []
+
+
+def on_snapshot(capture: Callable[[], Restore]) -> None:
+    """Add state that a failed provider load rolls back, besides its registrations.
+
+    ``capture()`` is called when a :func:`recording_registrations` scope opens
+    and returns the function that restores what it captured. The modules that
+    own such state (tolerance tables, process-wide priorities) register here,
+    so this module imports nothing of vllm-ir.
+    """
+    _contributors.append(capture)
+
+
 @dataclass
 class _Snapshot:
     """State that code can change without a registration call, as it was before a load."""
 
-    tolerances: dict[str, dict[torch.dtype, Any]]
-    default_tolerances: dict[torch.dtype, Any]
-    process_priorities: Mapping[str, tuple[str, ...]]
+    restores: list[Restore]
     torch_defs: frozenset[str]
     torch_impls: frozenset[str]
 
@@ -96,14 +109,8 @@ class _Snapshot:
     def take(cls) -> _Snapshot:
         import torch.library
 
-        from vllm_ir.op import IrOp
-        from vllm_ir.priority import process_priorities
-        from vllm_ir.tolerances import DEFAULT_TOLERANCES
-
         return cls(
-            tolerances={name: dict(op.tolerances) for name, op in IrOp.registry.items()},
-            default_tolerances=dict(DEFAULT_TOLERANCES),
-            process_priorities=process_priorities(),
+            restores=[capture() for capture in _contributors],
             torch_defs=frozenset(torch.library._defs),
             torch_impls=frozenset(torch.library._impls),
         )
@@ -112,32 +119,11 @@ class _Snapshot:
         """Put back what changed since :meth:`take`; returns what was restored."""
         import torch.library
 
-        from vllm_ir.op import IrOp
-        from vllm_ir.priority import process_priorities, set_process_priority
-        from vllm_ir.tolerances import DEFAULT_TOLERANCES
-
         restored: list[str] = []
-        for name, before in self.tolerances.items():
-            op = IrOp.registry.get(name)
-            if op is not None and op.tolerances != before:
-                op.tolerances.clear()
-                op.tolerances.update(before)
-                restored.append(f"tolerances of {name}")
-        if self.default_tolerances != DEFAULT_TOLERANCES:
-            DEFAULT_TOLERANCES.clear()
-            DEFAULT_TOLERANCES.update(self.default_tolerances)
-            restored.append("default tolerances")
-        now = process_priorities()
-        if now != self.process_priorities:
-            # only the ops whose lists changed: another thread's settings stay
-            merged = dict(now)
-            for op_name in {*now, *self.process_priorities}:
-                if now.get(op_name) != self.process_priorities.get(op_name):
-                    merged.pop(op_name, None)
-                    if op_name in self.process_priorities:
-                        merged[op_name] = self.process_priorities[op_name]
-            set_process_priority(merged, replace=True)
-            restored.append("process-wide priorities")
+        for put_back in self.restores:
+            what = put_back()
+            if what:
+                restored.append(what)
         new_defs = set(torch.library._defs) - self.torch_defs
         new_impls = set(torch.library._impls) - self.torch_impls
         if new_defs or new_impls:

@@ -27,9 +27,12 @@ reproduce), so:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from vllm_ir.registration import on_snapshot
 
 __all__ = [
     "DEFAULT_TOLERANCES",
@@ -116,3 +119,20 @@ def tolerance_for(
     except KeyError:
         known = ", ".join(str(d) for d in DEFAULT_TOLERANCES)
         raise KeyError(f"no tolerance defined for {dtype}; known dtypes: {known}") from None
+
+
+def _snapshot_defaults() -> Callable[[], str | None]:
+    before = dict(DEFAULT_TOLERANCES)
+
+    def restore() -> str | None:
+        if before == DEFAULT_TOLERANCES:
+            return None
+        DEFAULT_TOLERANCES.clear()
+        DEFAULT_TOLERANCES.update(before)
+        return "default tolerances"
+
+    return restore
+
+
+# a failed provider load puts back any default tolerance it changed
+on_snapshot(_snapshot_defaults)

@@ -20,10 +20,7 @@ from typing import NoReturn
 
 __all__ = ["COMMANDS", "UsageError", "build_parser", "main", "split_selection_flags"]
 
-PRIORITY_FLAG = "--ir-op-priority"
-PASS_FLAG = "--ir-pass"
-PASSES = ("fuse_norm_quant", "sequence_parallel")
-"""The built-in IR passes (``vllm_ir.config.IR_PASSES``; a test keeps the two equal)."""
+from vllm_ir_cli.flags import PASS_FLAG, PASSES, PRIORITY_FLAG  # shared with vllm_ir.config
 
 COMMANDS = {
     "ops": "vllm_ir.cli.ops_cmd",

@@ -14,7 +14,7 @@ time.
 
 from __future__ import annotations
 
-from vllm_ir import PlatformDefaults, ProviderSpec
+from vllm_ir.provider import PlatformDefaults, ProviderSpec
 
 from vllm_ir_cpu._version import __version__
 

@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     build_cmd.add_argument("-v", "--verbose", action="store_true", help="show compiler output")
     args = parser.parse_args(argv)
 
-    from vllm_ir.extension import ExtensionBuildError, cache_root
+    from vllm_ir.provider import ExtensionBuildError, cache_root
 
     from vllm_ir_cpu import build
 

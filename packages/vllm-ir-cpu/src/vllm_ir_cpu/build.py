@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from vllm_ir.logger import get_logger
+from vllm_ir.provider import get_logger
 
 from vllm_ir_cpu._version import __version__
 
@@ -155,7 +155,7 @@ def build(*, verbose: bool = False) -> Path:
     with _lock:
         if _library is not None:
             return _library
-        from vllm_ir.extension import build_extension
+        from vllm_ir.provider import build_extension
 
         # the C++ side only implements ops: their schemas must exist first
         from vllm_ir_cpu import library as _schemas  # noqa: F401

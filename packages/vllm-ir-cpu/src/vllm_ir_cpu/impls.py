@@ -39,8 +39,7 @@ from __future__ import annotations
 import torch
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir.logger import get_logger
-from vllm_ir.platform import current_platform
+from vllm_ir.provider import current_platform, get_logger, norm_supports_args
 
 from vllm_ir_cpu import PROVIDER, build
 from vllm_ir_cpu.library import kernel_ops
@@ -180,25 +179,9 @@ def _scale_ok(scale: Tensor) -> bool:
     )
 
 
-def _rms_norm_supported(
-    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-) -> bool:
-    return variance_size is None and _kernel_can_run(x, weight)
-
-
-def _fused_add_rms_norm_supported(
-    x: Tensor,
-    x_residual: Tensor,
-    weight: Tensor | None,
-    epsilon: float,
-    variance_size: int | None = None,
-) -> bool:
-    return (
-        variance_size is None
-        and x_residual.dtype == x.dtype
-        and x_residual.ndim == x.ndim
-        and _kernel_can_run(x, weight)
-    )
+_rms_norm_supported, _fused_add_rms_norm_supported = norm_supports_args(
+    "cpu", DTYPES, available=_buildable
+)
 
 
 def _silu_and_mul_supported(x: Tensor) -> bool:

@@ -14,7 +14,7 @@ which fuses it with its neighbours where an opaque kernel is a fusion barrier.
 
 from __future__ import annotations
 
-from vllm_ir import PlatformDefaults, ProviderSpec
+from vllm_ir.provider import PlatformDefaults, ProviderSpec
 
 from vllm_ir_cuda._version import __version__
 

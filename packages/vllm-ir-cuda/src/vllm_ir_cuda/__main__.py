@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     build.add_argument("-v", "--verbose", action="store_true", help="show the compiler commands")
     args = parser.parse_args(argv)
 
-    from vllm_ir.extension import ExtensionBuildError, cache_root
+    from vllm_ir.provider import ExtensionBuildError, cache_root
 
     from vllm_ir_cuda import _build
 

@@ -143,7 +143,7 @@ def load(*, verbose: bool = False) -> Path:
         return _library
     with _lock:
         if _library is None:
-            from vllm_ir.extension import build_extension
+            from vllm_ir.provider import build_extension
 
             _library = build_extension(
                 LIBRARY_NAME,

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 import vllm_ir as ir
 from torch import Tensor
+from vllm_ir.provider import norm_supports_args
 
 from vllm_ir_cuda import ops
 
@@ -77,36 +78,7 @@ def supports_args_for(
     The impls' predicates use ``"cuda"``; tests that run the impls' wiring on
     CPU stand-in kernels use ``"cpu"``.
     """
-
-    def tensors_ok(x: Tensor, weight: Tensor | None) -> bool:
-        return (
-            x.device.type == device_type
-            and x.dtype in ops.DTYPES
-            and x.layout == torch.strided
-            and x.ndim >= 1
-            and (weight is None or (weight.dtype == x.dtype and weight.ndim == 1))
-        )
-
-    def rms_norm_supports(
-        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-    ) -> bool:
-        return variance_size is None and tensors_ok(x, weight)
-
-    def fused_add_rms_norm_supports(
-        x: Tensor,
-        x_residual: Tensor,
-        weight: Tensor | None,
-        epsilon: float,
-        variance_size: int | None = None,
-    ) -> bool:
-        return (
-            variance_size is None
-            and x_residual.dtype == x.dtype
-            and x_residual.ndim == x.ndim
-            and tensors_ok(x, weight)
-        )
-
-    return rms_norm_supports, fused_add_rms_norm_supports
+    return norm_supports_args(device_type, ops.DTYPES)
 
 
 rms_norm_supports, fused_add_rms_norm_supports = supports_args_for("cuda")

@@ -25,7 +25,7 @@ Default priorities on ROCm (the vLLM IR design's table):
 
 from __future__ import annotations
 
-from vllm_ir import PlatformDefaults, ProviderSpec
+from vllm_ir.provider import PlatformDefaults, ProviderSpec
 
 from vllm_ir_rocm._version import __version__
 

@@ -12,24 +12,21 @@ without any copy:
 * ``fused_add_rms_norm``: ``x`` and ``x_residual`` contiguous (AITER's
   in-place kernel takes no strides), with the same rank.
 
-Layout is judged by :mod:`vllm_ir.layout`, from strides without guarding on
+Layout is judged by the predicates of :mod:`vllm_ir.provider`, from strides without guarding on
 them, so a compiled graph never specializes on it.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
-import torch
-import vllm_ir as ir
 from torch import Tensor
-from vllm_ir.layout import contiguous, rows_flatten_free
-from vllm_ir.logger import get_logger
+from vllm_ir.provider import VendorNorm, contiguous, rows_flatten_free
 
 from vllm_ir_rocm import availability, ops
 
 __all__ = [
+    "KIT",
     "contiguous",
     "fused_add_rms_norm",
     "register_kernels",
@@ -39,50 +36,32 @@ __all__ = [
 ]
 
 
-def _weight(weight: Tensor | None, x: Tensor) -> Tensor:
-    # AITER always multiplies by a weight
-    if weight is None:
-        return torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
-    return weight
+def _fused_layout(x: Tensor, x_residual: Tensor) -> bool:
+    # AITER's in-place kernel takes no strides: both contiguous
+    return contiguous(x) and contiguous(x_residual)
 
 
-def _no_variance_size(op: str, variance_size: int | None) -> None:
-    if variance_size is not None:
-        raise ValueError(
-            f"the aiter impl of {op} got variance_size={variance_size}, which AITER does not "
-            "support; its supports_args declines such calls"
-        )
+KIT = VendorNorm(
+    provider="aiter",
+    library="AITER",
+    lacks="AITER does not support",
+    dtypes=ops.DTYPES,
+    fused_layout=_fused_layout,
+)
+"""The vendor-wrapper settings; the wiring around the kernels is core's :class:`VendorNorm`."""
 
 
-def rms_norm(
-    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-) -> Tensor:
-    """``aiter.rmsnorm2d_fwd`` on ``x``'s rows; a new tensor laid out as the native one."""
-    _no_variance_size("rms_norm", variance_size)
-    out = ops.rms_norm(x, _weight(weight, x), epsilon)
-    if rows_flatten_free(x):
-        return out
-    # Declined by supports_args (dispatch never sends it here), but the impl
-    # is a public function: the op copied x to contiguous rows; lay the
-    # result out like the native function would.
-    return torch.empty_like(x).copy_(out)
+rms_norm, fused_add_rms_norm = KIT.impls(
+    ops,
+    module=__name__,
+    rms_doc="``aiter.rmsnorm2d_fwd`` on ``x``'s rows; a new tensor laid out as the native one.",
+    fused_doc="""In place (``aiter.fused_add_rms_norm_cu``): returns ``(x, x_residual)``,
+which it wrote.
 
-
-def fused_add_rms_norm(
-    x: Tensor,
-    x_residual: Tensor,
-    weight: Tensor | None,
-    epsilon: float,
-    variance_size: int | None = None,
-) -> tuple[Tensor, Tensor]:
-    """In place (``aiter.fused_add_rms_norm_cu``): returns ``(x, x_residual)``, which it wrote.
-
-    ``x_residual`` becomes ``x + x_residual`` (rounded to the dtype), ``x``
-    its RMSNorm times ``weight``.
-    """
-    _no_variance_size("fused_add_rms_norm", variance_size)
-    ops.fused_add_rms_norm(x, x_residual, _weight(weight, x), epsilon)
-    return x, x_residual
+``x_residual`` becomes ``x + x_residual`` (rounded to the dtype), ``x``
+its RMSNorm times ``weight``.
+""",
+)
 
 
 def supports_args_for(
@@ -90,76 +69,15 @@ def supports_args_for(
 ) -> tuple[Callable[..., bool], Callable[..., bool]]:
     """``(rms_norm_supports, fused_add_rms_norm_supports)`` for tensors on ``device_type``.
 
-    The registered predicates use the platform's device type (``cuda`` on
-    ROCm); the CPU tests use ``cpu`` with a stand-in ``aiter`` module.
+    The registered predicates use the platform's device type; the CPU tests
+    use ``cpu`` with stand-in kernels.
     """
-
-    def tensors_ok(x: Tensor, weight: Tensor | None) -> bool:
-        return (
-            x.dtype in ops.DTYPES
-            and x.device.type == device_type
-            and x.layout == torch.strided
-            and x.dim() >= 1
-            and (weight is None or (weight.dtype == x.dtype and weight.dim() == 1))
-        )
-
-    def rms_norm_supports(
-        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-    ) -> bool:
-        return variance_size is None and tensors_ok(x, weight) and rows_flatten_free(x)
-
-    def fused_add_rms_norm_supports(
-        x: Tensor,
-        x_residual: Tensor,
-        weight: Tensor | None,
-        epsilon: float,
-        variance_size: int | None = None,
-    ) -> bool:
-        return (
-            variance_size is None
-            and tensors_ok(x, weight)
-            and x_residual.dtype == x.dtype
-            and x_residual.dim() == x.dim()
-            and x_residual.layout == torch.strided
-            and contiguous(x)
-            and contiguous(x_residual)
-        )
-
-    return rms_norm_supports, fused_add_rms_norm_supports
-
-
-def _log_availability(provider: str, found: availability.Availability) -> None:
-    logger = get_logger(f"vllm_ir.providers.{provider}")
-    if found.supported:
-        logger.debug(
-            "provider %r: AITER %s found; impls registered for %s tensors",
-            provider,
-            found.vendor_version or "(version unknown)",
-            found.device_type,
-        )
-        return
-    # with a ROCm GPU, a missing or broken AITER is worth a warning; elsewhere an
-    # unsupported vendor provider is the normal case
-    level = logging.WARNING if found.hardware else logging.INFO
-    logger.log(level, "provider %r registered as unsupported: %s", provider, found.reason)
+    return KIT.supports_args_for(device_type)
 
 
 def register_kernels(provider: str = "aiter") -> availability.Availability:
     """Register both impls, ``supported`` as :func:`availability.current` says; returns it."""
     found = availability.current()
-    _log_availability(provider, found)
-    rms_supports, fused_supports = supports_args_for(found.device_type)
-    ir.ops.rms_norm.register_impl(
-        provider,
-        supported=found.supported,
-        supports_args=rms_supports,
-        unsupported_reason=found.reason,
-    )(rms_norm)
-    ir.ops.fused_add_rms_norm.register_impl(
-        provider,
-        supported=found.supported,
-        supports_args=fused_supports,
-        inplace=True,
-        unsupported_reason=found.reason,
-    )(fused_add_rms_norm)
+    KIT.log_availability(provider, found)
+    KIT.register(provider, found, rms_norm, fused_add_rms_norm)
     return found

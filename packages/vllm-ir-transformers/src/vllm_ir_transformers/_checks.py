@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from vllm_ir.tolerances import Tolerance
+from vllm_ir.provider import Tolerance
 
 __all__ = [
     "FLOAT_DTYPES",

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from vllm_ir.logger import get_logger
+from vllm_ir.provider import get_logger
 
 __all__ = ["install", "log_use", "logger", "remove"]
 

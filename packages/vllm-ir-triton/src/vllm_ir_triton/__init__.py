@@ -24,7 +24,7 @@ Inductor.
 
 from __future__ import annotations
 
-from vllm_ir import PlatformDefaults, ProviderSpec
+from vllm_ir.provider import PlatformDefaults, ProviderSpec
 
 from vllm_ir_triton._version import __version__
 

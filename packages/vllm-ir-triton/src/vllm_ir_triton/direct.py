@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor
-from vllm_ir import envs
+from vllm_ir.provider import envs
 
 __all__ = ["ENABLED", "MAX_ENTRIES", "Launcher", "specialization_key"]
 

@@ -45,7 +45,7 @@ from collections.abc import Callable
 import torch
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir.logger import get_logger
+from vllm_ir.provider import get_logger, norm_supports_args
 
 from vllm_ir_triton import BATCH_INVARIANT_PROVIDER, PROVIDER, launch, library, support
 
@@ -248,36 +248,7 @@ def supports_args_for(
     device_types: frozenset[str],
 ) -> tuple[Callable[..., bool], Callable[..., bool]]:
     """``(rms_norm_supports, fused_add_rms_norm_supports)`` for tensors on ``device_types``."""
-
-    def tensors_ok(x: Tensor, weight: Tensor | None) -> bool:
-        return (
-            x.device.type in device_types
-            and x.dtype in DTYPES
-            and x.layout == torch.strided
-            and x.ndim >= 1
-            and (weight is None or (weight.dtype == x.dtype and weight.ndim == 1))
-        )
-
-    def rms_norm_supports(
-        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-    ) -> bool:
-        return variance_size is None and tensors_ok(x, weight)
-
-    def fused_add_rms_norm_supports(
-        x: Tensor,
-        x_residual: Tensor,
-        weight: Tensor | None,
-        epsilon: float,
-        variance_size: int | None = None,
-    ) -> bool:
-        return (
-            variance_size is None
-            and x_residual.dtype == x.dtype
-            and x_residual.ndim == x.ndim
-            and tensors_ok(x, weight)
-        )
-
-    return rms_norm_supports, fused_add_rms_norm_supports
+    return norm_supports_args(device_types, DTYPES)
 
 
 def quant_supports_args_for(device_types: frozenset[str]) -> dict[str, Callable[..., bool]]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib.util
 
 import torch
-from vllm_ir.platform import current_platform
+from vllm_ir.provider import current_platform
 
 __all__ = [
     "GPU_PLATFORMS",

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vllm_ir.logger import get_logger
 from vllm_ir.priority import process_priorities, set_process_priority
+from vllm_ir.provider import get_logger
 
 from vllm_ir_vllm._version import __version__
 from vllm_ir_vllm.settings import priority_config

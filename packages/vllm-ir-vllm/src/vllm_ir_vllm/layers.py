@@ -22,7 +22,7 @@ import vllm_ir as ir
 from vllm.model_executor.hw_agnostic.custom_op import CustomOp, op_registry_oot
 from vllm.model_executor.hw_agnostic.layers.activation import SiluAndMul
 from vllm.model_executor.hw_agnostic.layers.layernorm import RMSNorm
-from vllm_ir.logger import get_logger
+from vllm_ir.provider import get_logger
 
 from vllm_ir_vllm.semantics import rms_norm_mismatch
 

@@ -21,7 +21,7 @@ first under Inductor.
 
 from __future__ import annotations
 
-from vllm_ir import PlatformDefaults, ProviderSpec
+from vllm_ir.provider import PlatformDefaults, ProviderSpec
 
 from vllm_ir_xpu._version import __version__
 

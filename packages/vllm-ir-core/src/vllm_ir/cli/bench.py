@@ -82,14 +82,13 @@ def is_noisy(median: float, p10: float, p90: float) -> bool:
 
 
 def _candidates(op: IrOp, call: tuple[Any, ...]) -> dict[str, Callable[..., Any]]:
-    found: dict[str, Callable[..., Any]] = {}
-    for provider, impl in sorted(op.impls.items()):
-        if not impl.supported:
-            continue
-        if impl.supports_args is not None and impl.supports_args(*call) is not True:
-            continue
-        found[provider] = impl.impl_fn
-    return found
+    """The impls selection accepts for ``call`` (``VLLM_BATCH_INVARIANT`` included), by name."""
+    found = op.candidates(*call, mode="eager")
+    return {
+        provider: op.impls[provider].impl_fn
+        for provider in sorted(found.accepted())
+        if provider in op.impls
+    }
 
 
 def run(args: argparse.Namespace) -> int:

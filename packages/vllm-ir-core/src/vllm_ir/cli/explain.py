@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from vllm_ir import envs
 from vllm_ir.cli import tune
 from vllm_ir.cli.args import (
     call_args_for,
@@ -15,7 +14,7 @@ from vllm_ir.cli.args import (
     parse_op,
     parse_shape,
 )
-from vllm_ir.dispatch import _rejection, describe
+from vllm_ir.dispatch import describe
 from vllm_ir.op import IrOp
 from vllm_ir.platform import current_platform
 from vllm_ir.priority import MODES, Mode
@@ -29,28 +28,24 @@ def candidate_lines(op: IrOp, call: tuple[Any, ...], mode: Mode) -> list[str]:
     Entries after the selected one are not asked by dispatch; their line says
     what they would answer, so that a reordered list can be judged here.
     """
-    selection = op.select(*call, mode=mode)
+    found = op.candidates(*call, mode=mode)
     lines = []
-    for decision in selection.decisions:
-        provider = decision.entry.provider
-        if decision.accepted:
+    reached = True  # up to and including the selected entry: what dispatch asks
+    for decision in found:
+        provider = decision.provider
+        would = "would accept" if decision.accepted else f"would be rejected: {decision.reason}"
+        if not decision.listed:
+            lines.append(
+                f"{provider}: not on the priority list ({would}; "
+                f"--ir-op-priority.{op.name}={provider} puts it first)"
+            )
+        elif not reached:
+            lines.append(f"{provider}: not reached ({would})")
+        elif decision.accepted:
             lines.append(f"{provider}: selected (first on the list that accepts)")
+            reached = False
         else:
             lines.append(f"{provider}: rejected: {decision.reason}")
-    entries = op.get_priority_entries(mode)
-    invariant = envs.batch_invariant()
-    for entry in entries[len(selection.decisions) :]:
-        why = _rejection(op.name, op.impls.get(entry.provider), call, invariant)
-        would = "would accept" if why is None else f"would be rejected: {why}"
-        lines.append(f"{entry.provider}: not reached ({would})")
-    listed = {entry.provider for entry in entries}
-    for provider in sorted(set(op.impls) - listed):
-        why = _rejection(op.name, op.impls[provider], call, invariant)
-        would = "would accept" if why is None else f"would be rejected: {why}"
-        lines.append(
-            f"{provider}: not on the priority list ({would}; "
-            f"--ir-op-priority.{op.name}={provider} puts it first)"
-        )
     return lines
 
 

@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
     ops = (
         [parse_op(name.strip()) for name in args.ops.split(",") if name.strip()]
         if args.ops
-        else [op for name, op in sorted(IrOp.registry.items()) if op._input_generator is not None]
+        else [op for name, op in sorted(IrOp.registry.items()) if op.has_input_generator]
     )
     shapes = parse_named_shapes(args.shapes)
     dtype = parse_dtype(args.dtype)

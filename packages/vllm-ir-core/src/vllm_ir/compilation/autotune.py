@@ -57,12 +57,12 @@ from typing import Any, Protocol
 import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.utils._python_dispatch import _disable_current_modes
+from vllm_ir_cli.flags import DEFAULT_AUTOTUNE_MARGIN
 
 from vllm_ir.build_cache import BuildCacheError, UnsafeCacheError
 from vllm_ir.compilation.context import _current_context
 from vllm_ir.compilation.fingerprint import code_fingerprint
 from vllm_ir.compilation.tuning_cache import TuningCache, record_problem
-from vllm_ir.config import DEFAULT_AUTOTUNE_MARGIN
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
@@ -164,14 +164,13 @@ def candidates(op: IrOp, args: Sequence[Any], mode: Mode = "compiled") -> list[I
     providers = op.get_priority(mode)
     if mode == "compiled" and not user_priority(op.name)[0]:
         providers += [p for p in op.get_priority("eager") if p not in providers]
+    found = op.candidates(*args, mode=mode)  # the one rule of selection, on every impl
     accepted = []
     for provider in providers:
         if provider not in op.impls:
             continue
-        # Put the entry first: select() then decides on it before anything else.
-        with op.set_priority([provider]):
-            decision = op.select(*args, mode=mode).decisions[0]
-        if decision.accepted and decision.entry.provider == provider:
+        decision = found[provider]
+        if decision.accepted:
             accepted.append(op.impls[provider])
         else:
             logger.debug("autotune %s: %s not a candidate: %s", op.name, provider, decision.reason)
@@ -267,7 +266,7 @@ def _index_bound(args: Sequence[Any], position: int) -> int:
 def _fresh_call(op: IrOp, impl: IrOpImpl, inputs: tuple[Any, ...]) -> Prepare:
     if not impl.inplace:
         return lambda: lambda: impl.impl_fn(*inputs)
-    idx = op._activation_idx  # the positions an in-place impl writes
+    idx = op.activation_indices  # the positions an in-place impl writes
 
     def prepare() -> Callable[[], object]:
         fresh = tuple(a.clone() if i in idx else a for i, a in enumerate(inputs))

@@ -26,6 +26,7 @@ import torch
 from torch import fx
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
+from vllm_ir_cli.flags import BUILTIN_PASSES
 
 from vllm_ir.compilation.absolute_views import AbsoluteViewPass, AbsoluteViewRecordPass
 from vllm_ir.compilation.autotune import Autotuner
@@ -36,7 +37,7 @@ from vllm_ir.compilation.fusion import NormQuantFusionPass
 from vllm_ir.compilation.lowering import LoweringPass
 from vllm_ir.compilation.sequence_parallel import SequenceParallelismPass
 from vllm_ir.compilation.upstream_hazards import as_strided_input_mutation, has_dynamic_inputs
-from vllm_ir.config import IrOpPriorityConfig, IrPassConfig
+from vllm_ir.config import IrOpPriorityConfig, IrPassConfig, KernelConfig
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
 from vllm_ir.priority import user_priority
@@ -50,6 +51,9 @@ _BUILTIN_PASSES: dict[str, Callable[[], Any]] = {
     "fuse_norm_quant": NormQuantFusionPass,
     "sequence_parallel": SequenceParallelismPass,
 }
+"""Factories of the built-in passes, by the names of ``vllm_ir_cli.flags.BUILTIN_PASSES``."""
+if set(_BUILTIN_PASSES) != set(BUILTIN_PASSES):  # the one list of names, shared with the CLI
+    raise ImportError(f"built-in passes {sorted(_BUILTIN_PASSES)} != {sorted(BUILTIN_PASSES)}")
 
 _HOOKS = (
     "pre_grad_custom_pass",
@@ -149,6 +153,18 @@ class VllmIRBackend:
             )
         self.pass_contexts: list[PassContext] = []
         """One per compiled graph: donations, selections, clone counts, timings."""
+
+    @classmethod
+    def from_config(cls, config: KernelConfig, **kwargs: Any) -> VllmIRBackend:
+        """A backend with ``config``'s priorities, passes and autotuning (``kwargs`` go to it too).
+
+        >>> import vllm_ir as ir
+        >>> cfg = ir.KernelConfig.from_cli_args(["--ir-autotune=off"])
+        >>> ir.VllmIRBackend.from_config(cfg).autotuner is None
+        True
+        """
+        tuner = Autotuner(margin=config.autotune_margin) if config.autotune else False
+        return cls(priority=config.priority, passes=config.ir_passes, autotune=tuner, **kwargs)
 
     def _hooks(self) -> dict[str, Any]:
         ours = {

@@ -182,7 +182,7 @@ class LoweringPass:
         if cached is not None:
             return cached
         constants = list(fake_args)
-        activations = op._activation_idx if impl.inplace else frozenset()
+        activations = op.activation_indices if impl.inplace else frozenset()
 
         def call(*tensors: torch.Tensor) -> Any:
             full = list(constants)

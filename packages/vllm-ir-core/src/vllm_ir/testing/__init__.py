@@ -29,6 +29,11 @@ In pytest, :func:`conformance_cases` parametrizes one test per case::
     @pytest.mark.parametrize("case", conformance_cases("my_provider"), ids=str)
     def test_conformance(case):
         case.check()
+
+Also here for the packages' tests: :func:`isolated` (selection state reset
+around a block; the pytest plugin's ``vllm_ir_isolated`` fixture),
+:class:`TinyDecoder` and :func:`compile_agrees` (lazily: they import
+``vllm_ir.compilation``).
 """
 
 from __future__ import annotations
@@ -45,9 +50,15 @@ from vllm_ir.dispatch_key import ALIGNMENT
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.op import IrOp
 from vllm_ir.samples import SampleInput
+from vllm_ir.testing.isolation import SELECTION_ENV, inductor_caches_off, isolated
+from vllm_ir.testing.models import TinyDecoder, compile_agrees
 
 __all__ = [
     "CHECKS",
+    "SELECTION_ENV",
+    "TinyDecoder",
+    "compile_agrees",
+    "isolated",
     "ConformanceCase",
     "ConformanceError",
     "ConformanceReport",
@@ -106,9 +117,9 @@ class ConformanceCase:
 
 
 def _samples(case: ConformanceCase) -> Iterator[SampleInput]:
+    """The samples selection would send to the case's impl (``op.candidates``' rule)."""
     for sample in case.op.sample_inputs(case.dtype, case.device, provider=case.provider):
-        supports = case.impl.supports_args
-        if supports is None or supports(*sample.args) is True:
+        if case.op.candidates(*sample.args)[case.provider].accepted:
             yield sample
 
 
@@ -286,7 +297,7 @@ def key_sharing_variants(op: IrOp, args: Sequence[Any]) -> Iterator[tuple[str, t
     """
     args = tuple(args)
     try:
-        base = op._key(*args)
+        base = op.selection_key(*args)
     except Exception:
         return
     tensors = [
@@ -312,7 +323,7 @@ def key_sharing_variants(op: IrOp, args: Sequence[Any]) -> Iterator[tuple[str, t
             variant[i] = _with_layout(t, batch, offset, plan.get("fill", 1.0))
         else:
             try:
-                same = op._key(*variant) == base
+                same = op.selection_key(*variant) == base
             except Exception:
                 same = False
             if same:
@@ -372,24 +383,6 @@ def _check_mutation(case: ConformanceCase) -> Iterator[str]:
             "donated activations on this promise; write the outputs into them, or register "
             "without inplace=True"
         )
-
-
-@contextlib.contextmanager
-def inductor_caches_off() -> Iterator[None]:
-    """Compile without Inductor's FX graph and AOTAutograd caches.
-
-    On a cache hit vllm-ir's passes do not run, so their records
-    (``selected_impls``, clone counts) stay empty; tests that read them,
-    and the demo, compile under this.
-    """
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config as inductor_config
-
-    with (
-        inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False),
-        functorch_config.patch(enable_autograd_cache=False),
-    ):
-        yield
 
 
 def _check_compiled(case: ConformanceCase) -> Iterator[str]:
