@@ -12,6 +12,7 @@ change takes effect at the next :func:`invalidate_caches`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -205,7 +206,10 @@ def _ask(predicate: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         raise
 
 
-def _no_data_pointers() -> Any:
+@functools.cache
+def _no_data_pointers_mode() -> type:
+    """The TorchFunctionMode class refusing ``data_ptr()`` (built once, on first use:
+    this module imports no torch at import time)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -215,7 +219,11 @@ def _no_data_pointers() -> Any:
                 raise _DataPointerRead
             return func(*args, **(kwargs or {}))
 
-    return NoDataPointers()
+    return NoDataPointers
+
+
+def _no_data_pointers() -> Any:
+    return _no_data_pointers_mode()()
 
 
 def select(

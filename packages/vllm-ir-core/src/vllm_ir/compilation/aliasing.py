@@ -17,7 +17,7 @@ import torch
 from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-__all__ = ["AliasGroups", "is_write", "tensor_values", "written_args"]
+__all__ = ["AliasGroups", "is_write", "meta_value", "tensor_values", "written_args"]
 
 
 def tensor_values(value: object) -> Iterator[torch.Tensor]:
@@ -29,7 +29,8 @@ def tensor_values(value: object) -> Iterator[torch.Tensor]:
             yield from tensor_values(v)
 
 
-def _meta_value(node: fx.Node) -> object:
+def meta_value(node: fx.Node) -> object:
+    """A node's value: ``meta['val']`` (AOT graphs), else Dynamo's ``example_value``."""
     return node.meta.get("val", node.meta.get("example_value"))
 
 
@@ -66,7 +67,7 @@ def written_args(node: fx.Node) -> list[fx.Node]:
 
 
 def _may_hold_tensor(node: fx.Node) -> bool:
-    value = _meta_value(node)
+    value = meta_value(node)
     return value is None or any(True for _ in tensor_values(value))
 
 
@@ -96,7 +97,7 @@ class AliasGroups:
         for node in graph.nodes:
             keys: list[object] = [
                 StorageWeakRef(t.untyped_storage())
-                for t in tensor_values(_meta_value(node))
+                for t in tensor_values(meta_value(node))
                 if not _is_sparse(t)
             ]
             self._storages[node] = keys

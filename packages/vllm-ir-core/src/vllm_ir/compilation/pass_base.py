@@ -19,24 +19,12 @@ from vllm_ir._version import __version__
 from vllm_ir.compilation.context import _current_context, get_pass_context
 from vllm_ir.logger import get_logger
 
-__all__ = ["DUMP_ENV", "VllmIRPass", "source_hash"]
+__all__ = ["DUMP_ENV", "VllmIRPass"]
 
 DUMP_ENV = envs.VLLM_IR_DUMP_GRAPHS
 """A directory: each pass writes the graph it produced there, for debugging."""
 
 logger = get_logger(__name__)
-
-
-def source_hash(*objects: object) -> str:
-    """A hash of the source code of classes/functions (their repr if none)."""
-    h = hashlib.sha256()
-    for obj in objects:
-        try:
-            text = inspect.getsource(obj)  # type: ignore[arg-type]
-        except (OSError, TypeError):
-            text = repr(obj)
-        h.update(text.encode())
-    return h.hexdigest()
 
 
 class VllmIRPass(CustomGraphPass):

@@ -40,6 +40,8 @@ import torch
 from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from vllm_ir.compilation.aliasing import meta_value, tensor_values
+
 __all__ = ["as_strided_input_mutation", "has_dynamic_inputs"]
 
 _VIEW_METHODS = frozenset(
@@ -150,10 +152,9 @@ def _aliases(placeholder: fx.Node) -> set[fx.Node]:
 
 
 def _storage(node: fx.Node) -> Any:
-    value = node.meta.get("example_value", node.meta.get("val"))
-    if isinstance(value, (list, tuple)):  # split / chunk / unbind: their pieces
-        value = next((v for v in value if isinstance(v, torch.Tensor)), None)
-    if not isinstance(value, torch.Tensor):
+    # split / chunk / unbind: the storage of their pieces
+    value = next(tensor_values(meta_value(node)), None)
+    if value is None:
         return None
     try:
         return StorageWeakRef(value.untyped_storage())
