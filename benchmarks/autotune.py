@@ -32,25 +32,9 @@ import vllm_ir as ir
 from torch._inductor import config as inductor_config
 from vllm_ir.cli.tune import tune
 from vllm_ir.compilation.autotune import Autotuner, WallClockTimer
+from vllm_ir.testing import TinyDecoder
 
 OPS = ("rms_norm", "fused_add_rms_norm")
-
-
-class Decoder(torch.nn.Module):
-    def __init__(self, layers: int, hidden: int) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linears = torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(layers))
-        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(hidden))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        residual = x
-        h = ir.ops.rms_norm(x, self.weight, 1e-6)
-        for linear in self.linears:
-            h, residual = ir.ops.fused_add_rms_norm.maybe_inplace(
-                linear(h), residual, self.weight, 1e-6
-            )
-        return h
 
 
 def _providers() -> list[str]:
@@ -82,7 +66,7 @@ def _runtime_us(fns: dict[str, Any], x: torch.Tensor, rounds: int, number: int) 
     return {k: round(statistics.median(v), 2) for k, v in samples.items()}
 
 
-def compiled_size(model: Decoder, x: torch.Tensor, rounds: int, number: int) -> dict[str, Any]:
+def compiled_size(model: TinyDecoder, x: torch.Tensor, rounds: int, number: int) -> dict[str, Any]:
     """Compile times are of kernel-cached compiles (the C++ compiler ran before, as in
     compile_pipeline.py), best of two, interleaved; the cold autotune compile once."""
     fixed_priority = {p: {op: [p] for op in OPS} for p in _providers()}
@@ -157,7 +141,7 @@ def compiled_size(model: Decoder, x: torch.Tensor, rounds: int, number: int) -> 
 
 
 def eager_size(
-    model: Decoder, x: torch.Tensor, tuned: dict[str, list[str]], rounds: int, number: int
+    model: TinyDecoder, x: torch.Tensor, tuned: dict[str, list[str]], rounds: int, number: int
 ) -> dict[str, Any]:
     def under(priority: dict[str, list[str]]) -> Any:
         def run(inp: torch.Tensor) -> torch.Tensor:
@@ -190,7 +174,7 @@ def main() -> None:
     torch.set_num_threads(1)
     # a fresh tuning cache: the cold compile measures, the warm one reads
     os.environ["VLLM_IR_CACHE_DIR"] = tempfile.mkdtemp(prefix="vllm-ir-autotune-")
-    model = Decoder(args.layers, args.hidden).eval()
+    model = TinyDecoder(args.hidden, args.layers).eval()
     sizes = {"decode": 1, "prefill": args.prefill}
     report: dict[str, Any] = {
         "benchmark": "autotune",

@@ -22,6 +22,7 @@ def vllm_ir(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
+@pytest.mark.slow
 def test_ops_lists_every_op_and_provider() -> None:
     out = vllm_ir("ops").stdout
     assert "platform: cpu" in out
@@ -34,6 +35,7 @@ def test_ops_lists_every_op_and_provider() -> None:
     assert data["failed_providers"] == {} or isinstance(data["failed_providers"], dict)
 
 
+@pytest.mark.slow
 def test_explain_shows_sources_decisions_and_choice_per_mode() -> None:
     out = vllm_ir(
         "explain",
@@ -228,6 +230,7 @@ def _file_cases(tmp: Path) -> list[tuple[list[str], str]]:
     ]
 
 
+@pytest.mark.slow
 def test_bad_input_with_files_is_one_line_and_exit_2(tmp_path: Path) -> None:
     """Checked before any work: nothing measured, no temporary file left anywhere."""
     cases = _file_cases(tmp_path)
@@ -271,6 +274,7 @@ def test_bad_input_through_the_command() -> None:
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+@pytest.mark.slow
 def test_a_closed_pipe_ends_quietly() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     reader = subprocess.Popen(
@@ -334,6 +338,7 @@ def test_importing_core_gives_no_numpy_warning() -> None:
     assert "NumPy" not in result.stderr
 
 
+@pytest.mark.slow
 def test_ops_and_demo_report_a_failed_provider_once(tmp_path: Path) -> None:
     dist = tmp_path / "broken_provider-0.1.dist-info"
     dist.mkdir()
@@ -381,6 +386,7 @@ def test_bench_times_impls_side_by_side(tmp_path: Path) -> None:
     assert "p10-p90 us" in result.stdout
 
 
+@pytest.mark.slow
 def test_demo_runs_eager_and_compiled() -> None:
     out = vllm_ir("demo", "--layers", "2", "--hidden", "32", "--tokens", "8", "--runs", "2").stdout
     assert "fused_add_rms_norm: priority ['native'] -> native" in out

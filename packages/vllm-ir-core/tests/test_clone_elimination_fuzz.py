@@ -305,6 +305,7 @@ def write_report(section: str, stats: dict[str, Any]) -> None:
         target.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
+@pytest.mark.slow
 def test_clone_elimination_differential_fuzz(capsys: pytest.CaptureFixture[str]) -> None:
     stats = fuzz(PROGRAMS, SEED)
     write_report("pass_level", stats)

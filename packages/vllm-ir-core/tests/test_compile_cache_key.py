@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from vllm_ir.compilation.fingerprint import code_fingerprint
 
 CHILD = textwrap.dedent(
@@ -78,6 +79,7 @@ def _run(tmp: Path, *, batch_invariant: bool, factor: int) -> dict[str, dict[str
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_the_graph_cache_key_covers_batch_invariance_and_helper_code(tmp_path: Path) -> None:
     (tmp_path / "child.py").write_text(CHILD)
     first = _run(tmp_path, batch_invariant=False, factor=1)

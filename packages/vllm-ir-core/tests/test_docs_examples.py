@@ -202,6 +202,7 @@ def _pages() -> list[Any]:
 
 
 @pytest.mark.parametrize("page", _pages())
+@pytest.mark.slow
 def test_page_examples(page: Path, tmp_path: Path) -> None:
     name = Path(os.path.relpath(page, DOCS.parent)).as_posix()  # docs/<page>.md
     text = page.read_text(encoding="utf-8")

@@ -7,7 +7,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 
+
+@pytest.mark.slow
 def test_debug_logging_of_selection() -> None:
     script = textwrap.dedent(
         """
@@ -44,6 +47,7 @@ def test_debug_logging_of_selection() -> None:
     assert f"{selected} for (Tensor(bfloat16, (2, 8), cpu), None, 1e-06, None)" in log
 
 
+@pytest.mark.slow
 def test_bad_logging_level_warns_and_is_ignored() -> None:
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "LOUD"}
     script = "import torch, vllm_ir as ir; ir.ops.rms_norm(torch.ones(1, 4), None, 1e-6)"

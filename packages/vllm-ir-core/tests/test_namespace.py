@@ -68,6 +68,7 @@ def test_default_namespace_without_vllm_ir() -> None:
 
 
 @pytest.mark.parametrize("vllm_first", [True, False], ids=["vllm-first", "vllm_ir-first"])
+@pytest.mark.slow
 def test_both_import_orders_beside_vllm_ir(fake_vllm: Path, vllm_first: bool) -> None:
     imports = ["import vllm.ir", "import vllm_ir"]
     first, second = imports if vllm_first else imports[::-1]

@@ -259,6 +259,7 @@ print("SCOPES OK")
 """
 
 
+@pytest.mark.slow
 def test_generator_scopes_never_leak_into_the_caller() -> None:
     # in a subprocess with a timeout, as a broken scope could hang or poison the suite
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM")}

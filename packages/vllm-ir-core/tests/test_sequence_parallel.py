@@ -21,6 +21,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_rank_gloo_rewrite_matches_single_process(tmp_path: Path) -> None:
     world, port = 2, _free_port()
     procs = []

@@ -5,23 +5,7 @@ from __future__ import annotations
 import torch
 import vllm_ir as ir
 from torch.fx.experimental.proxy_tensor import make_fx
-
-
-class TinyDecoder(torch.nn.Module):
-    def __init__(self, hidden: int = 32, layers: int = 3) -> None:
-        super().__init__()
-        self.linears = torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(layers))
-        self.norm_weight = torch.nn.Parameter(torch.ones(hidden))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        residual = x
-        h = ir.ops.rms_norm(x, self.norm_weight, 1e-6)
-        for linear in self.linears:
-            h = linear(h)
-            h, residual = ir.ops.fused_add_rms_norm.maybe_inplace(
-                h, residual, self.norm_weight, 1e-6
-            )
-        return h
+from vllm_ir.testing import TinyDecoder
 
 
 def _ir_targets(graph: torch.fx.Graph) -> list[str]:

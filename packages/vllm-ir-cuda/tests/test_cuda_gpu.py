@@ -17,7 +17,7 @@ import torch
 import vllm_ir as ir
 import vllm_ir_cuda
 from cuda_stand_ins import requires_cuda
-from vllm_ir.testing import ConformanceCase
+from vllm_ir.testing import ConformanceCase, TinyDecoder
 from vllm_ir_cuda import _build, layernorm, ops
 
 pytestmark = requires_cuda
@@ -252,21 +252,6 @@ def test_a_row_does_not_depend_on_its_batch(hidden: int) -> None:
 # -- compiled ---------------------------------------------------------------
 
 
-class Decoder(torch.nn.Module):
-    def __init__(self, hidden: int, layers: int) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linears = torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(layers))
-        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(hidden))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        residual = x
-        h = RMS(x, self.weight, 1e-6)
-        for linear in self.linears:
-            h, residual = FUSED.maybe_inplace(linear(h), residual, self.weight, 1e-6)
-        return h
-
-
 @pytest.fixture
 def no_inductor_cache() -> Iterator[None]:
     from vllm_ir.testing import inductor_caches_off
@@ -279,7 +264,7 @@ def no_inductor_cache() -> Iterator[None]:
 def test_eager_equals_compiled_with_zero_clones() -> None:
     layers = 3
     torch._dynamo.reset()
-    model = Decoder(256, layers).to(DEVICE, torch.bfloat16).eval()
+    model = TinyDecoder(256, layers).to(DEVICE, torch.bfloat16).eval()
     backend = ir.VllmIRBackend(priority={"rms_norm": [PROVIDER], "fused_add_rms_norm": [PROVIDER]})
     compiled = torch.compile(model, backend=backend, dynamic=False)
     x = torch.randn(8, 256, device=DEVICE, dtype=torch.bfloat16)
@@ -453,7 +438,7 @@ def test_cuda_graph_replays_equal_eager(name: str) -> None:
 @pytest.mark.usefixtures("no_inductor_cache")
 def test_reduce_overhead_compile_runs_the_kernels() -> None:
     torch._dynamo.reset()
-    model = Decoder(256, 2).to(DEVICE, torch.bfloat16).eval()
+    model = TinyDecoder(256, 2).to(DEVICE, torch.bfloat16).eval()
     priority = {"rms_norm": [PROVIDER], "fused_add_rms_norm": [PROVIDER]}
     with ir.IrOpPriorityConfig(**priority).scope():
         compiled = torch.compile(model, backend="vllm_ir", mode="reduce-overhead", dynamic=False)

@@ -12,7 +12,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from cuda_stand_ins import STANDIN, StandInKernels
-from vllm_ir.testing import ConformanceCase, inductor_caches_off
+from vllm_ir.testing import ConformanceCase, TinyDecoder, inductor_caches_off
 from vllm_ir_cuda import layernorm, ops
 
 RMS = ir.ops.rms_norm
@@ -134,28 +134,11 @@ def test_conformance_kit(standin: StandInKernels, op_name: str, check: str, dtyp
 _no_cache = inductor_caches_off
 
 
-class Decoder(torch.nn.Module):
-    """rms_norm, then per layer a linear and fused_add_rms_norm.maybe_inplace."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linears = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(LAYERS))
-        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(HIDDEN))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        residual = x
-        h = RMS(x, self.weight, 1e-6)
-        for linear in self.linears:
-            h, residual = FUSED.maybe_inplace(linear(h), residual, self.weight, 1e-6)
-        return h
-
-
 def test_compiled_decoder_runs_the_kernels_in_place_without_clones(
     standin: StandInKernels,
 ) -> None:
     torch._dynamo.reset()
-    model = Decoder().eval()
+    model = TinyDecoder(HIDDEN, LAYERS).eval()
     priority = {"rms_norm": [STANDIN], "fused_add_rms_norm": [STANDIN]}
     backend = ir.VllmIRBackend(priority=priority)
     compiled = torch.compile(model, backend=backend, dynamic=False)

@@ -18,7 +18,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from triton_helpers import DEVICE
-from vllm_ir.testing import inductor_caches_off
+from vllm_ir.testing import TinyDecoder, inductor_caches_off
 from vllm_ir_triton import PROVIDER
 
 HIDDEN, LAYERS = 64, 3
@@ -29,30 +29,11 @@ NATIVE = {"rms_norm": ["native"], "fused_add_rms_norm": ["native"]}
 no_cache = inductor_caches_off
 
 
-class Decoder(torch.nn.Module):
-    """rms_norm, then per layer a linear and fused_add_rms_norm.maybe_inplace."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linears = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(LAYERS))
-        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(HIDDEN))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        residual = x
-        h = ir.ops.rms_norm(x, self.weight, 1e-6)
-        for linear in self.linears:
-            h, residual = ir.ops.fused_add_rms_norm.maybe_inplace(
-                linear(h), residual, self.weight, 1e-6
-            )
-        return h
-
-
 @pytest.fixture(scope="module")
-def compiled() -> tuple[Decoder, Any, ir.VllmIRBackend]:
+def compiled() -> tuple[TinyDecoder, Any, ir.VllmIRBackend]:
     """The decoder compiled once, for every batch size, with ``triton`` selected."""
     torch._dynamo.reset()
-    model = Decoder().to(DEVICE).eval()
+    model = TinyDecoder(HIDDEN, LAYERS).to(DEVICE).eval()
     backend = ir.VllmIRBackend(priority=TRITON)
     fn = torch.compile(model, backend=backend, dynamic=True)
     with no_cache(), torch.no_grad():

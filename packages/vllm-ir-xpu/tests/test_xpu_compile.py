@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 import vllm_ir as ir
-from vllm_ir.testing import inductor_caches_off
+from vllm_ir.testing import TinyDecoder, inductor_caches_off
 from vllm_ir_xpu import PROVIDER
 from xpu_stand_ins import StandInXpuKernels
 
@@ -18,31 +18,10 @@ DTYPE = torch.bfloat16
 _no_cache = inductor_caches_off
 
 
-class Decoder(torch.nn.Module):
-    """rms_norm, then per layer a linear and fused_add_rms_norm.maybe_inplace."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linears = torch.nn.ModuleList(
-            torch.nn.Linear(HIDDEN, HIDDEN, dtype=DTYPE) for _ in range(LAYERS)
-        )
-        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(HIDDEN, dtype=DTYPE))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        residual = x
-        h = ir.ops.rms_norm(x, self.weight, 1e-6)
-        for linear in self.linears:
-            h, residual = ir.ops.fused_add_rms_norm.maybe_inplace(
-                linear(h), residual, self.weight, 1e-6
-            )
-        return h
-
-
 @pytest.fixture(scope="module")
-def compiled(xpu_stand_in: StandInXpuKernels) -> tuple[Decoder, Any, ir.VllmIRBackend]:
+def compiled(xpu_stand_in: StandInXpuKernels) -> tuple[TinyDecoder, Any, ir.VllmIRBackend]:
     torch._dynamo.reset()
-    model = Decoder().eval()
+    model = TinyDecoder(HIDDEN, LAYERS, dtype=DTYPE).eval()
     backend = ir.VllmIRBackend(priority={"rms_norm": [PROVIDER], "fused_add_rms_norm": [PROVIDER]})
     fn = torch.compile(model, backend=backend, dynamic=False)
     with _no_cache(), torch.no_grad():
@@ -51,7 +30,9 @@ def compiled(xpu_stand_in: StandInXpuKernels) -> tuple[Decoder, Any, ir.VllmIRBa
     return model, fn, backend
 
 
-def test_every_node_lowered_to_xpu_kernels(compiled: tuple[Decoder, Any, ir.VllmIRBackend]) -> None:
+def test_every_node_lowered_to_xpu_kernels(
+    compiled: tuple[TinyDecoder, Any, ir.VllmIRBackend],
+) -> None:
     selected = compiled[2].lowering_pass.selected_impls
     assert set(selected) == {"rms_norm", "fused_add_rms_norm"}
     assert {p for nodes in selected.values() for p in nodes.values()} == {PROVIDER}
@@ -59,7 +40,7 @@ def test_every_node_lowered_to_xpu_kernels(compiled: tuple[Decoder, Any, ir.Vllm
 
 
 def test_compiled_graph_calls_the_wrapped_kernels(
-    compiled: tuple[Decoder, Any, ir.VllmIRBackend], kernels: StandInXpuKernels
+    compiled: tuple[TinyDecoder, Any, ir.VllmIRBackend], kernels: StandInXpuKernels
 ) -> None:
     model, fn, _ = compiled
     x = torch.randn(5, HIDDEN, dtype=DTYPE)
@@ -77,7 +58,7 @@ def test_compiled_graph_calls_the_wrapped_kernels(
 
 
 def test_no_clones_left_for_the_in_place_kernel(
-    compiled: tuple[Decoder, Any, ir.VllmIRBackend],
+    compiled: tuple[TinyDecoder, Any, ir.VllmIRBackend],
 ) -> None:
     ctx = compiled[2].pass_contexts[0]
     assert ctx.functionalized == LAYERS

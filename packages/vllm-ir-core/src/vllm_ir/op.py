@@ -23,6 +23,7 @@ import torch
 from torch.library import Library, infer_schema
 
 from vllm_ir._hotpath import compile_source, make_needs_grad_fn, make_route_fn
+from vllm_ir._torch_private import destroy_library
 from vllm_ir.arguments import make_argument_check
 from vllm_ir.autograd import NativeGradient
 from vllm_ir.cache import (
@@ -489,10 +490,7 @@ class IrOp:
 
     def _destroy_library(self) -> None:
         """Undefine the op's torch ops, so its name can be declared again."""
-        defs = set(self._lib._op_defs)
-        self._lib._destroy()
-        # _destroy leaves the names in torch.library's registry of definitions
-        torch.library._defs.difference_update(defs)
+        destroy_library(self._lib)
 
     def _all_caches(self) -> list[dict[Any, Any]]:
         caches: list[dict[Any, Any]] = list(self._caches.values())

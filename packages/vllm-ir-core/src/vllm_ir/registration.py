@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import gc
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from vllm_ir import _torch_private
 from vllm_ir.logger import get_logger
 
 __all__ = [
@@ -107,54 +107,24 @@ class _Snapshot:
 
     @classmethod
     def take(cls) -> _Snapshot:
-        import torch.library
-
         return cls(
             restores=[capture() for capture in _contributors],
-            torch_defs=frozenset(torch.library._defs),
-            torch_impls=frozenset(torch.library._impls),
+            torch_defs=_torch_private.defined_ops(),
+            torch_impls=_torch_private.implemented_ops(),
         )
 
     def restore(self) -> list[str]:
         """Put back what changed since :meth:`take`; returns what was restored."""
-        import torch.library
-
         restored: list[str] = []
         for put_back in self.restores:
             what = put_back()
             if what:
                 restored.append(what)
-        new_defs = set(torch.library._defs) - self.torch_defs
-        new_impls = set(torch.library._impls) - self.torch_impls
+        new_defs = set(_torch_private.defined_ops() - self.torch_defs)
+        new_impls = set(_torch_private.implemented_ops() - self.torch_impls)
         if new_defs or new_impls:
-            restored += _destroy_torch_libraries(new_defs, new_impls)
+            restored += _torch_private.destroy_libraries_defining(new_defs, new_impls)
         return restored
-
-
-def _destroy_torch_libraries(defs: set[str], impls: set[str]) -> list[str]:
-    """Destroy the ``torch.library.Library`` objects that made ``defs`` / ``impls``.
-
-    torch keeps no registry of Library objects, so they are found by a heap
-    scan; this runs only when a provider failed to load.
-    """
-    import torch.library
-    from torch._library import custom_ops
-
-    destroyed: list[str] = []
-    for obj in gc.get_objects():
-        # type(), not isinstance(): some objects warn when their __class__ is read
-        if not issubclass(type(obj), torch.library.Library) or getattr(obj, "m", None) is None:
-            continue  # not a library, or one already destroyed
-        mine = (set(obj._op_defs) & defs) | (set(obj._op_impls) & impls)
-        if mine:
-            obj._destroy()
-            destroyed.append(f"torch.library {obj.ns} ({', '.join(sorted(mine))})")
-    # _destroy leaves the names behind, which would block defining them again
-    torch.library._defs.difference_update(defs)
-    for qualname in defs:
-        custom_ops.OPDEFS.pop(qualname, None)
-        custom_ops.OPDEF_TO_LIB.pop(qualname, None)
-    return destroyed
 
 
 @dataclass

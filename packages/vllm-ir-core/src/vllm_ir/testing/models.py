@@ -30,7 +30,8 @@ class TinyDecoder(torch.nn.Module):
     """``rms_norm``, then per layer a linear and ``fused_add_rms_norm.maybe_inplace``.
 
     Parameters come from ``torch.manual_seed(seed)``, so two instances are
-    equal. ``use_ir=False`` calls the native functions directly (no IR ops).
+    equal. ``use_ir=False`` calls the native functions directly (no IR ops);
+    ``dtype`` is the parameters' (default: torch's default dtype).
 
     >>> import torch
     >>> TinyDecoder(hidden=8, layers=2)(torch.randn(3, 8)).shape
@@ -38,14 +39,22 @@ class TinyDecoder(torch.nn.Module):
     """
 
     def __init__(
-        self, hidden: int = 32, layers: int = 3, *, use_ir: bool = True, seed: int = 0
+        self,
+        hidden: int = 32,
+        layers: int = 3,
+        *,
+        use_ir: bool = True,
+        seed: int = 0,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         torch.manual_seed(seed)
         self.hidden = hidden
         self.use_ir = use_ir
-        self.linears = torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(layers))
-        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(hidden))
+        self.linears = torch.nn.ModuleList(
+            torch.nn.Linear(hidden, hidden, dtype=dtype) for _ in range(layers)
+        )
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(hidden, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         norm = ops.rms_norm if self.use_ir else ops.rms_norm.native

@@ -7,6 +7,10 @@ changes no other test suite; a provider package's ``conftest.py`` opts in::
     @pytest.fixture(autouse=True)
     def _isolated(vllm_ir_isolated: None) -> None:
         pass
+
+It also declares the ``slow`` marker (a test of ten seconds or more here:
+subprocesses, cold compiles), so ``pytest -m "not slow"`` is the fast inner
+loop of every package's suite; CI runs everything.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from collections.abc import Iterator
 
 import pytest
 
-__all__ = ["vllm_ir_isolated"]
+__all__ = ["pytest_configure", "vllm_ir_isolated"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: ten seconds or more (subprocesses, cold compiles); -m 'not slow' skips"
+    )
 
 
 @pytest.fixture

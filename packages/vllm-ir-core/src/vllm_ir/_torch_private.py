@@ -1,0 +1,74 @@
+"""The private torch internals that undoing a registration needs, in one place.
+
+``torch.library`` has no public way to undefine an op: a failed provider load
+(:mod:`vllm_ir.registration`) and an op's teardown (``IrOp._unregister``)
+read and edit the bookkeeping below. Written against torch 2.11 to 2.13
+(``torch/library.py``: ``_defs``, ``_impls``, ``Library._op_defs``,
+``Library._op_impls``, ``Library._destroy``; ``torch/_library/custom_ops.py``:
+``OPDEFS``, ``OPDEF_TO_LIB``); a torch that moves them breaks only these
+functions, and ``tests/test_registration.py`` says so.
+
+Imports torch lazily: :mod:`vllm_ir.registration` imports nothing at load.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["defined_ops", "destroy_libraries_defining", "destroy_library", "implemented_ops"]
+
+
+def defined_ops() -> frozenset[str]:
+    """Every ``namespace::name`` some ``torch.library.Library`` defined."""
+    import torch.library
+
+    return frozenset(torch.library._defs)
+
+
+def implemented_ops() -> frozenset[str]:
+    """Every ``namespace::name/dispatch key`` some ``Library`` registered a kernel for."""
+    import torch.library
+
+    return frozenset(torch.library._impls)
+
+
+def _forget(defs: Iterable[str]) -> None:
+    # Library._destroy leaves the names behind, which would block defining them again
+    import torch.library
+    from torch._library import custom_ops
+
+    defs = set(defs)
+    torch.library._defs.difference_update(defs)
+    for qualname in defs:
+        custom_ops.OPDEFS.pop(qualname, None)
+        custom_ops.OPDEF_TO_LIB.pop(qualname, None)
+
+
+def destroy_library(lib: Any) -> None:
+    """Destroy ``lib`` (a ``torch.library.Library``), so its op names can be defined again."""
+    defs = set(lib._op_defs)
+    lib._destroy()
+    _forget(defs)
+
+
+def destroy_libraries_defining(defs: set[str], impls: set[str]) -> list[str]:
+    """Destroy the ``Library`` objects that made ``defs`` / ``impls``; returns what went.
+
+    torch keeps no registry of Library objects, so they are found by a heap
+    scan; this runs only when a provider failed to load.
+    """
+    import torch.library
+
+    destroyed: list[str] = []
+    for obj in gc.get_objects():
+        # type(), not isinstance(): some objects warn when their __class__ is read
+        if not issubclass(type(obj), torch.library.Library) or getattr(obj, "m", None) is None:
+            continue  # not a library, or one already destroyed
+        mine = (set(obj._op_defs) & defs) | (set(obj._op_impls) & impls)
+        if mine:
+            obj._destroy()
+            destroyed.append(f"torch.library {obj.ns} ({', '.join(sorted(mine))})")
+    _forget(defs)
+    return destroyed
