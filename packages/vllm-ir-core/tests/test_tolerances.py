@@ -66,3 +66,19 @@ def test_fp8_steps_apart() -> None:
     apart = fp8_steps_apart(values, others.view(FP8)).tolist()
     assert apart == [0, 0, 1, 2, 1, 0, 0]  # +-0 equal; -min to +min is 2; NaN pairs 0
     assert EXACT.atol == EXACT.rtol == 0.0
+
+
+def test_tolerances_register_through_handles_that_undo_only_their_own() -> None:
+    op = ir.ops.silu_and_mul
+    default = op.tolerance(torch.float64) if torch.float64 in op.tolerances else None
+    loose, tight = ir.Tolerance(atol=1.0, rtol=1.0), ir.Tolerance(atol=1e-9, rtol=1e-9)
+    first = op.register_tolerances({torch.float64: loose})
+    second = op.register_tolerances({torch.float64: tight})
+    assert op.tolerance(torch.float64) == tight
+    first.remove()  # an older registration's removal keeps the newer one
+    assert op.tolerance(torch.float64) == tight
+    second.remove()
+    assert (torch.float64 in op.tolerances) is (default is not None)
+    with pytest.raises(TypeError, match=r"torch\.dtype to a vllm_ir\.Tolerance"):
+        op.register_tolerances({"float64": tight})  # type: ignore[dict-item]
+    assert not hasattr(op.tolerances, "pop")  # read-only but for registrations

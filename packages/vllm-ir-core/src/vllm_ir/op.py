@@ -59,7 +59,6 @@ from vllm_ir.priority import (
 from vllm_ir.registration import (
     RegistrationHandle,
     current_registration_log,
-    on_snapshot,
     record,
 )
 from vllm_ir.samples import SampleInput, SampleInputGenerator
@@ -68,7 +67,7 @@ from vllm_ir.signature import (
     check_op_name,
     resolve_activations,
 )
-from vllm_ir.tolerances import Tolerance, tolerance_for
+from vllm_ir.tolerances import Tolerance, ToleranceTable, tolerance_for
 
 __all__ = ["IrOp", "IrOpInplaceOverload", "NAMESPACE", "get_op", "register_op"]
 
@@ -152,7 +151,8 @@ class IrOp:
         self._input_generator: SampleInputGenerator | None = None
         # provider -> its extra conformance samples, on top of the op's own
         self._extra_samples: dict[str, list[SampleInputGenerator]] = {}
-        self.tolerances: dict[torch.dtype, Tolerance] = {}
+        self.tolerances = ToleranceTable(name)
+        """Tolerance per dtype for comparing an impl with native (:meth:`register_tolerances`)."""
         self.__doc__ = native_fn.__doc__
         self._gradient = NativeGradient(native_fn)
         self._lib = Library(NAMESPACE, "FRAGMENT")
@@ -615,7 +615,24 @@ class IrOp:
         return itertools.chain(own, *(g(dtype, torch.device(device)) for g in extras))
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
+        """How close an impl's result for ``dtype`` must be to native's (tests, the kit)."""
         return tolerance_for(dtype, self.tolerances)
+
+    def register_tolerances(
+        self, tolerances: Mapping[torch.dtype, Tolerance]
+    ) -> RegistrationHandle:
+        """Compare impls of this op with native within ``tolerances`` (dtype -> tolerance).
+
+        Returns a handle; a failed provider load removes what it registered.
+
+        >>> import torch, vllm_ir as ir
+        >>> handle = ir.ops.silu_and_mul.register_tolerances(
+        ...     {torch.float64: ir.Tolerance(atol=1e-12, rtol=1e-12)})
+        >>> ir.ops.silu_and_mul.tolerance(torch.float64).atol
+        1e-12
+        >>> handle.remove()
+        """
+        return self.tolerances.register(tolerances)
 
     # -- overloads --------------------------------------------------------
 
@@ -747,23 +764,3 @@ def get_op(name: str) -> IrOp:
         raise KeyError(
             f"unknown IR op {name!r}; known ops: {', '.join(sorted(IrOp._registry))}"
         ) from None
-
-
-def _snapshot_tolerances() -> Callable[[], str | None]:
-    before = {name: dict(op.tolerances) for name, op in IrOp._registry.items()}
-
-    def restore() -> str | None:
-        changed = []
-        for name, tolerances in before.items():
-            op = IrOp._registry.get(name)
-            if op is not None and op.tolerances != tolerances:
-                op.tolerances.clear()
-                op.tolerances.update(tolerances)
-                changed.append(f"tolerances of {name}")
-        return ", ".join(changed) or None
-
-    return restore
-
-
-# a failed provider load puts back any op tolerance it changed
-on_snapshot(_snapshot_tolerances)

@@ -27,12 +27,14 @@ reproduce), so:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from vllm_ir.registration import on_snapshot
+from vllm_ir.registration import RegistrationHandle, on_snapshot, record
 
 __all__ = [
     "DEFAULT_TOLERANCES",
@@ -41,6 +43,7 @@ __all__ = [
     "FP8_ONE_STEP",
     "NORM_TOLERANCES",
     "Tolerance",
+    "ToleranceTable",
     "fp8_steps_apart",
     "tolerance_for",
 ]
@@ -104,8 +107,93 @@ def fp8_steps_apart(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return torch.where(both_nan, torch.zeros_like(apart), apart)
 
 
+class ToleranceTable(Mapping[torch.dtype, Tolerance]):
+    """One op's tolerances per dtype (``IrOp.tolerances``): read like a dict.
+
+    Entries are added with :meth:`register`, which returns a
+    :class:`~vllm_ir.RegistrationHandle` and is recorded like every other
+    registration, so a failed provider load takes its entries back and a
+    later registration for the same dtype is not undone by an earlier one's
+    removal. Item assignment and ``update()`` still work for one release,
+    with a ``DeprecationWarning``, through :meth:`register`.
+
+    >>> import torch, vllm_ir as ir
+    >>> table = ToleranceTable("doc_op")
+    >>> handle = table.register({torch.float16: ir.Tolerance(atol=1e-2, rtol=1e-2)})
+    >>> table[torch.float16].atol, len(table)
+    (0.01, 1)
+    >>> handle.remove()
+    >>> len(table)
+    0
+    """
+
+    __slots__ = ("_entries", "_layers", "op_name")
+
+    def __init__(self, op_name: str) -> None:
+        self.op_name = op_name
+        self._entries: dict[torch.dtype, Tolerance] = {}
+        # per dtype, the registrations in force, oldest first: removing one
+        # leaves the newest of the others
+        self._layers: dict[torch.dtype, list[tuple[object, Tolerance]]] = {}
+
+    def __getitem__(self, dtype: torch.dtype) -> Tolerance:
+        return self._entries[dtype]
+
+    def __iter__(self) -> Iterator[torch.dtype]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"ToleranceTable({self.op_name}, {self._entries!r})"
+
+    def register(self, tolerances: Mapping[torch.dtype, Tolerance]) -> RegistrationHandle:
+        """Use ``tolerances`` for this op's dtypes until the handle is removed."""
+        checked = dict(tolerances)
+        for dtype, tolerance in checked.items():
+            if not isinstance(dtype, torch.dtype) or not isinstance(tolerance, Tolerance):
+                raise TypeError(
+                    f"tolerances of op {self.op_name!r} map a torch.dtype to a "
+                    f"vllm_ir.Tolerance, got {type(dtype).__name__} -> {type(tolerance).__name__}"
+                )
+        token = object()
+        for dtype, tolerance in checked.items():
+            self._layers.setdefault(dtype, []).append((token, tolerance))
+            self._entries[dtype] = tolerance
+
+        def undo() -> None:
+            for dtype in checked:
+                layers = [entry for entry in self._layers.get(dtype, []) if entry[0] is not token]
+                if layers:
+                    self._layers[dtype] = layers
+                    self._entries[dtype] = layers[-1][1]
+                else:
+                    self._layers.pop(dtype, None)
+                    self._entries.pop(dtype, None)
+
+        names = ", ".join(str(d).removeprefix("torch.") for d in checked)
+        return record(RegistrationHandle(f"tolerances of op {self.op_name!r} ({names})", undo))
+
+    def __setitem__(self, dtype: torch.dtype, tolerance: Tolerance) -> None:
+        self._deprecated("op.tolerances[dtype] = ...")
+        self.register({dtype: tolerance})
+
+    def update(self, other: Mapping[torch.dtype, Tolerance] = (), /, **_: Any) -> None:  # type: ignore[assignment]
+        self._deprecated("op.tolerances.update(...)")
+        self.register(dict(other))
+
+    def _deprecated(self, spelling: str) -> None:
+        warnings.warn(
+            f"{spelling} is deprecated: use ir.ops.{self.op_name}.register_tolerances({{...}}), "
+            "which returns a handle (the old spelling goes in the next release)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+
+
 def tolerance_for(
-    dtype: torch.dtype, overrides: dict[torch.dtype, Tolerance] | None = None
+    dtype: torch.dtype, overrides: Mapping[torch.dtype, Tolerance] | None = None
 ) -> Tolerance:
     """The tolerance for ``dtype``, with per-op ``overrides`` taking precedence.
 

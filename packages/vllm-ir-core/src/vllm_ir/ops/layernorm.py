@@ -54,7 +54,7 @@ def fused_add_rms_norm(
 
 # two ulps of the dtype: the reasoning is in vllm_ir.tolerances
 for _op in (rms_norm, fused_add_rms_norm):
-    _op.tolerances.update(NORM_TOLERANCES)
+    _op.register_tolerances(NORM_TOLERANCES)
 
 
 def _hidden(gen: torch.Generator, dtype: torch.dtype, device: torch.device, *shape: int) -> Tensor:

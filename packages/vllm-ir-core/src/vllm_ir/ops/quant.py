@@ -85,7 +85,7 @@ for _op in (
     rms_norm_static_fp8_quant,
     fused_add_rms_norm_static_fp8_quant,
 ):
-    _op.tolerances.update(_FP8_TOLERANCE)
+    _op.register_tolerances(_FP8_TOLERANCE)
 
 
 def _scale(device: torch.device) -> Tensor:
