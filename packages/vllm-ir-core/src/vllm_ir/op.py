@@ -773,9 +773,17 @@ def symbolic_range(value: Any) -> tuple[int, int]:
     (an unbounded high is a large int)."""
     node = value.node
     vr = node.shape_env.bound_sympy(node.expr)
-    low = int(vr.lower) if vr.lower.is_finite else 0
-    high = int(vr.upper) if vr.upper.is_finite else sys.maxsize
-    return low, high
+    return _finite(vr.lower, 0), _finite(vr.upper, sys.maxsize)
+
+
+def _finite(bound: Any, otherwise: int) -> int:
+    """A sympy bound as an int (``otherwise`` for torch's or sympy's infinities)."""
+    if bound.is_integer and bound.is_number and bound.is_finite is not False:
+        try:
+            return int(bound)
+        except (TypeError, ValueError, AttributeError, OverflowError):
+            pass
+    return otherwise
 
 
 @overload

@@ -58,6 +58,7 @@ __all__ = [
     "compiled_selection",
     "current_state",
     "effective_priority",
+    "freeze_priority",
     "platform_default_contributions",
     "process_priorities",
     "remove_platform_defaults",
@@ -175,9 +176,15 @@ class PriorityState:
         )
 
 
-def _frozen(spec: Sequence[str] | BucketedPriority) -> PrioritySpec:
-    """A hashable entry: buckets as they are, a list as a tuple."""
-    return spec if isinstance(spec, BucketedPriority) else tuple(spec)
+def freeze_priority(spec: object) -> PrioritySpec:
+    """A hashable entry: buckets as they are, a list of names as a tuple, bucket
+    objects (the JSON form) as :class:`BucketedPriority` (validated)."""
+    if isinstance(spec, BucketedPriority):
+        return spec
+    return as_priority(spec, "priority")
+
+
+_frozen = freeze_priority
 
 
 _EMPTY_PROCESS = PriorityState({}, "user (process-wide)")

@@ -451,6 +451,10 @@ class Autotuner:
         settings = (self.margin, self.tie_tolerance, self.subtract_overhead)
         return ("autotune", *settings, digest, tuple(memo))
 
+    def choose_buckets(self, op: IrOp, node: str, args: Sequence[Any]) -> Any:
+        """Per-bucket choices for a dynamic token count (None: :meth:`choose` decides)."""
+        return None
+
     def choose(self, op: IrOp, node: str, args: Sequence[Any]) -> IrOpImpl:
         """The impl lowered for ``node``: measured, or read from the caches."""
         impls = candidates(op, args)
