@@ -1,0 +1,308 @@
+"""Per-size (bucketed) priorities: validation, spellings, and eager == select() == compiled.
+
+The differential tests register tagging impls of a fresh op: impl ``tK``
+returns ``x * factor + K``, so the result says which impl ran, exactly (the
+inputs are integer-valued floats), in eager mode and in a compiled graph.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import vllm_ir as ir
+from torch import Tensor
+from vllm_ir import priority
+from vllm_ir.buckets import BucketedPriority, as_priority, format_bucket_text, parse_bucket_text
+from vllm_ir.provider import PlatformDefaults
+
+TAGS = {"t1": 1.0, "t2": 2.0, "t3": 3.0}
+PROVIDERS = ["native", *TAGS]
+
+
+def scaled(x: Tensor, factor: float) -> Tensor:
+    """The op under test: ``x * factor``; impl ``tK`` adds K, so outputs name the impl."""
+    return x * factor
+
+
+def _tag_impl(k: float) -> Callable[[Tensor, float], Tensor]:
+    def impl(x: Tensor, factor: float) -> Tensor:
+        return x * factor + k
+
+    return impl
+
+
+def _rank2(x: Tensor, factor: float) -> bool:
+    return x.dim() == 2
+
+
+@pytest.fixture
+def tagged(make_op: Callable[..., ir.IrOp]) -> ir.IrOp:
+    op = make_op(scaled)
+    for name, k in TAGS.items():
+        # t3 declines rank 3 inputs: selection must fall through within the bucket
+        supports = _rank2 if name == "t3" else None
+        op.register_impl(name, supports_args=supports)(_tag_impl(k))
+    return op
+
+
+def _tag_of(out: Tensor, x: Tensor, factor: float) -> str:
+    offset = (out - x * factor).flatten()[0].item()
+    return next((name for name, k in TAGS.items() if offset == k), "native")
+
+
+def _random_table(rng: random.Random, max_bound: int = 48) -> list[dict[str, Any]]:
+    bounds = sorted(rng.sample(range(2, max_bound), rng.randint(1, 3)))
+    buckets: list[dict[str, Any]] = [
+        {"max_tokens": b, "priority": rng.sample(PROVIDERS, rng.randint(0, 3))} for b in bounds
+    ]
+    buckets.append({"priority": rng.sample(PROVIDERS, rng.randint(0, 3))})
+    return buckets
+
+
+def _expected(table: list[dict[str, Any]], tokens: int, rank: int) -> str:
+    """The first provider of the bucket's list that accepts (t3: rank 2 only)."""
+    for bucket in table:
+        if "max_tokens" not in bucket or tokens <= bucket["max_tokens"]:
+            for p in bucket["priority"]:
+                if p != "t3" or rank == 2:
+                    return p
+            return "native"
+    raise AssertionError("no catch-all bucket")
+
+
+def _ints(*shape: int) -> Tensor:
+    return torch.randint(-4, 5, shape).float()
+
+
+# -- validation ---------------------------------------------------------------
+
+BAD_TABLES = [
+    ([{"max_tokens": 64, "priority": ["native"]}], "must have no max_tokens"),
+    (
+        [{"max_tokens": 64, "priority": []}, {"max_tokens": 8, "priority": []}, {"priority": []}],
+        "is below",
+    ),
+    (
+        [{"max_tokens": 8, "priority": []}, {"max_tokens": 8, "priority": []}, {"priority": []}],
+        "repeats",
+    ),
+    ([{"priority": []}, {"priority": []}], "only the last bucket may omit"),
+    ([{"max_tokens": 0, "priority": []}, {"priority": []}], "positive int"),
+    ([{"max_tokens": -3, "priority": []}, {"priority": []}], "positive int"),
+    ([{"max_tokens": 2.5, "priority": []}, {"priority": []}], "positive int"),
+    ([{"max_tokens": True, "priority": []}, {"priority": []}], "positive int"),
+    ([{"max_tokens": "64", "priority": []}, {"priority": []}], "positive int"),
+    ([{"max_tokens": 4, "priority": [], "tokens": 3}, {"priority": []}], "unknown key"),
+    ([{"max_tokens": 4}, {"priority": []}], "no priority list"),
+    ([{"max_tokens": 4, "priority": "native"}, {"priority": []}], "list of provider names"),
+    (["native", {"priority": []}], "mixes provider names and buckets"),
+    ([3, {"priority": []}], "must be"),
+]
+
+
+@pytest.mark.parametrize(("table", "message"), BAD_TABLES)
+def test_malformed_tables_are_refused_with_one_line(table: Any, message: str) -> None:
+    with pytest.raises((ValueError, TypeError)) as info:
+        ir.IrOpPriorityConfig(rms_norm=table)
+    text = str(info.value)
+    assert message in text
+    assert "rms_norm" in text
+    assert "\n" not in text
+
+
+def test_unknown_provider_in_a_bucket_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"unknown provider.*'nope'"):
+        ir.IrOpPriorityConfig(rms_norm=[{"max_tokens": 4, "priority": ["nope"]}, {"priority": []}])
+    table = [{"max_tokens": 4, "priority": []}, {"priority": ["x"]}]
+    with pytest.raises(ValueError, match="unknown provider"), ir.ops.rms_norm.set_priority(table):
+        pass
+
+
+def test_single_catch_all_is_the_plain_list() -> None:
+    assert as_priority([{"priority": ["native"]}], "p") == ("native",)
+
+
+# -- spellings and round trips ------------------------------------------------
+
+
+def test_cli_spelling_parses_and_prints_back() -> None:
+    text = "<=16:native;<=256:native;native"
+    config = ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority.rms_norm={text}"])
+    assert config.to_dict() == {
+        "rms_norm": [
+            {"max_tokens": 16, "priority": ["native"]},
+            {"max_tokens": 256, "priority": ["native"]},
+            {"priority": ["native"]},
+        ]
+    }
+    spec = as_priority(parse_bucket_text(text, "flag"), "p")
+    assert isinstance(spec, BucketedPriority)
+    assert format_bucket_text(spec) == text
+    # a plain list keeps its spelling
+    plain = ir.IrOpPriorityConfig.from_cli_args(["--ir-op-priority.rms_norm=native"])
+    assert plain.to_dict() == {"rms_norm": ["native"]}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("<=x:native;native", "is not an int"),
+        ("<=16native;native", "needs ':'"),
+        ("<=16:;native", "comma-separated"),
+        ("<=16:native", "must have no max_tokens"),
+        ("<=64:native;<=16:native;native", "is below"),
+    ],
+)
+def test_cli_spelling_errors(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority.rms_norm={text}"])
+
+
+def test_json_file_and_dict_round_trip(tmp_path: Any) -> None:
+    table = [{"max_tokens": 64, "priority": ["native"]}, {"priority": []}]
+    config = ir.IrOpPriorityConfig.from_dict({"rms_norm": table})
+    assert config.to_dict() == {"rms_norm": table}
+    assert ir.IrOpPriorityConfig.from_json(json.dumps(config.to_dict())) == config
+    path = tmp_path / "prio.json"
+    path.write_text(json.dumps({"ir_op_priority": config.to_dict()}))
+    assert ir.IrOpPriorityConfig.from_json(path) == config
+    assert ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority=@{path}"]) == config
+    assert hash(config) == hash(ir.IrOpPriorityConfig.from_dict(config.to_dict()))
+    assert "<=64:native;" in repr(config)
+
+
+# -- eager --------------------------------------------------------------------
+
+
+def test_scope_apply_and_platform_defaults_resolve_per_bucket(tagged: ir.IrOp) -> None:
+    name = tagged.name
+    x_small, x_big = _ints(4, 8), _ints(40, 8)
+    table = [{"max_tokens": 8, "priority": ["t1"]}, {"priority": ["t2"]}]
+    with ir.IrOpPriorityConfig(**{name: table}).scope():
+        assert tagged.bucket_bounds() == (8,)
+        assert _tag_of(tagged(x_small, 2.0), x_small, 2.0) == "t1"
+        assert _tag_of(tagged(x_big, 2.0), x_big, 2.0) == "t2"
+        assert tagged.get_priority(tokens=4)[0] == "t1"
+    assert tagged.bucket_bounds() == ()
+    ir.IrOpPriorityConfig(**{name: table}).apply()
+    assert _tag_of(tagged(x_small, 2.0), x_small, 2.0) == "t1"
+    ir.clear_process_priority()
+    # platform defaults: bucketed defaults under a plain user list; each source is
+    # resolved for the call's size, then merged (the user's entries first)
+    defaults = PlatformDefaults(
+        "cpu", eager={name: [{"max_tokens": 16, "priority": ["t3"]}, {"priority": ["t1"]}]}
+    )
+    priority.add_platform_defaults("test_buckets", [defaults])
+    try:
+        assert tagged.bucket_bounds() == (16,)
+        assert _tag_of(tagged(x_small, 2.0), x_small, 2.0) == "t3"
+        assert _tag_of(tagged(x_big, 2.0), x_big, 2.0) == "t1"
+        with tagged.set_priority(["t2"]):
+            assert tagged.get_priority(tokens=4) == ["t2", "t3", "native"]
+            assert tagged.get_priority(tokens=40) == ["t2", "t1", "native"]
+        with tagged.set_priority([{"max_tokens": 4, "priority": ["t2"]}, {"priority": []}]):
+            assert tagged.bucket_bounds() == (4, 16)  # the union of every source's bounds
+            x5 = _ints(5, 8)
+            assert _tag_of(tagged(x5, 2.0), x5, 2.0) == "t3"
+    finally:
+        priority.remove_platform_defaults("test_buckets")
+
+
+def test_eager_differential_random_tables(tagged: ir.IrOp) -> None:
+    """Random tables and sizes: the fast path (checked against select() on every call by
+    the suite's VLLM_IR_CHECK_DISPATCH), dispatch() and select() agree with the table."""
+    rng = random.Random(23)
+    for _ in range(25):
+        table = _random_table(rng)
+        with tagged.set_priority(table):
+            for _ in range(12):
+                rows = rng.randint(0, 60)
+                x = _ints(rows, 8) if rng.random() < 0.7 else _ints(2, max(1, rows // 2), 8)
+                want = _expected(table, tagged.tokens(x, 2.0), x.dim())
+                assert tagged.select(x, 2.0).impl.provider == want, (table, x.shape)
+                assert tagged.dispatch(x, 2.0).provider == want
+                if x.numel():
+                    assert _tag_of(tagged(x, 2.0), x, 2.0) == want
+                # twice: the second call is a fast-path hit
+                if x.numel():
+                    assert _tag_of(tagged(x, 2.0), x, 2.0) == want
+
+
+def test_selection_key_holds_the_bucket(tagged: ir.IrOp) -> None:
+    table = [{"max_tokens": 3, "priority": ["t1"]}, {"priority": ["t2"]}]
+    with tagged.set_priority(table):
+        a, b = _ints(3, 8), _ints(4, 8)
+        assert tagged.selection_key(a, 1.0) != tagged.selection_key(b, 1.0)
+        assert tagged.dispatch(a, 1.0).provider == "t1"
+        assert tagged.dispatch(b, 1.0).provider == "t2"  # same batch class, other bucket
+    assert tagged.selection_key(a, 1.0) == tagged.selection_key(b, 1.0)
+
+
+# -- compiled -----------------------------------------------------------------
+
+
+@pytest.fixture
+def no_recompile() -> Iterator[None]:
+    torch._dynamo.reset()
+    yield
+    torch.compiler.set_stance("default")
+    torch._dynamo.reset()
+
+
+def test_compiled_differential_dynamic_tokens(tagged: ir.IrOp, no_recompile: None) -> None:
+    """One compile with a dynamic token dim serves every bucket (torch.cond branches):
+    compiled == eager == select() at random sizes, with recompiles refused."""
+    rng = random.Random(7)
+    table = [
+        {"max_tokens": 5, "priority": ["t1"]},
+        {"max_tokens": 12, "priority": ["native"]},
+        {"max_tokens": 30, "priority": ["t3", "t2"]},
+        {"priority": ["t2"]},
+    ]
+    backend = ir.VllmIRBackend(priority={tagged.name: table})
+
+    def fn(x: Tensor) -> Tensor:
+        return tagged(x, 2.0) - 1.0
+
+    compiled = torch.compile(fn, backend=backend, dynamic=True, fullgraph=True)
+    compiled(_ints(3, 8))
+    lowered = [
+        v for c in backend.pass_contexts for v in c.selected_impls.get(tagged.name, {}).values()
+    ]
+    assert lowered in ([], ["<=5:t1;<=12:native;<=30:t3;t2"])  # [] on an FX cache hit
+    torch.compiler.set_stance("fail_on_recompile")
+    sizes = [2, 5, 6, 12, 13, 30, 31, 64, *rng.sample(range(2, 80), 12)]
+    with tagged.set_priority(table):
+        for rows in sizes:
+            x = _ints(rows, 8)
+            want = _expected(table, rows, 2)
+            assert tagged.select(x, 2.0).impl.provider == want
+            assert _tag_of(tagged(x, 2.0), x, 2.0) == want
+            got = compiled(x)
+            assert torch.equal(got, fn(x)), rows
+            assert _tag_of(got + 1.0, x, 2.0) == want, rows
+
+
+def test_compiled_static_and_single_impl_tables(tagged: ir.IrOp, no_recompile: None) -> None:
+    """A static token count picks its one bucket; a table whose buckets all select one
+    impl emits no branch."""
+    table = [{"max_tokens": 4, "priority": ["t1"]}, {"priority": ["t2"]}]
+    same = [{"max_tokens": 4, "priority": ["t1"]}, {"priority": ["t1"]}]
+    backend = ir.VllmIRBackend(priority={tagged.name: table})
+    x = _ints(3, 8)
+    out = torch.compile(lambda t: tagged(t, 2.0), backend=backend, dynamic=False)(x)
+    assert _tag_of(out, x, 2.0) == "t1"
+    torch._dynamo.reset()
+    backend = ir.VllmIRBackend(priority={tagged.name: same})
+    compiled = torch.compile(lambda t: tagged(t, 2.0), backend=backend, dynamic=True)
+    y = _ints(9, 8)
+    assert _tag_of(compiled(y), y, 2.0) == "t1"
+    lowered = [
+        v for c in backend.pass_contexts for v in c.selected_impls.get(tagged.name, {}).values()
+    ]
+    assert lowered in ([], ["t1"])  # one impl: no branch ([] on an FX cache hit)
