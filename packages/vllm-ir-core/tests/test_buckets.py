@@ -75,6 +75,11 @@ def _expected(table: list[dict[str, Any]], tokens: int, rank: int) -> str:
     raise AssertionError("no catch-all bucket")
 
 
+def _lowered(backend: ir.VllmIRBackend, op_name: str) -> list[str]:
+    """What each compiled graph lowered the op's nodes to."""
+    return [v for c in backend.pass_contexts for v in c.selected_impls.get(op_name, {}).values()]
+
+
 def _ints(*shape: int) -> Tensor:
     return torch.randint(-4, 5, shape).float()
 
@@ -306,3 +311,37 @@ def test_compiled_static_and_single_impl_tables(tagged: ir.IrOp, no_recompile: N
         v for c in backend.pass_contexts for v in c.selected_impls.get(tagged.name, {}).values()
     ]
     assert lowered in ([], ["t1"])  # one impl: no branch ([] on an FX cache hit)
+
+
+def test_compiled_inplace_impl_in_a_branch(no_recompile: None) -> None:
+    """An in-place kernel in one bucket: its branch runs it on copies (the default
+    overload never writes its inputs), the other bucket runs native."""
+    import stand_in_kernels as sk
+
+    sk.register()
+    op = ir.ops.fused_add_rms_norm
+    table = [{"max_tokens": 4, "priority": [sk.INPLACE]}, {"priority": ["native"]}]
+
+    def fn(x: Tensor, r: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+        a, b = op(x, r, w, 1e-6)
+        return a * 2, b + 1
+
+    try:
+        backend = ir.VllmIRBackend(priority={op.name: table})
+        compiled = torch.compile(fn, backend=backend, dynamic=True)
+        w = torch.randn(8)
+        compiled(torch.randn(3, 8), torch.randn(3, 8), w)
+        lowered = _lowered(backend, op.name)
+        assert lowered in ([], [f"<=4:{sk.INPLACE};native"])
+        torch.compiler.set_stance("fail_on_recompile")
+        for rows in (2, 4, 5, 17):
+            x, r = torch.randn(rows, 8), torch.randn(rows, 8)
+            x0, r0 = x.clone(), r.clone()
+            got = compiled(x, r, w)
+            want = fn(x0.clone(), r0.clone(), w)
+            for g, e in zip(got, want, strict=True):
+                torch.testing.assert_close(g, e)
+            assert torch.equal(x, x0)
+            assert torch.equal(r, r0)
+    finally:
+        sk.unregister()

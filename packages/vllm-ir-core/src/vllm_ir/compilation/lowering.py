@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import fx
 from torch._guards import detect_fake_mode
+from torch._inductor.fx_passes.post_grad import decompose_auto_functionalized
 from torch._inductor.pattern_matcher import fwd_only
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
@@ -303,6 +304,12 @@ class LoweringPass:
             gm.graph.eliminate_dead_code()
         if branch:
             self._lower_nested(gm)
+            if impl.inplace:
+                # an inplace kernel, functionalized: Inductor lowers no auto_functionalized
+                # inside a subgraph, and post-grad passes never run on one made here;
+                # decomposed, it writes the branch's own copies of the activations
+                decompose_auto_functionalized(gm.graph)
+                gm.recompile()
         trace = _Trace(gm, _fresh_static_nodes(gm), _addresses_storage(gm))
         self._traced[key] = trace
         return trace
