@@ -345,3 +345,37 @@ def test_compiled_inplace_impl_in_a_branch(no_recompile: None) -> None:
             assert torch.equal(r, r0)
     finally:
         sk.unregister()
+
+
+# -- CLI ----------------------------------------------------------------------
+
+
+def _cli(*args: str) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_ir", *args], capture_output=True, text=True, env=env
+    )
+
+
+def test_explain_shows_the_bucket_table_and_the_call_bucket() -> None:
+    flag = "--ir-op-priority.rms_norm=<=4:native;<=64:native;native"
+    out = _cli("explain", "rms_norm", "--shape", "2,8,16", "--eager", flag)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any("size buckets" in line and "this call: 16" in line for line in lines)
+    marked = [line for line in lines if "<- this call" in line]
+    assert len(marked) == 1
+    assert "<= 64 tokens" in marked[0]
+    assert any("> 64 tokens" in line for line in lines)
+    assert "priority list (this call's bucket):" in out.stdout
+
+
+def test_cli_refuses_a_malformed_table_in_one_line() -> None:
+    out = _cli("explain", "rms_norm", "--ir-op-priority.rms_norm=<=64:native")
+    assert out.returncode == 2
+    assert "must have no max_tokens" in out.stderr
+    assert "Traceback" not in out.stderr
