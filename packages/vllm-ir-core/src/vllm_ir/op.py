@@ -351,6 +351,13 @@ class IrOp:
             tokens = self._selection_tokens(args)
             return candidates(self.name, self._impls, args, selection_mode(), tokens=tokens)
 
+    def _candidates_tokens(self, args: tuple[Any, ...], tokens: int, mode: Mode) -> Candidates:
+        """:meth:`candidates` for complete ``args`` as a call of ``tokens`` tokens
+        (autotuning one bucket of a symbolic token count)."""
+        before_selection()
+        with selection_mode_scope(mode):
+            return candidates(self.name, self._impls, args, mode, tokens=tokens)
+
     def _select_impl(self, args: tuple[Any, ...]) -> IrOpImpl:
         """The uncached selection for complete positional ``args`` (the rule the caches hold)."""
         before_selection()
