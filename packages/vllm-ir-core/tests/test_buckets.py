@@ -379,3 +379,75 @@ def test_cli_refuses_a_malformed_table_in_one_line() -> None:
     assert out.returncode == 2
     assert "must have no max_tokens" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+# -- autotuning per bucket ----------------------------------------------------
+
+
+def test_decide_or_refuse_keeps_the_priority_order_on_noise() -> None:
+    from vllm_ir.timing import Timing, decide_or_refuse
+
+    clear = {"a": Timing(10.0, 9.8, 10.2), "b": Timing(8.0, 7.9, 8.1)}
+    assert decide_or_refuse(clear, ["a", "b"], "b").winner == "b"
+    noisy = {"a": Timing(10.0, 6.0, 14.0), "b": Timing(8.0, 7.9, 8.1)}
+    verdict = decide_or_refuse(noisy, ["a", "b"], "b")
+    assert (verdict.winner, verdict.decided) == ("a", False)
+    assert "too noisy to decide" in verdict.note
+    # noisy but far apart: the ranking stands
+    apart = {"a": Timing(10.0, 8.0, 12.0), "b": Timing(2.0, 1.9, 2.1)}
+    assert decide_or_refuse(apart, ["a", "b"], "b").decided
+
+
+def test_autotuner_measures_each_bucket_and_branches(tagged: ir.IrOp, no_recompile: None) -> None:
+    """A fake timer with a crossover (t1 costs 1 us per token, t2 a flat 50 us):
+    t1 wins the <=16 bucket, t2 the others; one compile runs each bucket's winner."""
+    from vllm_ir.compilation.autotune import Autotuner
+
+    seen: list[int] = []
+
+    def impl_t1(x: Tensor, factor: float) -> Tensor:
+        seen.append(tagged.tokens(x, factor))
+        return x * factor + 1.0
+
+    tagged.unregister_impl("t1")
+    tagged.register_impl("t1")(impl_t1)
+
+    def timer(provider: str, prepare: Any, device: torch.device) -> float:
+        if provider == "native":
+            return 1e-3  # never run: native would be compiled alone first
+        prepare()()
+        return seen[-1] * 1e-6 if provider == "t1" else 50e-6
+
+    tuner = Autotuner(timer=timer, persist=False, rounds=3)
+    backend = ir.VllmIRBackend(priority={tagged.name: ["t1", "t2"]}, autotune=tuner)
+
+    def fn(x: Tensor) -> Tensor:
+        return tagged(x, 2.0)
+
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    # no FX cache: a hit would reuse an earlier run's choice and measure nothing
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        compiled(_ints(3, 8))
+    records = {r.bucket: r for r in tuner.records.values()}
+    assert set(records) == {"<=16", "<=256", ">256"}
+    assert [records[b].winner for b in ("<=16", "<=256", ">256")] == ["t1", "t2", "t2"]
+    assert records[">256"].tokens == 1024
+    for record in records.values():
+        assert record.threads == torch.get_num_threads()
+        assert record.decided
+    assert set(records["<=16"].spread_s) == {"t1", "t2", "native"}
+    torch.compiler.set_stance("fail_on_recompile")
+    for rows in (2, 16, 17, 300):
+        x = _ints(rows, 8)
+        assert _tag_of(compiled(x), x, 2.0) == ("t1" if rows <= 16 else "t2"), rows
+
+
+def test_autotuner_bucket_settings_are_checked() -> None:
+    from vllm_ir.compilation.autotune import Autotuner
+
+    with pytest.raises(ValueError, match="ascend strictly"):
+        Autotuner(buckets=(256, 16))
+    with pytest.raises(ValueError, match="positive ints"):
+        Autotuner(buckets=(0,))
+    with pytest.raises(ValueError, match="rounds"):
+        Autotuner(rounds=0)

@@ -278,8 +278,10 @@ def sizes_for_tokens(op: IrOp, args: Sequence[Any], tokens: int) -> Sizes:
         if not isinstance(s, torch.SymInt):
             return _hint(s)
         expr, env = s.node.expr, s.node.shape_env
+        # torch 2.13 renamed var_to_val (hints of backed symbols); 2.11 has the old name
+        hints = getattr(env, "backed_var_to_val", None) or env.var_to_val
         subs = {
-            sym: value if sym == target else int(env.var_to_val.get(sym, _UNBACKED_HINT))
+            sym: value if sym == target else int(hints.get(sym, _UNBACKED_HINT))
             for sym in expr.free_symbols
         }
         return int(expr.xreplace(subs))
