@@ -451,3 +451,96 @@ def test_autotuner_bucket_settings_are_checked() -> None:
         Autotuner(buckets=(0,))
     with pytest.raises(ValueError, match="rounds"):
         Autotuner(rounds=0)
+
+
+# -- vllm-ir tune per bucket --------------------------------------------------
+
+
+def _fake_interleaved(noisy_at: int | None = None) -> Callable[..., dict[str, list[float]]]:
+    """Samples (us) with a crossover: t1 costs 1 us per token, t2 a flat 50 us, native
+    200 us; at ``noisy_at`` tokens t2's samples spread widely over t1's."""
+
+    def fake(fns: dict[str, Any], device: str, rounds: int, warmup: int) -> dict[str, list[float]]:
+        out = {}
+        for name, fn in fns.items():
+            tokens = fn.args[0].shape[0]
+            base = {"t1": float(tokens), "t2": 50.0}.get(name, 200.0)
+            if name == "t2" and tokens == noisy_at:
+                out[name] = [base * f for f in (0.2, 0.5, 1.0, 6.0, 10.0)][:rounds]
+            else:
+                out[name] = [base] * rounds
+        return out
+
+    return fake
+
+
+def _sampled(op: ir.IrOp) -> None:
+    """An input generator, which ``vllm-ir tune`` builds its calls from."""
+    from vllm_ir.samples import SampleInput
+
+    @op.register_input_generator
+    def samples(dtype: torch.dtype, device: torch.device) -> Iterator[SampleInput]:
+        yield SampleInput((torch.ones(4, 8, dtype=dtype, device=device), 2.0), "ones")
+
+
+def test_tune_buckets_writes_a_bucketed_table(
+    tagged: ir.IrOp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_ir.cli import tune_buckets
+
+    monkeypatch.setattr(tune_buckets, "time_interleaved", _fake_interleaved())
+    _sampled(tagged)
+    with tagged.set_priority(["t1", "t2"]):
+        priority, measured = tune_buckets.tune_buckets(
+            [tagged], (16, 256), 8, torch.float32, "cpu", rounds=5
+        )
+    assert priority[tagged.name] == [
+        {"max_tokens": 16, "priority": ["t1", "t2", "native"]},
+        {"max_tokens": 256, "priority": ["t2", "native", "t1"]},  # t1: 256 us > 200
+        {"priority": ["t2", "native", "t1"]},
+    ]
+    assert measured[tagged.name][">256"]["tokens"] == 1024
+    assert measured[tagged.name]["<=16"]["times_us"] == {"t1": 16.0, "t2": 50.0, "native": 200.0}
+    config = ir.IrOpPriorityConfig.from_dict(priority)  # loads as written
+    x = _ints(100, 8)
+    with config.scope():
+        assert _tag_of(tagged(x, 2.0), x, 2.0) == "t2"
+
+
+def test_tune_buckets_refuses_to_rank_on_noise(
+    tagged: ir.IrOp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_ir.cli import tune_buckets
+
+    monkeypatch.setattr(tune_buckets, "time_interleaved", _fake_interleaved(noisy_at=256))
+    _sampled(tagged)
+    with tagged.set_priority(["t1", "t2"]):
+        priority, measured = tune_buckets.tune_buckets(
+            [tagged], (16, 256), 8, torch.float32, "cpu", rounds=5
+        )
+    result = measured[tagged.name]["<=256"]
+    assert result["decided"] is False
+    assert "too noisy to decide" in result["note"]
+    assert priority[tagged.name][1] == {"max_tokens": 256, "priority": ["t1", "t2", "native"]}
+
+
+def test_tune_cli_per_bucket_round_trips(tmp_path: Any) -> None:
+    out = tmp_path / "tuned.json"
+    args = ["tune", "--ops", "rms_norm", "--buckets", "2,8", "--hidden", "64", "--rounds", "2"]
+    result = _cli(*args, "--dtype", "fp32", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    assert doc["buckets"] == [2, 8]
+    assert doc["threads"] == 1
+    assert set(doc["measured"]["rms_norm"]) == {"<=2", "<=8", ">8"}
+    assert doc["measured"]["rms_norm"][">8"]["shape"] == [32, 64]
+    ir.IrOpPriorityConfig.from_json(out)  # loads, bucketed or not
+    shown = _cli("explain", "rms_norm", "--shape", "4,64", "--eager", "--tuned", str(out))
+    assert shown.returncode == 0, shown.stderr
+    assert "<=8 (8x64)" in shown.stdout
+    bad = _cli("tune", "--ops", "rms_norm", "--buckets", "8,2", "--out", str(out))
+    assert bad.returncode == 2
+    assert "ascend strictly" in bad.stderr
+    both = _cli("tune", "--buckets", "8", "--shapes", "a=4x64", "--out", str(out))
+    assert both.returncode == 2
+    assert "not both" in both.stderr

@@ -30,6 +30,7 @@ __all__ = [
     "Bucket",
     "BucketedPriority",
     "PrioritySpec",
+    "PriorityTypeError",
     "as_priority",
     "bucket_index",
     "format_bucket_text",
@@ -42,6 +43,11 @@ __all__ = [
 ]
 
 _KEYS = frozenset({"max_tokens", "priority"})
+
+
+class PriorityTypeError(TypeError, ValueError):
+    """A priority entry of the wrong type: a ``TypeError``, and a ``ValueError`` too,
+    so the CLI reports it as bad input in one line like every other."""
 
 
 @dataclass(frozen=True)
@@ -111,10 +117,10 @@ def _where_bucket(where: str, i: int) -> str:
 
 def _providers(value: object, where: str) -> tuple[str, ...]:
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise TypeError(f"{where} must be a list of provider names, got {_short(value)}")
+        raise PriorityTypeError(f"{where} must be a list of provider names, got {_short(value)}")
     listed = list(value)
     if not all(isinstance(p, str) for p in listed):
-        raise TypeError(f"{where} must be a list of provider names, got {_short(listed)}")
+        raise PriorityTypeError(f"{where} must be a list of provider names, got {_short(listed)}")
     return tuple(listed)
 
 
@@ -122,7 +128,7 @@ def _bucket(value: object, where: str) -> Bucket:
     if isinstance(value, Bucket):
         value = value.to_json()
     if not isinstance(value, Mapping):
-        raise TypeError(
+        raise PriorityTypeError(
             f'{where} must be {{"max_tokens": N, "priority": [...]}}, got {_short(value)}'
         )
     unknown = [k for k in value if k not in _KEYS]
@@ -150,14 +156,14 @@ def as_priority(value: object, where: str) -> PrioritySpec:
     if isinstance(value, BucketedPriority):
         value = value.to_json()
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise TypeError(
+        raise PriorityTypeError(
             f"{where} must be a list of provider names or of size buckets, got {_short(value)}"
         )
     listed = list(value)  # an iterator is read once, here
     if not listed or all(isinstance(p, str) for p in listed):
         return tuple(listed)
     if any(isinstance(p, str) for p in listed):
-        raise TypeError(
+        raise PriorityTypeError(
             f"{where} mixes provider names and buckets; give a list of names, or a list "
             'of buckets like [{"max_tokens": 64, "priority": [...]}, {"priority": [...]}]'
         )
