@@ -544,3 +544,27 @@ def test_tune_cli_per_bucket_round_trips(tmp_path: Any) -> None:
     both = _cli("tune", "--buckets", "8", "--shapes", "a=4x64", "--out", str(out))
     assert both.returncode == 2
     assert "not both" in both.stderr
+
+
+def test_symbolic_tokens_select_without_guards(tagged: ir.IrOp) -> None:
+    """On FakeTensors with a symbolic token count: one reachable bucket selects it;
+    several raise AmbiguousBucket (the lowering branches instead); neither adds a guard."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+    from vllm_ir.buckets import AmbiguousBucket
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    x = mode.from_tensor(torch.randn(4, 8), symbolic_context=context, source=ConstantSource("x"))
+    # a dynamic dim ranges over [2, inf): a bound of 1 leaves one reachable bucket
+    with tagged.set_priority([{"max_tokens": 1, "priority": ["t1"]}, {"priority": ["t2"]}]):
+        assert tagged.dispatch(x, 2.0).provider == "t2"
+    table = [{"max_tokens": 16, "priority": ["t1"]}, {"priority": ["t2"]}]
+    with tagged.set_priority(table), pytest.raises(AmbiguousBucket, match=r"ranges over \[2, "):
+        tagged.dispatch(x, 2.0)
+    assert not mode.shape_env.guards

@@ -22,11 +22,13 @@ The CLI spelling is ``<=64:cpu_c,native;native`` (``;`` between buckets,
 from __future__ import annotations
 
 import bisect
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
 __all__ = [
+    "AmbiguousBucket",
     "Bucket",
     "BucketedPriority",
     "PrioritySpec",
@@ -38,6 +40,8 @@ __all__ = [
     "parse_bucket_text",
     "priority_for_tokens",
     "spec_bounds",
+    "static_bucket_tokens",
+    "symbolic_range",
     "spec_to_json",
     "tokens_of",
 ]
@@ -271,3 +275,38 @@ def _short(value: object, limit: int = 80) -> str:
     if len(text) > limit:
         text = f"{text[: limit - 3]}... ({len(text)} chars)"
     return f"{type(value).__name__} {text}"
+
+
+class AmbiguousBucket(ValueError):
+    """A symbolic token count whose known range spans several buckets: no one
+    selection serves it (the lowering branches per bucket instead)."""
+
+
+def static_bucket_tokens(op_name: str, bounds: tuple[int, ...], tokens: Any) -> int:
+    """A token count in the one bucket symbolic ``tokens`` can fall into, from its
+    value range (no guard); :class:`AmbiguousBucket` if the range spans several."""
+    low, high = symbolic_range(tokens)
+    if bucket_index(bounds, low) == bucket_index(bounds, high):
+        return low
+    raise AmbiguousBucket(
+        f"op {op_name!r}: the token count {tokens} ranges over [{low}, {high}], across "
+        f"buckets with bounds {list(bounds)}; select per bucket (the compile lowering does)"
+    )
+
+
+def symbolic_range(value: Any) -> tuple[int, int]:
+    """``(low, high)`` of a SymInt from its ShapeEnv's value ranges, without a guard
+    (an unbounded high is a large int)."""
+    node = value.node
+    vr = node.shape_env.bound_sympy(node.expr)
+    return _finite(vr.lower, 0), _finite(vr.upper, sys.maxsize)
+
+
+def _finite(bound: Any, otherwise: int) -> int:
+    """A sympy bound as an int (``otherwise`` for torch's or sympy's infinities)."""
+    if bound.is_integer and bound.is_number and bound.is_finite is not False:
+        try:
+            return int(bound)
+        except (TypeError, ValueError, AttributeError, OverflowError):
+            pass
+    return otherwise

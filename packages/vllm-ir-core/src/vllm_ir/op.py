@@ -25,7 +25,13 @@ from torch.library import Library, infer_schema
 from vllm_ir._hotpath import compile_source, make_needs_grad_fn, make_route_fn
 from vllm_ir.arguments import make_argument_check
 from vllm_ir.autograd import NativeGradient
-from vllm_ir.buckets import BucketedPriority, as_priority, bucket_index, tokens_of
+from vllm_ir.buckets import (
+    BucketedPriority,
+    as_priority,
+    bucket_index,
+    static_bucket_tokens,
+    tokens_of,
+)
 from vllm_ir.cache import (
     before_selection,
     generation,
@@ -308,7 +314,7 @@ class IrOp:
         tokens = self.tokens(*args)
         if type(tokens) is int:
             return tokens
-        return _static_bucket_tokens(self.name, bounds, tokens)
+        return static_bucket_tokens(self.name, bounds, tokens)
 
     def select(self, *args: Any, mode: Mode | None = None, **kwargs: Any) -> Selection:
         """Like :meth:`dispatch`, uncached, with the decision on every candidate."""
@@ -756,41 +762,6 @@ class IrOpInplaceOverload:
 
 
 IrOp.registry = MappingProxyType(IrOp._registry)
-
-
-class AmbiguousBucket(ValueError):
-    """A symbolic token count whose known range spans several buckets: no one
-    selection serves it (the lowering branches per bucket instead)."""
-
-
-def _static_bucket_tokens(op_name: str, bounds: tuple[int, ...], tokens: Any) -> int:
-    """A token count in the one bucket symbolic ``tokens`` can fall into, from its
-    value range (no guard); :class:`AmbiguousBucket` if the range spans several."""
-    low, high = symbolic_range(tokens)
-    if bucket_index(bounds, low) == bucket_index(bounds, high):
-        return low
-    raise AmbiguousBucket(
-        f"op {op_name!r}: the token count {tokens} ranges over [{low}, {high}], across "
-        f"buckets with bounds {list(bounds)}; select per bucket (the compile lowering does)"
-    )
-
-
-def symbolic_range(value: Any) -> tuple[int, int]:
-    """``(low, high)`` of a SymInt from its ShapeEnv's value ranges, without a guard
-    (an unbounded high is a large int)."""
-    node = value.node
-    vr = node.shape_env.bound_sympy(node.expr)
-    return _finite(vr.lower, 0), _finite(vr.upper, sys.maxsize)
-
-
-def _finite(bound: Any, otherwise: int) -> int:
-    """A sympy bound as an int (``otherwise`` for torch's or sympy's infinities)."""
-    if bound.is_integer and bound.is_number and bound.is_finite is not False:
-        try:
-            return int(bound)
-        except (TypeError, ValueError, AttributeError, OverflowError):
-            pass
-    return otherwise
 
 
 @overload

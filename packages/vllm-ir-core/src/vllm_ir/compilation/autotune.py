@@ -60,14 +60,14 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.utils._python_dispatch import _disable_current_modes
 from vllm_ir_cli.flags import DEFAULT_AUTOTUNE_MARGIN
 
-from vllm_ir.buckets import bucket_index
+from vllm_ir.buckets import bucket_index, symbolic_range
 from vllm_ir.build_cache import BuildCacheError, UnsafeCacheError
 from vllm_ir.compilation.context import _current_context
 from vllm_ir.compilation.fingerprint import code_fingerprint
 from vllm_ir.compilation.tuning_cache import TuningCache, record_problem
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.logger import get_logger
-from vllm_ir.op import IrOp, symbolic_range
+from vllm_ir.op import IrOp
 from vllm_ir.priority import Mode, user_priority
 from vllm_ir.timing import Timing, decide_or_refuse
 

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from vllm_ir.buckets import bucket_index
+from vllm_ir.buckets import bucket_index, symbolic_range
 from vllm_ir.impl import IrOpImpl
-from vllm_ir.op import IrOp, symbolic_range
+from vllm_ir.op import IrOp
 
 __all__ = ["Branch", "bucket_branches", "describe_branches", "emit_cond"]
 
