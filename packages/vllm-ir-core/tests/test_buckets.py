@@ -568,3 +568,14 @@ def test_symbolic_tokens_select_without_guards(tagged: ir.IrOp) -> None:
     with tagged.set_priority(table), pytest.raises(AmbiguousBucket, match=r"ranges over \[2, "):
         tagged.dispatch(x, 2.0)
     assert not mode.shape_env.guards
+
+
+def test_kernel_config_autotune_buckets_flag() -> None:
+    config = ir.KernelConfig.from_cli_args(["--ir-autotune", "--ir-autotune.buckets=8,64"])
+    assert config.autotune_buckets == (8, 64)
+    assert ir.VllmIRBackend.from_config(config).autotuner.buckets == (8, 64)
+    assert ir.KernelConfig().autotune_buckets == (16, 256)
+    with pytest.raises(ValueError, match="ascending positive token bounds"):
+        ir.KernelConfig.from_cli_args(["--ir-autotune.buckets=64,8"])
+    with pytest.raises(ValueError, match="ascending positive token bounds"):
+        ir.KernelConfig(autotune_buckets=(0,))

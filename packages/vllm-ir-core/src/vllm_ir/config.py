@@ -12,6 +12,7 @@ IrOpPriorityConfig(rms_norm=['native'])
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any
 from vllm_ir_cli.flags import (
     AUTOTUNE_FLAG,
     BUILTIN_PASSES,
+    DEFAULT_AUTOTUNE_BUCKETS,
     DEFAULT_AUTOTUNE_MARGIN,
     PASS_FLAG,
     PRIORITY_FLAG,
@@ -245,6 +247,8 @@ class KernelConfig:
     """Compiled mode: choose each IR node's impl by measurement (docs/compile.md, Autotuning)."""
     autotune_margin: float = DEFAULT_AUTOTUNE_MARGIN
     """How much faster than Inductor-compiled native a kernel must be to be chosen."""
+    autotune_buckets: tuple[int, ...] = DEFAULT_AUTOTUNE_BUCKETS
+    """Token buckets autotuning measures a dynamic token count in (``--ir-autotune.buckets``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.autotune, bool):
@@ -256,6 +260,7 @@ class KernelConfig:
                 f"autotune_margin must be a fraction in [0, 1), e.g. 0.1, "
                 f"got {_short(self.autotune_margin)}"
             )
+        self.autotune_buckets = _autotune_buckets(self.autotune_buckets)
         if not isinstance(self.ir_op_priority, IrOpPriorityConfig):
             self.ir_op_priority = IrOpPriorityConfig.from_dict(self.ir_op_priority)
         if not isinstance(self.ir_passes, IrPassConfig):
@@ -286,10 +291,11 @@ class KernelConfig:
         """``--ir-op-priority...``, ``--ir-pass.NAME=...`` and ``--ir-autotune[=...]``."""
         priority, rest = parse_ir_op_priority_args(argv)
         passes, rest = parse_ir_pass_args(rest)
+        buckets, rest = _split_autotune_buckets(rest)
         autotune, margin, rest = parse_ir_autotune_args(rest)
         if rest:
             raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
-        return cls(priority, passes, autotune, margin)
+        return cls(priority, passes, autotune, margin, buckets)
 
     def backend(self, **kwargs: Any) -> Any:
         """Deprecated: use ``VllmIRBackend.from_config(config, **kwargs)``.
@@ -335,6 +341,40 @@ def parse_ir_autotune_args(argv: Sequence[str]) -> tuple[bool, float, list[str]]
         else:
             rest.append(arg)
     return on, margin, rest
+
+
+def _autotune_buckets(value: object) -> tuple[int, ...]:
+    """Token bounds: positive ints, strictly ascending, at least one."""
+    bounds = tuple(value) if isinstance(value, (list, tuple)) else None
+    if (
+        not bounds
+        or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in bounds)
+        or any(b <= a for a, b in itertools.pairwise(bounds))
+    ):
+        raise ValueError(
+            "autotune_buckets must be ascending positive token bounds, e.g. (16, 256), "
+            f"got {_short(value)}"
+        )
+    return bounds
+
+
+def _split_autotune_buckets(argv: Sequence[str]) -> tuple[tuple[int, ...], list[str]]:
+    """``--ir-autotune.buckets=16,256`` out of ``argv`` (default: the default buckets)."""
+    flag = AUTOTUNE_FLAG + ".buckets"
+    buckets: tuple[int, ...] = DEFAULT_AUTOTUNE_BUCKETS
+    rest = []
+    for arg in argv:
+        name, _eq, value = arg.partition("=")
+        if name != flag:
+            rest.append(arg)
+            continue
+        try:
+            buckets = _autotune_buckets([int(v) for v in value.split(",") if v.strip()])
+        except ValueError:
+            raise ValueError(
+                f"{arg!r}: expected ascending positive token bounds, e.g. {flag}=16,256"
+            ) from None
+    return buckets, rest
 
 
 def clear_process_priority() -> None:

@@ -58,7 +58,7 @@ from typing import Any, Protocol
 import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.utils._python_dispatch import _disable_current_modes
-from vllm_ir_cli.flags import DEFAULT_AUTOTUNE_MARGIN
+from vllm_ir_cli.flags import DEFAULT_AUTOTUNE_BUCKETS, DEFAULT_AUTOTUNE_MARGIN
 
 from vllm_ir.buckets import bucket_index, symbolic_range
 from vllm_ir.build_cache import BuildCacheError, UnsafeCacheError
@@ -89,7 +89,7 @@ logger = get_logger(__name__)
 DEFAULT_MARGIN = DEFAULT_AUTOTUNE_MARGIN
 """How much faster than Inductor-compiled native a kernel must be to replace it."""
 
-DEFAULT_BUCKETS: tuple[int, ...] = (16, 256)
+DEFAULT_BUCKETS: tuple[int, ...] = DEFAULT_AUTOTUNE_BUCKETS
 """Autotuning's token buckets: decode (<= 16 tokens), <= 256, and larger."""
 
 LAST_BUCKET_FACTOR = 4
