@@ -12,8 +12,9 @@ IrOpPriorityConfig(rms_norm=['native'])
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,13 @@ from typing import Any
 from vllm_ir_cli.flags import (
     AUTOTUNE_FLAG,
     BUILTIN_PASSES,
+    DEFAULT_AUTOTUNE_BUCKETS,
     DEFAULT_AUTOTUNE_MARGIN,
     PASS_FLAG,
     PRIORITY_FLAG,
 )
 
+from vllm_ir.buckets import BucketedPriority, parse_bucket_text, spec_to_json
 from vllm_ir.op import IrOp, get_op
 from vllm_ir.priority import scoped_priority, set_process_priority
 
@@ -56,35 +59,37 @@ def _short(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text)} chars)"
 
 
-def _provider_list(op_name: str, providers: object) -> Sequence[str]:
-    """Materialize ``providers`` once: an iterator would be empty after validation."""
-    if isinstance(providers, (str, bytes, Mapping)) or not isinstance(providers, Iterable):
-        raise TypeError(
-            f"priority of op {op_name!r} must be a list of provider names, got {_short(providers)}"
-        )
-    return list(providers)
+PriorityValue = Sequence[str] | Sequence[Mapping[str, Any]] | BucketedPriority
+"""One op's entry as given: provider names, or size buckets (:mod:`vllm_ir.buckets`)."""
 
 
 class IrOpPriorityConfig:
     """Per-op priority lists, e.g. ``IrOpPriorityConfig(rms_norm=["vllm_c", "native"])``.
 
-    Op and provider names are checked on construction (installed providers
-    are discovered first); an unknown one raises ``ValueError`` listing the
-    known names.
+    An entry may instead be size buckets, ascending ``max_tokens``, the last a
+    catch-all: ``rms_norm=[{"max_tokens": 64, "priority": ["cpu_c"]},
+    {"priority": ["native"]}]``. Op and provider names and bucket tables are
+    checked on construction (installed providers are discovered first); an
+    unknown name or a malformed table raises ``ValueError`` / ``TypeError``
+    naming what is wrong.
+
+    >>> IrOpPriorityConfig(rms_norm=[{"max_tokens": 64, "priority": ["native"]},
+    ...                              {"priority": []}]).to_dict()
+    {'rms_norm': [{'max_tokens': 64, 'priority': ['native']}, {'priority': []}]}
     """
 
-    def __init__(self, **priorities: Sequence[str]) -> None:
-        checked: dict[str, list[str]] = {}
+    def __init__(self, **priorities: PriorityValue) -> None:
+        checked: dict[str, list[str] | BucketedPriority] = {}
         for op_name, providers in priorities.items():
             try:
                 op: IrOp = get_op(op_name)
             except KeyError as e:
                 raise ValueError(e.args[0]) from None
-            checked[op_name] = op.check_providers(_provider_list(op_name, providers))
+            checked[op_name] = op.check_priority(providers)
         self._priorities = checked
 
     @classmethod
-    def from_dict(cls, priorities: Mapping[str, Sequence[str]]) -> IrOpPriorityConfig:
+    def from_dict(cls, priorities: Mapping[str, PriorityValue]) -> IrOpPriorityConfig:
         if not isinstance(priorities, Mapping):
             raise TypeError(
                 f"ir_op_priority must map op names to provider lists, got {_short(priorities)}"
@@ -108,8 +113,9 @@ class IrOpPriorityConfig:
         holding that map under ``"ir_op_priority"`` (what ``vllm-ir tune`` writes)."""
         return cls.from_dict(_parse_json(*_read_json_source(source)))
 
-    def to_dict(self) -> dict[str, list[str]]:
-        return {op: list(p) for op, p in self._priorities.items()}
+    def to_dict(self) -> dict[str, list[Any]]:
+        """The JSON form (``from_dict`` inverts it): lists of names, or of bucket objects."""
+        return {op: spec_to_json(_spec(p)) for op, p in self._priorities.items()}
 
     def merged(self, other: IrOpPriorityConfig) -> IrOpPriorityConfig:
         """A config with ``other``'s lists overriding this one's, op by op."""
@@ -132,11 +138,15 @@ class IrOpPriorityConfig:
         return isinstance(other, IrOpPriorityConfig) and self._priorities == other._priorities
 
     def __hash__(self) -> int:
-        return hash(tuple((k, tuple(v)) for k, v in sorted(self._priorities.items())))
+        return hash(tuple((k, _spec(v)) for k, v in sorted(self._priorities.items())))
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{op}={p!r}" for op, p in self._priorities.items())
         return f"IrOpPriorityConfig({inner})"
+
+
+def _spec(value: list[str] | BucketedPriority) -> tuple[str, ...] | BucketedPriority:
+    return value if isinstance(value, BucketedPriority) else tuple(value)
 
 
 IR_PASSES: dict[str, bool] = dict(BUILTIN_PASSES)
@@ -237,6 +247,8 @@ class KernelConfig:
     """Compiled mode: choose each IR node's impl by measurement (docs/compile.md, Autotuning)."""
     autotune_margin: float = DEFAULT_AUTOTUNE_MARGIN
     """How much faster than Inductor-compiled native a kernel must be to be chosen."""
+    autotune_buckets: tuple[int, ...] = DEFAULT_AUTOTUNE_BUCKETS
+    """Token buckets autotuning measures a dynamic token count in (``--ir-autotune.buckets``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.autotune, bool):
@@ -248,6 +260,7 @@ class KernelConfig:
                 f"autotune_margin must be a fraction in [0, 1), e.g. 0.1, "
                 f"got {_short(self.autotune_margin)}"
             )
+        self.autotune_buckets = _autotune_buckets(self.autotune_buckets)
         if not isinstance(self.ir_op_priority, IrOpPriorityConfig):
             self.ir_op_priority = IrOpPriorityConfig.from_dict(self.ir_op_priority)
         if not isinstance(self.ir_passes, IrPassConfig):
@@ -278,10 +291,11 @@ class KernelConfig:
         """``--ir-op-priority...``, ``--ir-pass.NAME=...`` and ``--ir-autotune[=...]``."""
         priority, rest = parse_ir_op_priority_args(argv)
         passes, rest = parse_ir_pass_args(rest)
+        buckets, rest = _split_autotune_buckets(rest)
         autotune, margin, rest = parse_ir_autotune_args(rest)
         if rest:
             raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
-        return cls(priority, passes, autotune, margin)
+        return cls(priority, passes, autotune, margin, buckets)
 
     def backend(self, **kwargs: Any) -> Any:
         """Deprecated: use ``VllmIRBackend.from_config(config, **kwargs)``.
@@ -329,19 +343,48 @@ def parse_ir_autotune_args(argv: Sequence[str]) -> tuple[bool, float, list[str]]
     return on, margin, rest
 
 
+def _autotune_buckets(value: object) -> tuple[int, ...]:
+    """Token bounds: positive ints, strictly ascending, at least one."""
+    bounds = tuple(value) if isinstance(value, (list, tuple)) else None
+    if (
+        not bounds
+        or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in bounds)
+        or any(b <= a for a, b in itertools.pairwise(bounds))
+    ):
+        raise ValueError(
+            "autotune_buckets must be ascending positive token bounds, e.g. (16, 256), "
+            f"got {_short(value)}"
+        )
+    return bounds
+
+
+def _split_autotune_buckets(argv: Sequence[str]) -> tuple[tuple[int, ...], list[str]]:
+    """``--ir-autotune.buckets=16,256`` out of ``argv`` (default: the default buckets)."""
+    flag = AUTOTUNE_FLAG + ".buckets"
+    buckets: tuple[int, ...] = DEFAULT_AUTOTUNE_BUCKETS
+    rest = []
+    for arg in argv:
+        name, _eq, value = arg.partition("=")
+        if name != flag:
+            rest.append(arg)
+            continue
+        try:
+            buckets = _autotune_buckets([int(v) for v in value.split(",") if v.strip()])
+        except ValueError:
+            raise ValueError(
+                f"{arg!r}: expected ascending positive token bounds, e.g. {flag}=16,256"
+            ) from None
+    return buckets, rest
+
+
 def clear_process_priority() -> None:
     """Forget every process-wide priority set with ``apply()``."""
     set_process_priority({}, replace=True)
 
 
-def _parse_providers(op_name: str, value: str) -> list[str]:
-    providers = [p.strip() for p in value.split(",")]
-    if not value.strip() or any(not p for p in providers):
-        raise ValueError(
-            f"{CLI_FLAG}.{op_name}={value!r}: expected a comma-separated list of "
-            "providers, e.g. vllm_c,native"
-        )
-    return providers
+def _parse_providers(op_name: str, value: str) -> list[Any]:
+    """``a,b`` (every size) or ``<=64:a,b;c`` (size buckets, the last covers the rest)."""
+    return parse_bucket_text(value, f"{CLI_FLAG}.{op_name}")
 
 
 def _parse_json(value: str, where: str | None = None) -> dict[str, Any]:
@@ -367,10 +410,11 @@ def _parse_json(value: str, where: str | None = None) -> dict[str, Any]:
     if isinstance(parsed, dict) and "ir_op_priority" in parsed:  # a `vllm-ir tune` document
         parsed = parsed["ir_op_priority"]
         where = f"{where}: its ir_op_priority"
-    if not isinstance(parsed, dict) or not all(
-        isinstance(v, list) and all(isinstance(p, str) for p in v) for v in parsed.values()
-    ):
-        raise ValueError(f"{where}: JSON must map op names to lists of provider names; {example}")
+    if not isinstance(parsed, dict) or not all(isinstance(v, list) for v in parsed.values()):
+        raise ValueError(
+            f"{where}: JSON must map op names to lists of provider names (or of size "
+            f"buckets); {example}"
+        )
     return parsed
 
 

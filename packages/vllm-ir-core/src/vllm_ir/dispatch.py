@@ -232,14 +232,18 @@ def select(
     args: tuple[Any, ...],
     mode: Mode,
     describe_args: Callable[[], str] | None = None,
+    *,
+    tokens: int | None = None,
 ) -> Selection:
     """Walk the effective priority list and return the first impl that can run.
 
+    ``tokens``: the call's token count, which picks the bucket of bucketed
+    priorities (``IrOp.tokens``; ``None`` when the table has no buckets).
     ``native`` is always on the list and always accepts, so this never fails
     (an impl whose ``supports_args`` raises propagates its error).
     """
     decisions: list[Decision] = []
-    for entry, reason in _walk(op_name, impls, args, mode):
+    for entry, reason in _walk(op_name, impls, args, mode, tokens):
         if reason is None:
             decisions.append(Decision(entry, True, "selected"))
             selection = Selection(impls[entry.provider], tuple(decisions))
@@ -250,21 +254,30 @@ def select(
 
 
 def _walk(
-    op_name: str, impls: Mapping[str, IrOpImpl], args: tuple[Any, ...], mode: Mode
+    op_name: str,
+    impls: Mapping[str, IrOpImpl],
+    args: tuple[Any, ...],
+    mode: Mode,
+    tokens: int | None,
 ) -> Iterator[tuple[PriorityEntry, str | None]]:
     """``(entry, why it is rejected or None)`` down the effective priority list, lazily."""
     env = selection_env()
-    for entry in effective_priority(op_name, mode, platform=env.platform):
+    for entry in effective_priority(op_name, mode, platform=env.platform, tokens=tokens):
         yield entry, _rejection(op_name, impls.get(entry.provider), args, env.batch_invariant)
 
 
 def candidates(
-    op_name: str, impls: Mapping[str, IrOpImpl], args: tuple[Any, ...], mode: Mode
+    op_name: str,
+    impls: Mapping[str, IrOpImpl],
+    args: tuple[Any, ...],
+    mode: Mode,
+    *,
+    tokens: int | None = None,
 ) -> Candidates:
     """:func:`select`'s rule applied to every entry and every registered impl (no early stop)."""
     decisions: list[Decision] = []
     chosen = False
-    for entry, reason in _walk(op_name, impls, args, mode):
+    for entry, reason in _walk(op_name, impls, args, mode, tokens):
         if reason is None:
             decisions.append(Decision(entry, True, "accepts" if chosen else "selected"))
             chosen = True

@@ -26,6 +26,13 @@ from vllm_ir._hotpath import compile_source, make_needs_grad_fn, make_route_fn
 from vllm_ir._torch_private import destroy_library
 from vllm_ir.arguments import make_argument_check
 from vllm_ir.autograd import NativeGradient
+from vllm_ir.buckets import (
+    BucketedPriority,
+    as_priority,
+    bucket_index,
+    static_bucket_tokens,
+    tokens_of,
+)
 from vllm_ir.cache import (
     before_selection,
     generation,
@@ -50,6 +57,7 @@ from vllm_ir.op_registry import OPS
 from vllm_ir.priority import (
     Mode,
     PriorityEntry,
+    bucket_bounds,
     effective_priority,
     scoped_priority,
     scoped_state_var,
@@ -126,9 +134,15 @@ class IrOp:
             name, self.signature, activations, allow_inplace
         )
         self._activation_idx = frozenset(self._param_names.index(a) for a in self.activations)
+        # where the token count is read (None: no activation, every call is 1 token)
+        acts = self.activations
+        self._tokens_idx = self._param_names.index(acts[0]) if acts else None
+        # (generation, scoped state) -> bucket bounds of the effective table
+        self._bounds_cache: dict[tuple[int, Any], tuple[int, ...]] = {}
         # _key: the selection key, safe on FakeTensors (dispatch(), the lowering
-        # pass); _fast_key: the eager fast path's exact key, for its miss path
-        self._key = make_key_fn(self.signature, _scoped_get, compile_source, fast=False)
+        # pass), with the bucket index when the table has buckets (_key);
+        # _fast_key: the eager fast path's exact key, for its miss path
+        self._base_key = make_key_fn(self.signature, _scoped_get, compile_source, fast=False)
         self._fast_key = make_key_fn(self.signature, _scoped_get, compile_source, fast=True)
         self._route = make_route_fn(self.signature)
         self._check_args = make_argument_check(name, self.signature)
@@ -252,13 +266,76 @@ class IrOp:
         except Exception:  # a miss, an unhashable key, or arguments of the wrong shape
             return self._dispatch_miss(args)
 
+    def _key(self, *args: Any) -> Any:
+        """The selection key: the argument facts, and the bucket index when the
+        effective table has buckets (the batch class alone does not fix it)."""
+        key = self._base_key(*args)
+        bounds = self.bucket_bounds()
+        if not bounds:
+            return key
+        tokens = self.tokens(*args)
+        # a symbolic count stays in the key: unhashable, so never cached (no guard)
+        return (*key, bucket_index(bounds, tokens) if type(tokens) is int else tokens)
+
+    def tokens(self, *args: Any) -> Any:
+        """The call's token count: the product of all but the last dim of the op's
+        first activation (``activations[0]``); 1 for rank 0 or 1, or an op without
+        activations. A SymInt under ``torch.compile`` with dynamic sizes."""
+        idx = self._tokens_idx
+        if idx is None or idx >= len(args):
+            return 1
+        return tokens_of(args[idx])
+
+    def bucket_bounds(self, mode: Mode | None = None) -> tuple[int, ...]:
+        """The bucket bounds of the effective table in this context: calls of at most
+        ``bounds[i]`` tokens (and more than ``bounds[i - 1]``) share bucket ``i``;
+        empty when no source is bucketed. Cached per cache generation and scope."""
+        scope = _scoped_get()
+        state = None if scope is None else scope.state
+        if mode is not None and mode != (state.mode if state is not None else "eager"):
+            with selection_mode_scope(mode):
+                return self.bucket_bounds()
+        key = (generation(), state)
+        try:
+            return self._bounds_cache[key]
+        except KeyError:
+            pass
+        before_selection()
+        bounds = bucket_bounds(self.name)
+        if len(self._bounds_cache) > 64:  # states of old generations and closed scopes
+            self._bounds_cache.clear()
+        self._bounds_cache[key] = bounds
+        return bounds
+
+    def _selection_tokens(self, args: tuple[Any, ...]) -> int | None:
+        """The token count selection resolves buckets with (None: no buckets)."""
+        bounds = self.bucket_bounds()
+        if not bounds:
+            return None
+        tokens = self.tokens(*args)
+        if type(tokens) is int:
+            return tokens
+        return static_bucket_tokens(self.name, bounds, tokens)
+
     def select(self, *args: Any, mode: Mode | None = None, **kwargs: Any) -> Selection:
         """Like :meth:`dispatch`, uncached, with the decision on every candidate."""
         args = self._bind(args, kwargs)
         self._check_args(args)
         before_selection()
         with selection_mode_scope(mode or selection_mode()):
-            return select(self.name, self._impls, args, selection_mode(), lambda: describe(args))
+            return self._select_tokens(args, self._selection_tokens(args))
+
+    def _select_tokens(self, args: tuple[Any, ...], tokens: int | None) -> Selection:
+        """:func:`select` for complete ``args`` as a call of ``tokens`` tokens (the
+        lowering selects each bucket of a dynamic token count so)."""
+        return select(
+            self.name,
+            self._impls,
+            args,
+            selection_mode(),
+            lambda: describe(args),
+            tokens=tokens,
+        )
 
     def candidates(self, *args: Any, mode: Mode | None = None, **kwargs: Any) -> Candidates:
         """The decision on every registered impl for this call: accepted, or rejected and why.
@@ -278,12 +355,20 @@ class IrOp:
         self._check_args(args)
         before_selection()
         with selection_mode_scope(mode or selection_mode()):
-            return candidates(self.name, self._impls, args, selection_mode())
+            tokens = self._selection_tokens(args)
+            return candidates(self.name, self._impls, args, selection_mode(), tokens=tokens)
+
+    def _candidates_tokens(self, args: tuple[Any, ...], tokens: int, mode: Mode) -> Candidates:
+        """:meth:`candidates` for complete ``args`` as a call of ``tokens`` tokens
+        (autotuning one bucket of a symbolic token count)."""
+        before_selection()
+        with selection_mode_scope(mode):
+            return candidates(self.name, self._impls, args, mode, tokens=tokens)
 
     def _select_impl(self, args: tuple[Any, ...]) -> IrOpImpl:
         """The uncached selection for complete positional ``args`` (the rule the caches hold)."""
         before_selection()
-        return select(self.name, self._impls, args, selection_mode(), lambda: describe(args)).impl
+        return self._select_tokens(args, self._selection_tokens(args)).impl
 
     def _dispatch_miss(self, args: tuple[Any, ...]) -> IrOpImpl:
         args = self._bind(args, {})
@@ -522,10 +607,23 @@ class IrOp:
             )
         return list(providers)
 
+    def check_priority(self, value: object) -> list[str] | BucketedPriority:
+        """Validate a priority entry for this op: a list of providers, or of size
+        buckets (:mod:`vllm_ir.buckets`); unknown providers are refused."""
+        spec = as_priority(value, f"priority of op {self.name!r}")
+        if isinstance(spec, BucketedPriority):
+            self.check_providers(spec.providers())
+            return spec
+        return self.check_providers(spec)
+
     @contextlib.contextmanager
-    def set_priority(self, providers: Sequence[str]) -> Iterator[None]:
+    def set_priority(
+        self, providers: Sequence[str] | Sequence[Mapping[str, Any]]
+    ) -> Iterator[None]:
         """Within the ``with`` block, try ``providers`` first for this op.
 
+        ``providers`` is a list of names (every size) or of size buckets,
+        ``[{"max_tokens": 64, "priority": [...]}, {"priority": [...]}]``.
         Scoped to the current thread / task, nestable, restored on exceptions.
 
         >>> import vllm_ir as ir
@@ -533,17 +631,20 @@ class IrOp:
         ...     ir.ops.rms_norm.get_priority()[0]
         'native'
         """
-        with scoped_priority({self.name: self.check_providers(providers)}):
+        with scoped_priority({self.name: self.check_priority(providers)}):
             yield
 
-    def get_priority(self, mode: Mode | None = None) -> list[str]:
-        """The effective priority list in this context (``native`` last or earlier)."""
-        return [e.provider for e in self.get_priority_entries(mode)]
+    def get_priority(self, mode: Mode | None = None, *, tokens: int | None = None) -> list[str]:
+        """The effective priority list in this context (``native`` last or earlier),
+        for a call of ``tokens`` tokens (``None``: the last, catch-all bucket)."""
+        return [e.provider for e in self.get_priority_entries(mode, tokens=tokens)]
 
-    def get_priority_entries(self, mode: Mode | None = None) -> tuple[PriorityEntry, ...]:
+    def get_priority_entries(
+        self, mode: Mode | None = None, *, tokens: int | None = None
+    ) -> tuple[PriorityEntry, ...]:
         """The effective priority list with the origin of each entry."""
         before_selection()
-        return effective_priority(self.name, mode)
+        return effective_priority(self.name, mode, tokens=tokens)
 
     # -- samples ----------------------------------------------------------
 

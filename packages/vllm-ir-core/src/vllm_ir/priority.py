@@ -31,10 +31,17 @@ import contextvars
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from vllm_ir.buckets import (
+    BucketedPriority,
+    PrioritySpec,
+    as_priority,
+    merged_bounds,
+    priority_for_tokens,
+)
 from vllm_ir.cache import invalidating
 from vllm_ir.impl import NATIVE
 from vllm_ir.platform import PLATFORMS, current_platform
@@ -47,9 +54,11 @@ __all__ = [
     "PriorityState",
     "Scope",
     "add_platform_defaults",
+    "bucket_bounds",
     "compiled_selection",
     "current_state",
     "effective_priority",
+    "freeze_priority",
     "platform_default_contributions",
     "process_priorities",
     "remove_platform_defaults",
@@ -88,8 +97,8 @@ class PlatformDefaults:
     """
 
     platform: str
-    eager: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    compiled: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    eager: Mapping[str, Sequence[str] | BucketedPriority] = field(default_factory=dict)
+    compiled: Mapping[str, Sequence[str] | BucketedPriority] = field(default_factory=dict)
     rank: int = 0
 
     def __post_init__(self) -> None:
@@ -110,27 +119,16 @@ class PlatformDefaults:
                     f"{where}.{mode} must map op names to lists of provider names, "
                     f"got {_short(table)}"
                 )
-            checked: dict[str, list[str]] = {}
+            checked: dict[str, list[str] | BucketedPriority] = {}
             for op_name, providers in table.items():
                 if not isinstance(op_name, str):
                     raise TypeError(f"{where}.{mode} keys must be op names, got {_short(op_name)}")
-                if isinstance(providers, (str, bytes, Mapping)) or not isinstance(
-                    providers, Iterable
-                ):
-                    raise TypeError(
-                        f"{where}.{mode}[{op_name!r}] must be a list of provider names, "
-                        f"got {_short(providers)}"
-                    )
-                listed = list(providers)  # an iterator is read once, here
-                if not all(isinstance(p, str) for p in listed):
-                    raise TypeError(
-                        f"{where}.{mode}[{op_name!r}] must be a list of provider names, "
-                        f"got {_short(listed)}"
-                    )
-                checked[op_name] = listed
+                spec = as_priority(providers, f"{where}.{mode}[{op_name!r}]")
+                # a plain list stays a list, as given; buckets are validated once, here
+                checked[op_name] = spec if isinstance(spec, BucketedPriority) else list(spec)
             object.__setattr__(self, mode, checked)
 
-    def for_mode(self, mode: Mode) -> Mapping[str, Sequence[str]]:
+    def for_mode(self, mode: Mode) -> Mapping[str, Sequence[str] | BucketedPriority]:
         return self.eager if mode == "eager" else self.compiled
 
 
@@ -140,6 +138,7 @@ class PriorityState:
 
     Interning makes equal states the same object, so dispatch caches can key
     on identity while repeated scopes with the same lists keep hitting them.
+    An op's entry is a tuple of providers, or a :class:`BucketedPriority`.
     """
 
     __slots__ = ("__weakref__", "mode", "origin", "priorities")
@@ -149,14 +148,17 @@ class PriorityState:
     )
     _lock: ClassVar[threading.Lock] = threading.Lock()
 
-    priorities: Mapping[str, tuple[str, ...]]
+    priorities: Mapping[str, PrioritySpec]
     origin: str
     mode: Mode
 
     def __new__(
-        cls, priorities: Mapping[str, Sequence[str]], origin: str, mode: Mode = "eager"
+        cls,
+        priorities: Mapping[str, Sequence[str] | BucketedPriority],
+        origin: str,
+        mode: Mode = "eager",
     ) -> PriorityState:
-        frozen = {op: tuple(providers) for op, providers in sorted(priorities.items())}
+        frozen = {op: _frozen(spec) for op, spec in sorted(priorities.items())}
         key = (origin, mode, *frozen.items())
         with cls._lock:
             state = cls._interned.get(key)
@@ -172,6 +174,17 @@ class PriorityState:
         return (
             f"PriorityState({dict(self.priorities)!r}, origin={self.origin!r}, mode={self.mode!r})"
         )
+
+
+def freeze_priority(spec: object) -> PrioritySpec:
+    """A hashable entry: buckets as they are, a list of names as a tuple, bucket
+    objects (the JSON form) as :class:`BucketedPriority` (validated)."""
+    if isinstance(spec, BucketedPriority):
+        return spec
+    return as_priority(spec, "priority")
+
+
+_frozen = freeze_priority
 
 
 _EMPTY_PROCESS = PriorityState({}, "user (process-wide)")
@@ -193,7 +206,7 @@ class Scope:
     def __init__(
         self,
         parent: Scope | None,
-        overrides: Mapping[str, tuple[str, ...]] | None,
+        overrides: Mapping[str, PrioritySpec] | None,
         mode: Mode | None,
     ) -> None:
         self.parent = parent
@@ -274,9 +287,9 @@ def current_state() -> PriorityState:
     return scoped_state() or _EMPTY_SCOPE
 
 
-def user_priority(op_name: str) -> tuple[tuple[str, ...], str]:
-    """The user's list for ``op_name`` and its origin: the innermost scope naming
-    the op, else the process-wide setting (empty if neither names it)."""
+def user_priority(op_name: str) -> tuple[PrioritySpec, str]:
+    """The user's entry for ``op_name`` (providers, or buckets) and its origin: the
+    innermost scope naming the op, else the process-wide setting (empty if neither)."""
     scoped = scoped_state()
     if scoped is not None and op_name in scoped.priorities:
         return scoped.priorities[op_name], scoped.origin
@@ -284,9 +297,7 @@ def user_priority(op_name: str) -> tuple[tuple[str, ...], str]:
 
 
 @contextlib.contextmanager
-def _open_scope(
-    overrides: Mapping[str, tuple[str, ...]] | None, mode: Mode | None
-) -> Iterator[Scope]:
+def _open_scope(overrides: Mapping[str, PrioritySpec] | None, mode: Mode | None) -> Iterator[Scope]:
     scope = Scope(_scoped_state.get(), overrides, mode)
     token = _scoped_state.set(scope)
     try:
@@ -314,7 +325,9 @@ def _exit_scope(scope: Scope, token: contextvars.Token[Scope | None]) -> None:
 
 
 @contextlib.contextmanager
-def scoped_priority(priorities: Mapping[str, Sequence[str]]) -> Iterator[PriorityState]:
+def scoped_priority(
+    priorities: Mapping[str, Sequence[str] | BucketedPriority],
+) -> Iterator[PriorityState]:
     """Within the block, ``priorities`` override the current lists op by op.
 
     Nestable; the previous state is restored on exit, exceptions included,
@@ -324,7 +337,7 @@ def scoped_priority(priorities: Mapping[str, Sequence[str]]) -> Iterator[Priorit
     when those change while the scope is open. Callers validate op and
     provider names first (see ``IrOpPriorityConfig``).
     """
-    overrides = {op: tuple(p) for op, p in priorities.items()}
+    overrides = {op: _frozen(p) for op, p in priorities.items()}
     scope = Scope(_scoped_state.get(), overrides, None)
     token = _scoped_state.set(scope)
     try:
@@ -333,7 +346,9 @@ def scoped_priority(priorities: Mapping[str, Sequence[str]]) -> Iterator[Priorit
         _exit_scope(scope, token)
 
 
-def set_process_priority(priorities: Mapping[str, Sequence[str]], *, replace: bool = False) -> None:
+def set_process_priority(
+    priorities: Mapping[str, Sequence[str] | BucketedPriority], *, replace: bool = False
+) -> None:
     """Set priorities for every thread, for the ops its scopes do not name.
 
     ``replace=True`` drops the lists of ops not in ``priorities``;
@@ -341,7 +356,7 @@ def set_process_priority(priorities: Mapping[str, Sequence[str]], *, replace: bo
     """
     global _process_state
     base = {} if replace else dict(_process_state.priorities)
-    base.update({op: tuple(p) for op, p in priorities.items()})
+    base.update({op: _frozen(p) for op, p in priorities.items()})
     state = PriorityState(base, "user (process-wide)")
     # a selection that read the generation before this may see either state;
     # store() refuses it either way
@@ -349,7 +364,7 @@ def set_process_priority(priorities: Mapping[str, Sequence[str]], *, replace: bo
         _process_state = state
 
 
-def process_priorities() -> Mapping[str, tuple[str, ...]]:
+def process_priorities() -> Mapping[str, PrioritySpec]:
     """The process-wide user lists (op name -> providers) set with ``apply()``."""
     return _process_state.priorities
 
@@ -424,11 +439,11 @@ def remove_platform_defaults(source: str) -> None:
 
 def platform_default_contributions(
     op_name: str, mode: Mode, platform: str | None = None
-) -> list[tuple[str, tuple[str, ...], int]]:
-    """``(source, providers, rank)`` for ``op_name``, in merge order."""
+) -> list[tuple[str, PrioritySpec, int]]:
+    """``(source, providers or buckets, rank)`` for ``op_name``, in merge order."""
     platform = platform or current_platform()
     found = [
-        (source, tuple(d.for_mode(mode)[op_name]), d.rank)
+        (source, _frozen(d.for_mode(mode)[op_name]), d.rank)
         for source, contributions in _defaults.items()
         for d in contributions
         if d.platform == platform and op_name in d.for_mode(mode)
@@ -442,8 +457,14 @@ def effective_priority(
     *,
     state: PriorityState | None = None,
     platform: str | None = None,
+    tokens: int | None = None,
 ) -> tuple[PriorityEntry, ...]:
     """The ordered providers to try for ``op_name``, each with its origin.
+
+    Each source (the user's entry, every platform default) is resolved for a
+    call of ``tokens`` tokens first, then they are merged: a bucketed source
+    contributes the providers of the bucket the call falls into. ``tokens=None``
+    (no call in view) resolves bucketed sources to their catch-all bucket.
 
     >>> [e.provider for e in effective_priority("some_op", "eager", platform="cpu")]
     ['native']
@@ -458,17 +479,37 @@ def effective_priority(
             seen.add(provider)
             entries.append(PriorityEntry(provider, source))
 
-    if state is None:
-        user, origin = user_priority(op_name)
-    else:
-        user, origin = state.priorities.get(op_name, ()), state.origin
-    for provider in user:
+    user, origin = _user_entry(op_name, state)
+    for provider in priority_for_tokens(user, tokens):
         add(provider, origin)
-    for source, providers, _rank in platform_default_contributions(op_name, mode, platform):
-        for provider in providers:
+    for source, spec, _rank in platform_default_contributions(op_name, mode, platform):
+        for provider in priority_for_tokens(spec, tokens):
             add(provider, f"{platform} {mode} default of {source}")
     add(NATIVE, "native fallback")
     return tuple(entries)
+
+
+def _user_entry(op_name: str, state: PriorityState | None) -> tuple[PrioritySpec, str]:
+    if state is None:
+        return user_priority(op_name)
+    return state.priorities.get(op_name, ()), state.origin
+
+
+def bucket_bounds(
+    op_name: str,
+    mode: Mode | None = None,
+    *,
+    state: PriorityState | None = None,
+    platform: str | None = None,
+) -> tuple[int, ...]:
+    """The bucket bounds of ``op_name``'s effective table: the union of every
+    source's bounds (empty: one list for every size). Within each bucket
+    :func:`effective_priority` gives one list."""
+    mode = mode or selection_mode()
+    platform = platform or current_platform()
+    user, _origin = _user_entry(op_name, state)
+    defaults = [spec for _s, spec, _r in platform_default_contributions(op_name, mode, platform)]
+    return merged_bounds([user, *defaults])
 
 
 def _snapshot_process_priorities() -> Callable[[], str | None]:

@@ -38,6 +38,7 @@ from importlib import metadata
 
 from vllm_ir import envs
 from vllm_ir._version import API_VERSION, __version__
+from vllm_ir.buckets import BucketedPriority
 from vllm_ir.cache import invalidate_caches, on_before_selection
 from vllm_ir.logger import get_logger
 from vllm_ir.op_registry import OPS
@@ -147,7 +148,9 @@ def _check_defaults_name_known_ops(spec: ProviderSpec, package: str) -> None:
                         f"name unknown IR op {op_name!r}; known ops: "
                         f"{', '.join(sorted(OPS))}"
                     )
-                unknown = [p for p in providers if p not in op.registered_impls]
+                bucketed = isinstance(providers, BucketedPriority)
+                named = providers.providers() if bucketed else providers
+                unknown = [p for p in named if p not in op.registered_impls]
                 if unknown:  # another package's provider, maybe not installed: not an error
                     logger.debug(
                         "provider %r (%s): %s %s defaults of op %r name provider(s) %s, which "

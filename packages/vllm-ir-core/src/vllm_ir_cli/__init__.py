@@ -181,9 +181,28 @@ def _add_tune(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--ops", default="", help="comma-separated ops (default: all)")
     parser.add_argument(
+        "--buckets",
+        default=None,
+        help="token bucket bounds, comma separated (default 16,256: decode <= 16 tokens, "
+        "<= 256, larger); each bucket gets its own measured priority list",
+    )
+    parser.add_argument(
+        "--hidden",
+        type=POSITIVE,
+        default=4096,
+        help="the last dim of the activation when measuring buckets (default 4096)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=POSITIVE,
+        default=10,
+        help="interleaved rounds of ~10 ms per candidate and bucket (default 10)",
+    )
+    parser.add_argument(
         "--shapes",
-        default="decode=1x4096,prefill=4096x4096",
-        help="NAME=SHAPE items, dims joined by x (default decode=1x4096,prefill=4096x4096)",
+        default=None,
+        help="instead of buckets: NAME=SHAPE items, dims joined by x "
+        "(e.g. decode=1x4096,prefill=4096x4096); writes one list per op for every size",
     )
     parser.add_argument("--dtype", default="bf16", help="fp32, fp16 or bf16 (default bf16)")
     parser.add_argument("--device", default="cpu")
@@ -191,6 +210,7 @@ def _add_tune(subparsers: argparse._SubParsersAction) -> None:
         "--runs", type=POSITIVE, default=25, help="timed calls per candidate (default 25)"
     )
     parser.add_argument("--out", required=True, help="the JSON file to write")
+    _add_threads(parser, 1)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ from types import MappingProxyType
 __all__ = [
     "AUTOTUNE_FLAG",
     "BUILTIN_PASSES",
+    "DEFAULT_AUTOTUNE_BUCKETS",
     "DEFAULT_AUTOTUNE_MARGIN",
     "PASSES",
     "PASS_FLAG",
@@ -24,6 +25,9 @@ AUTOTUNE_FLAG = "--ir-autotune"
 
 DEFAULT_AUTOTUNE_MARGIN = 0.10
 """How much faster than Inductor-compiled native a kernel must be for autotuning to pick it."""
+
+DEFAULT_AUTOTUNE_BUCKETS = (16, 256)
+"""Autotuning's token buckets: decode (<= 16 tokens), <= 256, and larger."""
 
 BUILTIN_PASSES = MappingProxyType({"fuse_norm_quant": True, "sequence_parallel": False})
 """The built-in IR passes of the compile backend, and whether each is on by default."""

@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,56 +27,11 @@ from vllm_ir.cli.args import (
 )
 from vllm_ir.cli.table import render_table
 from vllm_ir.op import IrOp
+from vllm_ir.timing import NOISY, is_noisy, spread, time_call
 
 __all__ = ["NOISY", "is_noisy", "run", "spread", "time_call"]
 
 COMPILED = "native (compiled)"
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def time_call(fn: Callable[[], Any], device: str, rounds: int, warmup: int) -> list[float]:
-    """Microseconds per call, one sample per round; calls per round sized to ~10 ms.
-
-    ``warmup`` untimed calls first (caches, allocator, lazy initialization),
-    then one more timed call sizes the rounds.
-    """
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    once = max(time.perf_counter() - start, 1e-7)
-    number = max(1, min(10_000, int(0.01 / once)))
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        _sync(device)
-        samples.append((time.perf_counter() - start) / number * 1e6)
-    return samples
-
-
-NOISY = 0.25
-"""A spread (p90 - p10) above this fraction of the median is flagged as too large to trust."""
-
-
-def spread(samples: Sequence[float]) -> tuple[float, float, float]:
-    """``(median, p10, p90)`` of ``samples`` (p10 = p90 = median for fewer than 2)."""
-    median = statistics.median(samples)
-    if len(samples) < 2:
-        return median, median, median
-    deciles = statistics.quantiles(samples, n=10, method="inclusive")
-    return median, deciles[0], deciles[-1]
-
-
-def is_noisy(median: float, p10: float, p90: float) -> bool:
-    return median > 0 and (p90 - p10) / median > NOISY
 
 
 def _candidates(op: IrOp, call: tuple[Any, ...]) -> dict[str, Callable[..., Any]]:

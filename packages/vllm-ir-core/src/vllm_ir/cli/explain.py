@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from vllm_ir.buckets import bucket_index
 from vllm_ir.cli import tune
 from vllm_ir.cli.args import (
     call_args_for,
@@ -19,7 +20,26 @@ from vllm_ir.op import IrOp
 from vllm_ir.platform import current_platform
 from vllm_ir.priority import MODES, Mode
 
-__all__ = ["candidate_lines", "run"]
+__all__ = ["bucket_lines", "candidate_lines", "run"]
+
+
+def bucket_lines(op: IrOp, call: tuple[Any, ...], mode: Mode) -> list[str]:
+    """The size-bucket table of the effective priorities (empty without buckets):
+    one line per bucket with its list, the call's bucket marked."""
+    bounds = op.bucket_bounds(mode)
+    if not bounds:
+        return []
+    tokens = op.tokens(*call)
+    mine = bucket_index(bounds, tokens)
+    act = op.activations[0] if op.activations else "-"
+    lines = [f"size buckets (tokens: all but the last dim of {act}; this call: {tokens}):"]
+    for i, bound in enumerate((*bounds, None)):
+        label = f"<= {bound}" if bound is not None else f"> {bounds[-1]}"
+        rep = bound if bound is not None else bounds[-1] + 1
+        listed = ", ".join(p.provider for p in op.get_priority_entries(mode, tokens=rep))
+        marker = "   <- this call" if i == mine else ""
+        lines.append(f"  {label:>10} tokens: {listed}{marker}")
+    return lines
 
 
 def candidate_lines(op: IrOp, call: tuple[Any, ...], mode: Mode) -> list[str]:
@@ -64,8 +84,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"  IR passes before lowering: {', '.join(args.passes.enabled()) or 'none'}")
         else:
             print("\neager mode")
-        print("  priority list:")
-        for i, entry in enumerate(op.get_priority_entries(mode), 1):
+        for line in bucket_lines(op, call, mode):
+            print(f"  {line}")
+        tokens = op.tokens(*call) if op.bucket_bounds(mode) else None
+        print("  priority list:" if tokens is None else "  priority list (this call's bucket):")
+        for i, entry in enumerate(op.get_priority_entries(mode, tokens=tokens), 1):
             print(f"    {i}. {entry.provider}  <- {entry.source}")
         print("  candidates:")
         for line in candidate_lines(op, call, mode):

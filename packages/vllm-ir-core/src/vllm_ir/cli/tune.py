@@ -6,8 +6,10 @@ it), and each op gets a priority list ordered by measurement. The output loads
 with ``--ir-op-priority=@tuned.json`` or ``IrOpPriorityConfig.from_json``, and
 keeps the measured times, which ``vllm-ir explain OP --tuned tuned.json`` shows.
 
-A priority list is per op, not per shape (selection may not depend on sizes),
-so the list orders providers by their time relative to the fastest, averaged
+By default each op is measured per token bucket (``--buckets``, default
+16,256) and gets a bucketed priority entry (:mod:`vllm_ir.cli.tune_buckets`).
+With ``--shapes`` instead, a priority list is per op, for every size: it
+orders providers by their time relative to the fastest, averaged
 geometrically over the shapes; each shape's own winner is recorded too.
 """
 
@@ -21,8 +23,11 @@ from typing import Any
 
 import torch
 
+from vllm_ir.buckets import as_priority, format_bucket_text
+from vllm_ir.cli import tune_buckets
 from vllm_ir.cli.args import (
     UsageError,
+    apply_threads,
     call_args_for,
     check_native_accepts,
     parse_device,
@@ -148,7 +153,11 @@ def tuned_problem(doc: object, op_name: str) -> str | None:
     if op_name not in measured:
         return None
     providers = priority.get(op_name)
-    if not isinstance(providers, list) or not all(isinstance(p, str) for p in providers):
+    try:
+        as_priority(providers, op_name)
+    except (TypeError, ValueError):
+        providers = None
+    if not isinstance(providers, list):
         return f"{op_name} is measured but has no list of provider names in 'ir_op_priority'"
     results = measured[op_name]
     if not isinstance(results, dict):
@@ -194,11 +203,14 @@ def explain_tuned(path: str, op: IrOp, doc: dict[str, Any] | None = None) -> Non
     if op.name not in doc["measured"]:
         print(f"  {op.name}: not tuned (fewer than two candidates)")
         return
-    print(f"  priority: {', '.join(doc['ir_op_priority'][op.name])}")
+    spec = as_priority(doc["ir_op_priority"][op.name], op.name)
+    text = format_bucket_text(spec) if not isinstance(spec, tuple) else ", ".join(spec)
+    print(f"  priority: {text}")
     for name, result in doc["measured"][op.name].items():
         times = ", ".join(f"{p} {t:.1f} us" for p, t in result["times_us"].items())
         shape = "x".join(map(str, result["shape"]))
-        print(f"  {name} ({shape}): {times} -> {result['winner']}")
+        undecided = "" if result.get("decided", True) else f" ({result.get('note', 'noisy')})"
+        print(f"  {name} ({shape}): {times} -> {result['winner']}{undecided}")
 
 
 def explain_autotune(op: IrOp, call: tuple[Any, ...], margin: float = DEFAULT_MARGIN) -> None:
@@ -226,7 +238,16 @@ def run(args: argparse.Namespace) -> int:
         if args.ops
         else [op for name, op in sorted(IrOp.registry.items()) if op.has_input_generator]
     )
-    shapes = parse_named_shapes(args.shapes)
+    if args.shapes is not None and args.buckets is not None:
+        raise UsageError("give --buckets (one list per size range) or --shapes, not both")
+    bounds = (
+        None if args.shapes is not None else tune_buckets.parse_buckets(args.buckets or "16,256")
+    )
+    shapes = (
+        parse_named_shapes(args.shapes)
+        if bounds is None
+        else {label: (n, args.hidden) for label, _b, n in tune_buckets.bucket_sizes(bounds)}
+    )
     dtype = parse_dtype(args.dtype)
     if args.runs < 1:
         raise UsageError(f"--runs must be at least 1, got {args.runs}")
@@ -236,10 +257,28 @@ def run(args: argparse.Namespace) -> int:
     for op in ops:
         for shape in shapes.values():
             check_native_accepts(op, call_args_for(op, shape, dtype, device), shape)
-    doc = tune(ops, shapes, dtype, device, WallClockTimer(warmup=3, runs=args.runs))
+    print(apply_threads(args.threads))
+    if bounds is None:
+        doc = tune(ops, shapes, dtype, device, WallClockTimer(warmup=3, runs=args.runs))
+    else:
+        priority, measured = tune_buckets.tune_buckets(
+            ops, bounds, args.hidden, dtype, device, args.rounds
+        )
+        doc = {
+            "ir_op_priority": priority,
+            "measured": measured,
+            "buckets": list(bounds),
+            "dtype": str(dtype).removeprefix("torch."),
+            "device": device,
+            "environment": environment(torch.device(device)),
+        }
+    doc["threads"] = torch.get_num_threads()
     write_atomically("--out", out, json.dumps(doc, indent=2) + "\n")
     for op_name, providers in doc["ir_op_priority"].items():
         winners = ", ".join(f"{n}: {r['winner']}" for n, r in doc["measured"][op_name].items())
-        print(f"{op_name}: {','.join(providers)}  ({winners})")
+        print(f"{op_name}: {format_bucket_text(as_priority(providers, op_name))}  ({winners})")
+        for name, result in doc["measured"][op_name].items():
+            if not result.get("decided", True):
+                print(f"  {name}: {result['note']}")
     print(f"wrote {out}; use it with --ir-op-priority=@{out}")
     return 0

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import statistics
@@ -57,8 +58,9 @@ from typing import Any, Protocol
 import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.utils._python_dispatch import _disable_current_modes
-from vllm_ir_cli.flags import DEFAULT_AUTOTUNE_MARGIN
+from vllm_ir_cli.flags import DEFAULT_AUTOTUNE_BUCKETS, DEFAULT_AUTOTUNE_MARGIN
 
+from vllm_ir.buckets import bucket_index, symbolic_range
 from vllm_ir.build_cache import BuildCacheError, UnsafeCacheError
 from vllm_ir.compilation.context import _current_context
 from vllm_ir.compilation.fingerprint import code_fingerprint
@@ -67,8 +69,10 @@ from vllm_ir.impl import IrOpImpl
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
 from vllm_ir.priority import Mode, user_priority
+from vllm_ir.timing import Timing, decide_or_refuse
 
 __all__ = [
+    "DEFAULT_BUCKETS",
     "DEFAULT_MARGIN",
     "Autotuner",
     "Timer",
@@ -84,6 +88,15 @@ logger = get_logger(__name__)
 
 DEFAULT_MARGIN = DEFAULT_AUTOTUNE_MARGIN
 """How much faster than Inductor-compiled native a kernel must be to replace it."""
+
+DEFAULT_BUCKETS: tuple[int, ...] = DEFAULT_AUTOTUNE_BUCKETS
+"""Autotuning's token buckets: decode (<= 16 tokens), <= 256, and larger."""
+
+LAST_BUCKET_FACTOR = 4
+"""The last bucket is measured at this multiple of the largest bound (1024 tokens by default)."""
+
+DEFAULT_ROUNDS = 5
+"""Interleaved rounds per bucket: each times every candidate once, round-robin."""
 
 _UNBACKED_HINT = 4096  # a dynamic dim without a hint (data-dependent): a typical token count
 
@@ -143,6 +156,17 @@ class TuningRecord:
     native_overhead_s: float = 0.0
     """Call overhead of a compiled graph, subtracted from native's measured time."""
     nodes: list[str] = field(default_factory=list)
+    bucket: str = ""
+    """The token bucket measured (``<=16``, ``>256``; empty: the node's own size)."""
+    tokens: int = 0
+    """The token count measured at (0: the node's own size)."""
+    threads: int = 0
+    """``torch.get_num_threads()`` while measuring."""
+    spread_s: dict[str, list[float]] = field(default_factory=dict)
+    """``[p10, p90]`` of each candidate over interleaved rounds (bucket measurements)."""
+    decided: bool = True
+    """False when the timings were too noisy to rank: the priority order was kept."""
+    note: str = ""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -153,18 +177,30 @@ class TuningRecord:
         return d
 
 
-def candidates(op: IrOp, args: Sequence[Any], mode: Mode = "compiled") -> list[IrOpImpl]:
+def candidates(
+    op: IrOp, args: Sequence[Any], mode: Mode = "compiled", *, tokens: int | None = None
+) -> list[IrOpImpl]:
     """The impls selection would accept for ``args``, in effective priority order.
 
     In compiled mode, when the user set no list for the op, the platform's eager
     kernels follow the compiled list: compiled defaults often name only native
     (fused, it beat the kernels where it was measured), and measuring that again
     here is the point of autotuning. A user's list is the candidate set as given.
+    ``tokens``: the token count whose bucket's lists apply (default: the call's,
+    when it is static).
     """
-    providers = op.get_priority(mode)
+    if tokens is None:
+        count = op.tokens(*args)
+        tokens = count if type(count) is int else None
+    providers = op.get_priority(mode, tokens=tokens)
     if mode == "compiled" and not user_priority(op.name)[0]:
-        providers += [p for p in op.get_priority("eager") if p not in providers]
-    found = op.candidates(*args, mode=mode)  # the one rule of selection, on every impl
+        providers += [p for p in op.get_priority("eager", tokens=tokens) if p not in providers]
+    # the one rule of selection, on every impl
+    found = (
+        op.candidates(*args, mode=mode)
+        if tokens is None
+        else op._candidates_tokens(tuple(args), tokens, mode)
+    )
     accepted = []
     for provider in providers:
         if provider not in op.impls:
@@ -215,8 +251,49 @@ def _sample_stats(
     return stats
 
 
-def real_inputs(op: IrOp, args: Sequence[Any]) -> tuple[Any, ...]:
-    """Real arguments with the metadata of ``args`` (FakeTensors or tensors); see module doc."""
+Sizes = Callable[[Any], Any]
+"""A concrete value for each (possibly symbolic) size: ``_hint``, or a bucket's sizes."""
+
+
+def sizes_for_tokens(op: IrOp, args: Sequence[Any], tokens: int) -> Sizes:
+    """Concrete sizes with the call's token count near ``tokens``: the first symbolic
+    token dim of the first activation is set so the product reaches ``tokens``
+    (other symbols at their hints; tensors sharing the symbol follow it)."""
+    idx = op._tokens_idx
+    act = args[idx] if idx is not None and idx < len(args) else None
+    if not isinstance(act, torch.Tensor):
+        return _hint
+    dims = list(act.shape[:-1])
+    free = [i for i, d in enumerate(dims) if isinstance(d, torch.SymInt) and d.node.expr.is_symbol]
+    if not free:
+        return _hint
+    target = dims[free[0]].node.expr
+    others = 1
+    for i, d in enumerate(dims):
+        if i != free[0]:
+            others *= int(_hint(d))
+    value = max(1, tokens // max(1, others))
+
+    def size(s: Any) -> Any:
+        if not isinstance(s, torch.SymInt):
+            return _hint(s)
+        expr, env = s.node.expr, s.node.shape_env
+        # torch 2.13 renamed var_to_val (hints of backed symbols); 2.11 has the old name
+        hints = getattr(env, "backed_var_to_val", None) or env.var_to_val
+        subs = {
+            sym: value if sym == target else int(hints.get(sym, _UNBACKED_HINT))
+            for sym in expr.free_symbols
+        }
+        return int(expr.xreplace(subs))
+
+    return size
+
+
+def real_inputs(op: IrOp, args: Sequence[Any], size: Sizes | None = None) -> tuple[Any, ...]:
+    """Real arguments with the metadata of ``args`` (FakeTensors or tensors); see module doc.
+
+    ``size`` gives each symbolic size its value (default: its hint)."""
+    size = size or _hint
     names = list(op.signature.parameters)
     first = next((a for a in args if isinstance(a, torch.Tensor)), None)
     stats = _sample_stats(op, first.dtype, first.device) if first is not None else {}
@@ -225,25 +302,25 @@ def real_inputs(op: IrOp, args: Sequence[Any]) -> tuple[Any, ...]:
     with _disable_current_modes():
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
-                out.append(_hint(a))
+                out.append(size(a))
                 continue
-            shape = [int(_hint(s)) for s in a.shape]
-            stride = [int(_hint(s)) for s in a.stride()]
+            shape = [int(size(s)) for s in a.shape]
+            stride = [int(size(s)) for s in a.stride()]
             # the elements a tensor of this shape and these strides spans
-            size = sum((s - 1) * st for s, st in zip(shape, stride, strict=True)) + 1
-            size = size if all(shape) else 0
+            span = sum((s - 1) * st for s, st in zip(shape, stride, strict=True)) + 1
+            span = span if all(shape) else 0
             if a.dtype == torch.bool:
-                values = torch.rand(size, generator=gen) < 0.5
+                values = torch.rand(span, generator=gen) < 0.5
             elif not (a.dtype.is_floating_point or a.dtype.is_complex):
                 # integers are indices more often than not: keep them valid for
                 # every other tensor argument's leading dimension
-                values = torch.randint(0, _index_bound(args, i), (size,), generator=gen)
+                values = torch.randint(0, _index_bound(args, i, size), (span,), generator=gen)
             else:
                 if i in stats:
                     mean, std = stats[i]
                 else:
                     mean, std = (1.0, 0.25) if "scale" in names[i] else (0.0, 1.0)
-                values = torch.randn(size, generator=gen) * std + mean
+                values = torch.randn(span, generator=gen) * std + mean
                 if std == 0.0 or "scale" in names[i]:
                     values = values.abs()
             buffer = values.to(dtype=a.dtype, device=a.device)
@@ -251,12 +328,12 @@ def real_inputs(op: IrOp, args: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _index_bound(args: Sequence[Any], position: int) -> int:
+def _index_bound(args: Sequence[Any], position: int, size: Sizes = _hint) -> int:
     """Exclusive bound for the values of integer argument ``position``: the smallest
     leading dimension of the other tensor arguments (1 when there is none), so an
     index tensor addresses valid rows of whichever tensor it indexes."""
     rows = [
-        int(_hint(a.shape[0]))
+        int(size(a.shape[0]))
         for j, a in enumerate(args)
         if j != position and isinstance(a, torch.Tensor) and a.dim() > 0
     ]
@@ -368,10 +445,11 @@ def measure(
     timer: Timer,
     *,
     compiled_native: bool = True,
+    size: Sizes | None = None,
 ) -> dict[str, float]:
     """Seconds per call of each impl on real inputs shaped like ``args``."""
     with _disable_current_modes(), torch.no_grad():
-        inputs = real_inputs(op, args)
+        inputs = real_inputs(op, args, size)
         device = next(a.device for a in inputs if isinstance(a, torch.Tensor))
         times = {}
         for impl in impls:
@@ -383,9 +461,46 @@ def measure(
     return times
 
 
-def metadata_key(op: IrOp, impls: Sequence[IrOpImpl], args: Sequence[Any], settings: Any) -> str:
-    """The tuning cache key: op, candidates and their sources, argument metadata, and the
-    decision settings (margin, overhead subtraction)."""
+def measure_rounds(
+    op: IrOp,
+    impls: Sequence[IrOpImpl],
+    args: Sequence[Any],
+    timer: Timer,
+    rounds: int,
+    *,
+    size: Sizes | None = None,
+    compiled_native: bool = True,
+) -> dict[str, Timing]:
+    """Each impl timed ``rounds`` times, interleaved (round ``r`` times every impl
+    once before round ``r + 1``), summarized as median, p10, p90 (seconds)."""
+    with _disable_current_modes(), torch.no_grad():
+        inputs = real_inputs(op, args, size)
+        device = next(a.device for a in inputs if isinstance(a, torch.Tensor))
+        prepares = {
+            impl.provider: (
+                _inductor_native(op, inputs)
+                if impl.provider == "native" and compiled_native
+                else _fresh_call(op, impl, inputs)
+            )
+            for impl in impls
+        }
+        samples: dict[str, list[float]] = {p: [] for p in prepares}
+        for _ in range(rounds):
+            for provider, prepare in prepares.items():
+                samples[provider].append(float(timer(provider, prepare, device)))
+    return {p: Timing.of(s) for p, s in samples.items()}
+
+
+def metadata_key(
+    op: IrOp,
+    impls: Sequence[IrOpImpl],
+    args: Sequence[Any],
+    settings: Any,
+    size: Sizes = _hint,
+) -> str:
+    """The tuning cache key: op, candidates and their sources, argument metadata (sizes
+    by ``size``: a bucket's representative sizes), and the decision settings (margin,
+    overhead subtraction, the bucket)."""
     parts: list[Any] = [op.name, settings]
     parts += [(i.provider, code_fingerprint(i.impl_fn, i.supports_args)) for i in impls]
     for a in args:
@@ -394,12 +509,12 @@ def metadata_key(op: IrOp, impls: Sequence[IrOpImpl], args: Sequence[Any], setti
                 (
                     str(a.dtype),
                     a.device.type,
-                    [int(_hint(s)) for s in a.shape],
-                    [int(_hint(s)) for s in a.stride()],
+                    [int(size(s)) for s in a.shape],
+                    [int(size(s)) for s in a.stride()],
                 )
             )
         else:
-            parts.append(repr(_hint(a)))
+            parts.append(repr(size(a)))
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
 
@@ -410,6 +525,14 @@ class Autotuner:
     ``margin`` is how much faster than native a kernel must be;
     ``cache`` persists results (default: a :class:`TuningCache` in the vllm-ir cache
     dir, per device; ``persist=False`` keeps them in memory only).
+
+    With a dynamic token count, every token bucket the count can reach
+    (``buckets``, default :data:`DEFAULT_BUCKETS`, joined with the bounds of
+    the op's priority table) is measured at a representative size (its upper
+    bound; the last at :data:`LAST_BUCKET_FACTOR` times the largest bound),
+    ``rounds`` interleaved rounds each; the lowering branches on the winners
+    (:meth:`choose_buckets`). A bucket whose timings are too noisy to rank
+    keeps the priority order, and its record says so.
     """
 
     def __init__(
@@ -420,9 +543,15 @@ class Autotuner:
         tie_tolerance: float = 0.02,
         persist: bool = True,
         subtract_overhead: bool | None = None,
+        buckets: Sequence[int] = DEFAULT_BUCKETS,
+        rounds: int = DEFAULT_ROUNDS,
     ) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"autotune margin must be in [0, 1), got {margin!r}")
+        self.buckets = check_buckets(buckets)
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"autotune rounds must be a positive int, got {rounds!r}")
+        self.rounds = rounds
         self.margin = margin
         self.timer: Timer = timer if timer is not None else WallClockTimer()
         self.tie_tolerance = tie_tolerance
@@ -449,7 +578,51 @@ class Autotuner:
         digest = cache.digest() if cache is not None else "memory"
         memo = sorted((k, r.winner) for k, r in self.records.items())
         settings = (self.margin, self.tie_tolerance, self.subtract_overhead)
-        return ("autotune", *settings, digest, tuple(memo))
+        return ("autotune", *settings, self.buckets, self.rounds, digest, tuple(memo))
+
+    def choose_buckets(
+        self, op: IrOp, node: str, args: Sequence[Any]
+    ) -> list[tuple[int | None, IrOpImpl]] | None:
+        """``(max_tokens, impl)`` per reachable bucket of a symbolic token count,
+        neighbours with one winner merged (``None`` for a static count: :meth:`choose`)."""
+        tokens = op.tokens(*args)
+        if type(tokens) is int:
+            return None
+        bounds = tuple(sorted({*self.buckets, *op.bucket_bounds()}))
+        low, high = symbolic_range(tokens)
+        first, last = bucket_index(bounds, low), bucket_index(bounds, high)
+        branches: list[tuple[int | None, IrOpImpl]] = []
+        for i in range(first, last + 1):
+            top = bounds[i] if i < len(bounds) else bounds[-1] * LAST_BUCKET_FACTOR
+            rep = min(max(top, low), high)  # the bucket's upper end, within the symbol's range
+            label = f"<={bounds[i]}" if i < len(bounds) else f">{bounds[-1]}"
+            impl = self._choose_bucket(op, node, args, label, rep)
+            bound = bounds[i] if i < last else None
+            if branches and branches[-1][1] is impl:
+                branches[-1] = (bound, impl)
+            else:
+                branches.append((bound, impl))
+        return branches
+
+    def _choose_bucket(
+        self, op: IrOp, node: str, args: Sequence[Any], label: str, tokens: int
+    ) -> IrOpImpl:
+        impls = candidates(op, args, tokens=tokens)
+        if len(impls) == 1:
+            return impls[0]
+        size = sizes_for_tokens(op, args, tokens)
+        settings = (self.margin, self.subtract_overhead, "bucket", label, self.rounds)
+        key = metadata_key(op, impls, args, settings, size)
+        record = self.records.get(key) or self._lookup(
+            op, key, impls, args, size=size, bucket=(label, tokens)
+        )
+        name = f"{node}[{label}]"
+        if name not in record.nodes:
+            record.nodes.append(name)
+            ctx = _current_context()
+            if ctx is not None:
+                ctx.autotuned[name] = record
+        return op.impls[record.winner]
 
     def choose(self, op: IrOp, node: str, args: Sequence[Any]) -> IrOpImpl:
         """The impl lowered for ``node``: measured, or read from the caches."""
@@ -467,7 +640,14 @@ class Autotuner:
         return op.impls[record.winner]
 
     def _lookup(
-        self, op: IrOp, key: str, impls: list[IrOpImpl], args: Sequence[Any]
+        self,
+        op: IrOp,
+        key: str,
+        impls: list[IrOpImpl],
+        args: Sequence[Any],
+        *,
+        size: Sizes | None = None,
+        bucket: tuple[str, int] | None = None,
     ) -> TuningRecord:
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
         cache = self._cache(device)
@@ -488,15 +668,37 @@ class Autotuner:
                 self.margin,
                 from_cache=True,
                 native_overhead_s=float(stored.get("native_overhead_s", 0.0)),
+                bucket=str(stored.get("bucket", "")),
+                tokens=int(stored.get("tokens", 0)),
+                threads=int(stored.get("threads", 0)),
+                decided=bool(stored.get("decided", True)),
+                note=str(stored.get("note", "")),
             )
         else:
             start = time.perf_counter()
-            times = measure(op, impls, args, self.timer)
+            spread: dict[str, list[float]] = {}
+            decided, note = True, ""
+            if bucket is None:
+                times = measure(op, impls, args, self.timer)
+            else:
+                timings = measure_rounds(op, impls, args, self.timer, self.rounds, size=size)
+                times = {p: t.median for p, t in timings.items()}
             overhead = 0.0
             if self.subtract_overhead and "native" in times:
                 overhead = min(compiled_call_overhead(self.timer, device), times["native"] / 2)
                 times["native"] -= overhead  # never below half of what was measured
             winner = decide(times, order, self.margin, self.tie_tolerance)
+            if bucket is not None:
+                if overhead:
+                    n = timings["native"]
+                    timings["native"] = Timing(
+                        n.median - overhead, n.p10 - overhead, n.p90 - overhead
+                    )
+                spread = {p: [t.p10, t.p90] for p, t in timings.items()}
+                verdict = decide_or_refuse(timings, order, winner)
+                winner, decided, note = verdict.winner, verdict.decided, verdict.note
+                if not decided:
+                    logger.warning("autotune %s %s: %s", op.name, bucket[0], note)
             elapsed = time.perf_counter() - start
             record = TuningRecord(
                 op.name,
@@ -506,6 +708,12 @@ class Autotuner:
                 self.margin,
                 tuning_s=elapsed,
                 native_overhead_s=overhead,
+                bucket=bucket[0] if bucket else "",
+                tokens=bucket[1] if bucket else 0,
+                threads=torch.get_num_threads(),
+                spread_s=spread,
+                decided=decided,
+                note=note,
             )
             logger.debug("autotune %s: tuned in %.2f s", op.name, elapsed)
             if cache is not None:
@@ -525,3 +733,17 @@ class Autotuner:
             )
         self.records[key] = record
         return record
+
+
+def check_buckets(buckets: Sequence[int]) -> tuple[int, ...]:
+    """Autotuning bucket bounds: positive ints, strictly ascending, at least one."""
+    if isinstance(buckets, (str, bytes)) or not isinstance(buckets, Sequence):
+        raise TypeError(f"autotune buckets must be a list of token bounds, got {buckets!r:.80}")
+    bounds = tuple(buckets)
+    if not bounds or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in bounds):
+        raise ValueError(
+            f"autotune buckets must be positive ints, e.g. (16, 256), got {list(bounds)!r:.80}"
+        )
+    if any(b <= a for a, b in itertools.pairwise(bounds)):
+        raise ValueError(f"autotune buckets must ascend strictly, got {list(bounds)!r:.80}")
+    return bounds

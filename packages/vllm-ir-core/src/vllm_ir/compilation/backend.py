@@ -163,7 +163,11 @@ class VllmIRBackend:
         >>> ir.VllmIRBackend.from_config(cfg).autotuner is None
         True
         """
-        tuner = Autotuner(margin=config.autotune_margin) if config.autotune else False
+        tuner = (
+            Autotuner(margin=config.autotune_margin, buckets=config.autotune_buckets)
+            if config.autotune
+            else False
+        )
         return cls(priority=config.priority, passes=config.ir_passes, autotune=tuner, **kwargs)
 
     def _hooks(self) -> dict[str, Any]:

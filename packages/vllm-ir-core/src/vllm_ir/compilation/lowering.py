@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import fx
 from torch._guards import detect_fake_mode
+from torch._inductor.fx_passes.post_grad import decompose_auto_functionalized
 from torch._inductor.pattern_matcher import fwd_only
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
@@ -43,6 +44,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from vllm_ir.compilation.aliasing import is_write
+from vllm_ir.compilation.bucket_branches import (
+    Branch,
+    bucket_branches,
+    describe_branches,
+    emit_cond,
+    nested_cond_module,
+)
 from vllm_ir.compilation.context import DONATED_INPUTS_META, DONATED_META, get_pass_context
 from vllm_ir.compilation.fingerprint import code_fingerprint
 from vllm_ir.compilation.functionalize import input_signature
@@ -52,7 +60,12 @@ from vllm_ir.dispatch import selection_env
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
-from vllm_ir.priority import compiled_selection, effective_priority, scoped_priority
+from vllm_ir.priority import (
+    compiled_selection,
+    effective_priority,
+    freeze_priority,
+    scoped_priority,
+)
 
 __all__ = ["ACTIVATION_CLONE_META", "LoweringPass"]
 
@@ -83,8 +96,8 @@ class LoweringPass:
     ``selected_impls`` has the shape ``{"rms_norm": {"<node>": "<provider>"}}``.
     """
 
-    def __init__(self, priorities: Mapping[str, Sequence[str]]) -> None:
-        self.priorities = {op: tuple(p) for op, p in priorities.items()}
+    def __init__(self, priorities: Mapping[str, Any]) -> None:
+        self.priorities = {op: freeze_priority(p) for op, p in priorities.items()}
         self.autotuner: Any = None
         """An ``Autotuner`` choosing impls by measurement, or None: ``op.dispatch``."""
         self.selected_impls: dict[str, dict[str, str]] = {}
@@ -113,10 +126,13 @@ class LoweringPass:
         state: list[Any] = [("env", env.batch_invariant, env.platform)]
         with self._selection():
             for name, op in sorted(_IrOp.registry.items()):
-                entries = [e.provider for e in effective_priority(name)]
                 impls = op.impls
-                picked = [impls[p] for p in entries if p in impls]
-                state.append((name, tuple(entries), tuple(map(_impl_state, picked))))
+                bounds = op.bucket_bounds()
+                # one list per bucket (each bound stands for its bucket; None: the rest)
+                for tokens in (*bounds, None):
+                    entries = [e.provider for e in effective_priority(name, tokens=tokens)]
+                    picked = [impls[p] for p in entries if p in impls]
+                    state.append((name, tokens, tuple(entries), tuple(map(_impl_state, picked))))
         if self.autotuner is not None:
             state.append(self.autotuner.cache_state())
         return tuple(state)
@@ -153,6 +169,14 @@ class LoweringPass:
         args = call_args(node, op)
         fake_args = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
         if self.autotuner is None:
+            branches = bucket_branches(op, fake_args)
+        else:
+            branches = self.autotuner.choose_buckets(op, node.name, fake_args)
+        if branches is not None and len(branches) > 1:
+            return self._lower_branched(graph, node, op, args, fake_args, branches, inplace)
+        if branches is not None:
+            impl = branches[0][1]  # every bucket the token count can reach selects it
+        elif self.autotuner is None:
             impl = op.dispatch(*fake_args)
         else:
             impl = self.autotuner.choose(op, node.name, fake_args)
@@ -170,11 +194,86 @@ class LoweringPass:
         logger.debug("lowered %s to %s", node.name, impl.provider)
         return 1
 
-    def _trace(self, op: IrOp, impl: IrOpImpl, args: list[Any], fake_args: list[Any]) -> _Trace:
+    def _lower_branched(
+        self,
+        graph: fx.Graph,
+        node: fx.Node,
+        op: IrOp,
+        args: list[Any],
+        fake_args: list[Any],
+        branches: list[Branch],
+        inplace: bool,
+    ) -> int:
+        """Lower ``node`` to nested ``torch.cond`` over its buckets (bucket_branches)."""
+        if not inplace and any(impl.inplace for _, impl in branches):
+            return 0  # an inplace branch: with the inplace impls, after Inductor's passes
+        tensor_pos = [i for i, a in enumerate(args) if isinstance(a, fx.Node)]
+        act = op._tokens_idx
+        if act not in tensor_pos:
+            raise RuntimeError(f"{node.name}: the token count's activation is not a tensor node")
+        act_index = tensor_pos.index(act)
+        operands = [args[i] for i in tensor_pos]
+        vals = [fake_args[i] for i in tensor_pos]
+        fake_mode = detect_fake_mode(vals)
+        modules = [self._trace(op, impl, args, fake_args, branch=True).gm for _, impl in branches]
+        bounds = [b for b, _ in branches[:-1]]
+        assert all(b is not None for b in bounds)
+        owner = graph.owning_module
+        if owner is None:
+            raise RuntimeError(f"{node.name}: the graph has no owning module to hold branches")
+        rest = nested_cond_module(vals, act_index, bounds[1:], modules[1:], fake_mode)  # type: ignore[arg-type]
+        with graph.inserting_before(node):
+            outs = emit_cond(
+                graph,
+                owner,
+                operands,
+                act_index,
+                bounds[0],
+                modules[0],
+                rest,
+                fake_mode,  # type: ignore[arg-type]
+            )
+        if _returns_one(node):
+            node.replace_all_uses_with(outs[0])
+        else:
+            for user in list(node.users):
+                if user.target is not operator.getitem:
+                    raise RuntimeError(f"{node.name}: unexpected user {user.format_node()}")
+                index = user.args[1]
+                assert isinstance(index, int)
+                user.replace_all_uses_with(outs[index])
+                graph.erase_node(user)
+        graph.erase_node(node)
+        self.selected_impls.setdefault(op.name, {})[node.name] = describe_branches(branches)
+        logger.debug("lowered %s to buckets %s", node.name, describe_branches(branches))
+        return 1
+
+    def _lower_nested(self, gm: fx.GraphModule) -> None:
+        """Lower the IR nodes an impl's trace calls (a branch is a graph of its own)."""
+        for _ in range(_MAX_ROUNDS):
+            nodes = [n for n in gm.graph.nodes if is_ir_node(n)]
+            if not nodes:
+                return
+            for n in nodes:
+                self._lower_node(gm.graph, n, None, inplace=True)
+        gm.recompile()
+
+    def _trace(
+        self,
+        op: IrOp,
+        impl: IrOpImpl,
+        args: list[Any],
+        fake_args: list[Any],
+        *,
+        branch: bool = False,
+    ) -> _Trace:
+        """The impl traced for these arguments' metadata. ``branch``: as a
+        ``torch.cond`` branch: functional (an inplace impl runs on copies) and
+        returning a tuple, with the IR ops it calls lowered too."""
         # A trace of op(c, c) reads one placeholder for both arguments: it must
         # not serve op(a, b), so which arguments are the same node is keyed too.
         same = tuple(next(j for j, b in enumerate(args) if b is a) for a in args)
-        key = (op.name, impl.provider, impl.impl_fn, same, *map(_metadata, fake_args))
+        key = (op.name, impl.provider, impl.impl_fn, branch, same, *map(_metadata, fake_args))
         tensor_pos = [i for i, a in enumerate(args) if isinstance(a, fx.Node)]
         fake_mode = detect_fake_mode([fake_args[i] for i in tensor_pos])
         self._forget_other_shape_envs(fake_mode)
@@ -188,17 +287,29 @@ class LoweringPass:
             full = list(constants)
             for i, t in zip(tensor_pos, tensors, strict=True):
                 full[i] = t.clone() if i in activations else t
-            return impl.impl_fn(*full)
+            out = impl.impl_fn(*full)
+            if branch and not isinstance(out, (tuple, list)):
+                return (out,)  # torch.cond branches return tuples
+            return tuple(out) if branch else out
 
         # The clones must survive tracing: no no-op removal for inplace impls.
         # In the arguments' fake mode, tensors an impl allocates are fake too.
         names = list(op.signature.parameters)
         tensor_names = [names[i] for i in tensor_pos]
-        traced = call if impl.inplace else _functionalized(call, op, impl, tensor_names)
+        functional = branch or not impl.inplace
+        traced = _functionalized(call, op, impl, tensor_names) if functional else call
         with fake_mode if fake_mode is not None else contextlib.nullcontext():
             gm = fwd_only(traced, [fake_args[i] for i in tensor_pos], run_functional_passes=False)
-        if not impl.inplace:
+        if functional:
             gm.graph.eliminate_dead_code()
+        if branch:
+            self._lower_nested(gm)
+            if impl.inplace:
+                # an inplace kernel, functionalized: Inductor lowers no auto_functionalized
+                # inside a subgraph, and post-grad passes never run on one made here;
+                # decomposed, it writes the branch's own copies of the activations
+                decompose_auto_functionalized(gm.graph)
+                gm.recompile()
         trace = _Trace(gm, _fresh_static_nodes(gm), _addresses_storage(gm))
         self._traced[key] = trace
         return trace
@@ -229,6 +340,11 @@ class _LoweringStage(VllmIRPass):
 
     def cache_state(self) -> Any:
         return (self.inplace, self.lowering.cache_state())
+
+
+def _returns_one(node: fx.Node) -> bool:
+    """Whether the node's value is one tensor (not a tuple its users index)."""
+    return isinstance(node.meta.get("val"), torch.Tensor)
 
 
 def _impl_state(impl: IrOpImpl) -> tuple[Any, ...]:
