@@ -94,9 +94,11 @@ def tune_buckets(
                 "decided": verdict.decided,
                 **({"note": verdict.note} if verdict.note else {}),
             }
+        measured[op.name] = results
         if all(len(r["times_us"]) < 2 for r in results.values()):
-            continue  # nothing to choose in any bucket: leave the op to its defaults
+            # one candidate in every bucket: its figures, and the list it is alone on
+            for r in results.values():
+                r.setdefault("note", "one candidate: nothing to choose")
         lists = [b["priority"] for b in table]
         priority[op.name] = lists[0] if all(x == lists[0] for x in lists) else table
-        measured[op.name] = results
     return priority, measured
