@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import torch
 
-from vllm_ir import envs
+from vllm_ir import envs, torch_wrap
 from vllm_ir._hotpath import _FORWARD_AD, make_eager_call
 from vllm_ir.cache import generation, holds, register_cache, settled_generation, store
 from vllm_ir.dispatch import describe
@@ -60,6 +60,7 @@ class SelectingOp(Protocol):
     def activation_indices(self) -> frozenset[int]: ...
 
     def _check_args(self, args: tuple[Any, ...]) -> str: ...
+    def _needs_grad(self, *args: Any) -> bool: ...
     def _route(self, *args: Any) -> bool: ...
     def _fast_key(self, *args: Any) -> Any: ...
     def _select_impl(self, args: tuple[Any, ...]) -> IrOpImpl: ...
@@ -80,6 +81,7 @@ _functorch_active: Callable[[], bool] = getattr(
 _is_alias_of = torch._C._is_alias_of  # type: ignore[attr-defined]
 _increment_version = torch._C._increment_version
 _installed: weakref.WeakSet[EagerCall] = weakref.WeakSet()
+_grad_enabled = torch.is_grad_enabled
 
 
 def dispatch_check_enabled() -> bool:
@@ -132,6 +134,10 @@ class EagerCall:
             for i, p in enumerate(params)
             if i not in op.activation_indices and _holds_tensors(p.annotation)
         )
+        # trace-through mode's call (see vllm_ir.torch_wrap): built when it is on
+        self.through: Callable[..., Any] | None = None
+        if not torch_wrap.enabled:
+            self.build_through()
         self.install()
         _installed.add(self)
 
@@ -208,12 +214,42 @@ class EagerCall:
         tensors, the native function, which composes with all of them: the
         torch op's autograd formula has no forward-mode rule and is not
         functorch-compatible, and nested tensors have no rule for the op.
+        In trace-through mode (:mod:`vllm_ir.torch_wrap`), a call that needs
+        no gradient runs the selected impl instead of the torch op.
         """
         if not _is_compiling() and (
             _functorch_active() or _FORWARD_AD._current_level >= 0 or _has_nested(args)
         ):
             return self.op.native(*args)
+        # Dynamo reads (and guards on) the module attribute while it traces this
+        if (
+            not torch_wrap.enabled
+            and self.through is not None
+            and not (_grad_enabled() and self.op._needs_grad(*args))
+        ):
+            return self.through(*torch_wrap.absent_for_none(args))
         return self.torch_op(*args)
+
+    def build_through(self) -> None:
+        """Make :attr:`through`, trace-through mode's call (imports Dynamo)."""
+        if self.through is None:
+            self.through = torch_wrap.nonstrict(self.run_selected)
+
+    def run_selected(self, *args: Any) -> Any:
+        """Trace-through: run what ``select()`` returns for ``args``, without the torch op.
+
+        Under Dynamo this runs outside its tracer, on FakeTensors, where
+        AOTAutograd traces the impl; there an inplace impl runs on copies
+        (the graph stays functional). Arguments torch would convert (a 0-d
+        tensor for a float) keep the torch op, which converts them.
+        """
+        op = self.op
+        if op._check_args(args) != "plain":
+            return self.torch_op(*args)
+        impl = op._cached_select(args)
+        if _is_compiling():
+            return impl.impl_fn(*(op._clone_activations(args) if impl.inplace else args))
+        return self.fn_for(impl, args)(*args)
 
     def miss(self, *args: Any) -> Callable[..., Any]:
         """The function to run for ``args`` (all parameters, positionally); caches it."""
@@ -274,6 +310,16 @@ class EagerCall:
             f"{expected.provider!r}. A supports_args reads a fact the dispatch key "
             "does not hold (see vllm_ir.dispatch_key); make it a function of the key's facts."
         )
+
+
+def _build_through_calls(wrap_enabled: bool) -> None:
+    """Trace-through turned on: every overload gets its call (built once, kept)."""
+    if not wrap_enabled:
+        for call in list(_installed):
+            call.build_through()
+
+
+torch_wrap.on_change(_build_through_calls)
 
 
 def _holds_tensors(annotation: object) -> bool:

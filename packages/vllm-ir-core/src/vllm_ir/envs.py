@@ -37,6 +37,7 @@ __all__ = [
     "VLLM_IR_PLATFORM",
     "VLLM_IR_PROVIDERS",
     "VLLM_IR_PROVIDER_LOAD_WARN_S",
+    "VLLM_IR_TORCH_WRAP",
     "VLLM_IR_TRITON_DIRECT_LAUNCH",
     "VLLM_LOGGING_LEVEL",
     "EnvVar",
@@ -50,6 +51,7 @@ __all__ = [
     "provider_allow_list",
     "provider_load_warn_s",
     "read",
+    "torch_wrap",
     "triton_direct_launch",
 ]
 
@@ -60,6 +62,7 @@ VLLM_IR_DUMP_GRAPHS = "VLLM_IR_DUMP_GRAPHS"
 VLLM_IR_PLATFORM = "VLLM_IR_PLATFORM"
 VLLM_IR_PROVIDERS = "VLLM_IR_PROVIDERS"
 VLLM_IR_PROVIDER_LOAD_WARN_S = "VLLM_IR_PROVIDER_LOAD_WARN_S"
+VLLM_IR_TORCH_WRAP = "VLLM_IR_TORCH_WRAP"
 VLLM_IR_TRITON_DIRECT_LAUNCH = "VLLM_IR_TRITON_DIRECT_LAUNCH"
 VLLM_LOGGING_LEVEL = "VLLM_LOGGING_LEVEL"
 
@@ -229,6 +232,17 @@ ENV_VARS: tuple[EnvVar, ...] = (
         None,
     ),
     EnvVar(
+        VLLM_IR_TORCH_WRAP,
+        _FLAG_VALUES,
+        "on",
+        "Off: trace-through mode, as `ir.enable_torch_wrap(False)`: calls under Dynamo, "
+        "`make_fx` or a dispatch mode run the selected impl directly instead of the "
+        "`torch.ops` op (no IR node in traced graphs). Read when `vllm_ir` is imported.",
+        _flag,
+        True,
+        "warn",
+    ),
+    EnvVar(
         VLLM_IR_TRITON_DIRECT_LAUNCH,
         _FLAG_VALUES,
         "off",
@@ -306,6 +320,11 @@ def cache_dir() -> str | None:
 def dump_graphs_dir() -> str | None:
     value: str | None = read(VLLM_IR_DUMP_GRAPHS)
     return value
+
+
+def torch_wrap() -> bool:
+    """Whether IR ops keep their ``torch.ops`` wrapper off the fast path (default on)."""
+    return bool(read(VLLM_IR_TORCH_WRAP))
 
 
 def triton_direct_launch() -> bool:
