@@ -37,6 +37,7 @@ import torch
 from vllm_ir import envs, torch_wrap
 from vllm_ir._hotpath import _FORWARD_AD, make_eager_call
 from vllm_ir.cache import generation, holds, register_cache, settled_generation, store
+from vllm_ir.compiled_eager import compiled_fn_for
 from vllm_ir.dispatch import describe
 from vllm_ir.dispatch_key import key_is_cacheable
 from vllm_ir.impl import IrOpImpl
@@ -162,6 +163,10 @@ class EagerCall:
         the answer can be cached on the fast path's key.
         """
         if not impl.inplace:
+            if impl.compiled:  # in a set_priority(..., compile=True) scope: compiled
+                compiled = compiled_fn_for(self.op.name, impl, args)
+                if compiled is not None:
+                    return compiled
             return impl.impl_fn
         if self.copy_activations or self._overlapping_activation(args):
             fn = self._on_copies.get(impl)
@@ -276,6 +281,10 @@ class EagerCall:
     def _fns_of(self, impl: IrOpImpl) -> tuple[Callable[..., Any] | None, ...]:
         return (impl.impl_fn, self._on_copies.get(impl), self._donating.get(impl))
 
+    def is_fn_of(self, impl: IrOpImpl, fn: Callable[..., Any]) -> bool:
+        """Whether ``fn`` is one of the callables this overload runs for ``impl``."""
+        return fn in self._fns_of(impl) or getattr(fn, "impl", None) is impl
+
     def verify(self, fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
         """Check mode: ``fn`` (a cache hit) must be what an uncached selection runs."""
         op = self.op
@@ -290,7 +299,7 @@ class EagerCall:
             return expected  # such a call is never cached: fn came from a concurrent change
         if not holds(self.calls, key, fn, since):
             return expected  # the priorities changed concurrently: not a mismatch
-        cached = next((p for p, i in op._impls.items() if fn in self._fns_of(i)), repr(fn))
+        cached = next((p for p, i in op._impls.items() if self.is_fn_of(i, fn)), repr(fn))
         raise self._mismatch(cached, args, expected_impl)
 
     def _verify_selection(self, impl: IrOpImpl, args: tuple[Any, ...], since: int) -> IrOpImpl:
