@@ -51,6 +51,7 @@ __all__ = [
     "provider_allow_list",
     "provider_load_warn_s",
     "read",
+    "set_platform_names",
     "torch_wrap",
     "triton_direct_launch",
 ]
@@ -76,7 +77,8 @@ _FLAG_VALUES = (
 
 
 class Rejected(ValueError):
-    """A parser's refusal; :func:`read` adds the variable, the value and the accepted values."""
+    """A parser's refusal; :func:`read` adds the variable, the value and the accepted values
+    (and the refusal's own text, if any, after them)."""
 
 
 @dataclass(frozen=True)
@@ -133,10 +135,23 @@ def _seconds(raw: str) -> float:
     return 0.0 if value >= threading.TIMEOUT_MAX else value
 
 
+# the known platforms (built in, declared, installed): set by vllm_ir.platform
+_platform_names: list[Callable[[], tuple[str, ...]]] = [lambda: PLATFORMS]
+
+
+def set_platform_names(names: Callable[[], tuple[str, ...]]) -> None:
+    """Where ``VLLM_IR_PLATFORM``'s parser finds the platforms installed packages declare."""
+    _platform_names[0] = names
+
+
 def _platform(raw: str) -> str:
     value = raw.lower()
-    if value not in PLATFORMS:
-        raise Rejected
+    if value in PLATFORMS:
+        return value
+    known = _platform_names[0]()
+    if value not in known:
+        extra = [p for p in known if p not in PLATFORMS]
+        raise Rejected(f"installed platforms: {', '.join(extra) if extra else 'none'}")
     return value
 
 
@@ -206,7 +221,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     ),
     EnvVar(
         VLLM_IR_PLATFORM,
-        "`cuda`, `rocm`, `xpu`, `cpu` (any case)",
+        "`cuda`, `rocm`, `xpu`, `cpu` (any case), or a platform an installed package declares",
         "detected",
         "Overrides platform detection, e.g. to inspect another platform's defaults. Checked "
         "before provider discovery; selection reads it once per cache generation, like "
@@ -273,10 +288,12 @@ def read(name: str) -> Any:
         return var.default_value
     try:
         return var.parse(raw)
-    except Rejected:
+    except Rejected as e:
         message = f"{name}={raw[:60]!r} is not accepted; accepted values: " + var.accepted.replace(
             "`", ""
         )
+        if e.args:
+            message += f"; {e.args[0]}"
         if var.invalid == "warn":
             _warn_once(name, raw, f"{message}; ignored, using the default ({var.default})")
             return var.default_value
