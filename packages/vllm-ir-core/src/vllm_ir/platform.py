@@ -32,7 +32,7 @@ from importlib import metadata
 import torch
 
 from vllm_ir import envs
-from vllm_ir.cache import invalidating
+from vllm_ir.cache import before_selection, invalidating
 from vllm_ir.logger import get_logger
 from vllm_ir.registration import RegistrationHandle, record
 
@@ -50,6 +50,7 @@ __all__ = [
     "platforms",
     "add_platform",
     "privateuse1_available",
+    "redetect",
 ]
 
 logger = get_logger(__name__)
@@ -226,6 +227,13 @@ def add_platform(platform: Platform, package: str) -> RegistrationHandle:
     return record(RegistrationHandle(f"platform {platform.name!r}", undo))
 
 
+def redetect() -> None:
+    """Forget the detected platform (cached once found): after a backend became available
+    (a PrivateUse1 rename, say); selection caches are invalidated too."""
+    with _lock, invalidating():
+        _detected.clear()
+
+
 def _detect_builtin() -> str:
     if torch.cuda.is_available():
         return "rocm" if torch.version.hip else "cuda"
@@ -281,6 +289,7 @@ def device_type(platform: str | None = None) -> str:
     name = platform or current_platform()
     if name in BUILTIN_DEVICE_TYPES:
         return BUILTIN_DEVICE_TYPES[name]
+    before_selection()  # discovery: declared platforms load then
     entry = _registered.get(name)
     if entry is None:
         raise LookupError(f"platform {name!r} is installed but not loaded (no provider ran yet)")
@@ -290,7 +299,12 @@ def device_type(platform: str | None = None) -> str:
 def describe(platform: str | None = None) -> str:
     """One line for the CLI: the platform, its device type and who declared it."""
     name = platform or current_platform()
+    if name not in BUILTIN_DEVICE_TYPES:
+        before_selection()  # discovery: declared platforms load then
     entry = _registered.get(name)
+    if entry is None and name not in BUILTIN_DEVICE_TYPES:
+        why = f"left out by {envs.VLLM_IR_PROVIDERS}, or it failed to load"
+        return f"{name} (installed, not loaded: {why})"
     if entry is None:
         return f"{name} (built in, device {BUILTIN_DEVICE_TYPES.get(name, '?')})"
     kind = "PrivateUse1 device" if entry.platform.privateuse1 else "device"
