@@ -244,6 +244,14 @@ def _detect_builtin() -> str:
 
 
 def _detect() -> str:
+    if _detected:
+        return _detected[0]
+    # installed platforms load in discovery (platforms first): detect after it, so a
+    # process never settles on a built-in platform before an installed one loaded;
+    # outside the lock: discovery registers platforms (a no-op once it ran or while
+    # it runs, when providers ask for the platform)
+    if installed_platform_names() - set(_registered):
+        before_selection()
     with _lock:
         if _detected:
             return _detected[0]
