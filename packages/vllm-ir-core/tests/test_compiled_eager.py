@@ -126,3 +126,16 @@ def test_the_request_is_scoped_and_restored(row_op: ir.IrOp) -> None:
     with pytest.raises(RuntimeError):
         fails_inside()
     assert not compiled_eager.compile_requested(row_op.name)
+
+
+def test_make_fx_in_a_compile_scope_traces_the_plain_impl(row_op: ir.IrOp) -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    impl = row_op.impls["native"]
+    call = CompiledCall(row_op.name, impl)
+    call.compiled = _refuse
+    call.warmed = True
+    x, w = torch.randn(3, 8), torch.randn(8)
+    with row_op.set_priority(["native"], compile=True):
+        gm = make_fx(lambda a, b: call(a, b, 2.0))(x, w)  # under a dispatch mode: plain
+    torch.testing.assert_close(gm(x, w), row_op.native(x, w, 2.0))

@@ -54,6 +54,7 @@ _requested: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "vllm_ir_compiled_eager", default=frozenset()
 )
 _is_compiling = torch.compiler.is_compiling
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
 _lock = threading.Lock()
 # (op name, impl) -> argument class -> its compiled call (None: runs plain)
 _variants: dict[tuple[str, IrOpImpl], dict[Any, CompiledCall | None]] = {}
@@ -115,6 +116,7 @@ class CompiledCall:
         if (
             self.failed
             or _is_compiling()
+            or _dispatch_stack_len()  # make_fx, FakeTensorMode: traced, never compiled
             or self.op_name not in _requested.get()
             or selection_mode() == "compiled"
         ):

@@ -252,8 +252,10 @@ class EagerCall:
         if op._check_args(args) != "plain":
             return self.torch_op(*args)
         impl = op._cached_select(args)
+        if not impl.inplace:  # never the compiled callable: this call is being traced
+            return impl.impl_fn(*args)
         if _is_compiling():
-            return impl.impl_fn(*(op._clone_activations(args) if impl.inplace else args))
+            return impl.impl_fn(*op._clone_activations(args))
         return self.fn_for(impl, args)(*args)
 
     def miss(self, *args: Any) -> Callable[..., Any]:

@@ -6,6 +6,9 @@ A provider package declares, in its ``pyproject.toml``::
     cpu_c = "vllm_ir_cpu:provider"
 
 where ``provider`` is a :class:`ProviderSpec` (or a function returning one).
+A package may also declare a platform, through the ``vllm_ir.platforms``
+group (see :mod:`vllm_ir.platform`); those entry points load first, under
+the same allow-list and failure rules, so providers see the platform.
 Discovery runs lazily, once per process, on the first selection or listing.
 ``VLLM_IR_PROVIDERS`` limits it to the named entry points. A provider that
 fails to load — an import error, a malformed spec, an incompatible API
