@@ -13,6 +13,7 @@ FIXTURE_DISTRIBUTIONS = (
     "vllm-ir-broken-provider",
     "vllm-ir-incompatible-provider",
     "vllm-ir-hostile-provider",
+    "vllm-ir-nova-platform",
 )
 
 HOSTILE_PROVIDERS = ("hostile_defaults", "hostile_exit", "hostile_partial", "hostile_signature")

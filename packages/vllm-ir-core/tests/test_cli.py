@@ -58,6 +58,12 @@ def test_explain_shows_sources_decisions_and_choice_per_mode() -> None:
     assert "compiled mode" in only
 
 
+def test_torch_wrap_flag_turns_trace_through_on_for_the_command() -> None:
+    out = vllm_ir("explain", "rms_norm", "--eager", "--ir-torch-wrap", "off").stdout
+    assert "torch wrap off (trace-through)" in out
+    assert "trace-through" not in vllm_ir("explain", "rms_norm", "--eager").stdout
+
+
 BAD_INPUT = [
     (["explain", "no_such_op"], "unknown IR op 'no_such_op'; known ops:"),
     (["explain", "rms_norm", "--dtype", "int3"], "unknown dtype 'int3'"),
@@ -105,6 +111,7 @@ BAD_INPUT = [
     ),
     (["ops", "--ir-pass.fuse_norm_quant"], "--ir-pass.fuse_norm_quant expects a value"),
     (["--ir-pass.nope=on", "ops"], "unknown IR pass(es) 'nope'"),
+    (["--ir-torch-wrap=maybe", "ops"], "--ir-torch-wrap takes on or off, got 'maybe'"),
     # sizes no memory holds: checked before allocating, never an allocator traceback
     (
         ["explain", "rms_norm", "--shape", "99999999999,99999999999", "--eager"],

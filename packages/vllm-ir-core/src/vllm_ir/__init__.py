@@ -27,6 +27,7 @@ from vllm_ir.op import IrOp, get_op, register_op
 from vllm_ir.providers import load_errors, loaded_providers
 from vllm_ir.samples import SampleInput
 from vllm_ir.tolerances import Tolerance
+from vllm_ir.torch_wrap import enable_torch_wrap, torch_wrap_enabled
 
 # The compile integration imports Inductor (seconds): loaded on first use.
 _LAZY = {"VllmIRBackend": "vllm_ir.compilation", "compile": "vllm_ir.compilation"}
@@ -83,6 +84,7 @@ __all__ = [
     "__version__",
     "clear_process_priority",
     "compile",
+    "enable_torch_wrap",
     "get_op",
     "invalidate_caches",
     "load_errors",
@@ -90,4 +92,5 @@ __all__ = [
     "ops",
     "parse_ir_op_priority_args",
     "register_op",
+    "torch_wrap_enabled",
 ]

@@ -34,9 +34,10 @@ from typing import Any, Protocol
 
 import torch
 
-from vllm_ir import envs
+from vllm_ir import envs, torch_wrap
 from vllm_ir._hotpath import _FORWARD_AD, make_eager_call
 from vllm_ir.cache import generation, holds, register_cache, settled_generation, store
+from vllm_ir.compiled_eager import compiled_fn_for
 from vllm_ir.dispatch import describe
 from vllm_ir.dispatch_key import key_is_cacheable
 from vllm_ir.impl import IrOpImpl
@@ -60,6 +61,7 @@ class SelectingOp(Protocol):
     def activation_indices(self) -> frozenset[int]: ...
 
     def _check_args(self, args: tuple[Any, ...]) -> str: ...
+    def _needs_grad(self, *args: Any) -> bool: ...
     def _route(self, *args: Any) -> bool: ...
     def _fast_key(self, *args: Any) -> Any: ...
     def _select_impl(self, args: tuple[Any, ...]) -> IrOpImpl: ...
@@ -80,6 +82,7 @@ _functorch_active: Callable[[], bool] = getattr(
 _is_alias_of = torch._C._is_alias_of  # type: ignore[attr-defined]
 _increment_version = torch._C._increment_version
 _installed: weakref.WeakSet[EagerCall] = weakref.WeakSet()
+_grad_enabled = torch.is_grad_enabled
 
 
 def dispatch_check_enabled() -> bool:
@@ -132,6 +135,10 @@ class EagerCall:
             for i, p in enumerate(params)
             if i not in op.activation_indices and _holds_tensors(p.annotation)
         )
+        # trace-through mode's call (see vllm_ir.torch_wrap): built when it is on
+        self.through: Callable[..., Any] | None = None
+        if not torch_wrap.enabled:
+            self.build_through()
         self.install()
         _installed.add(self)
 
@@ -156,6 +163,10 @@ class EagerCall:
         the answer can be cached on the fast path's key.
         """
         if not impl.inplace:
+            if impl.compiled:  # in a set_priority(..., compile=True) scope: compiled
+                compiled = compiled_fn_for(self.op.name, impl, args)
+                if compiled is not None:
+                    return compiled
             return impl.impl_fn
         if self.copy_activations or self._overlapping_activation(args):
             fn = self._on_copies.get(impl)
@@ -208,12 +219,44 @@ class EagerCall:
         tensors, the native function, which composes with all of them: the
         torch op's autograd formula has no forward-mode rule and is not
         functorch-compatible, and nested tensors have no rule for the op.
+        In trace-through mode (:mod:`vllm_ir.torch_wrap`), a call that needs
+        no gradient runs the selected impl instead of the torch op.
         """
         if not _is_compiling() and (
             _functorch_active() or _FORWARD_AD._current_level >= 0 or _has_nested(args)
         ):
             return self.op.native(*args)
+        # Dynamo reads (and guards on) the module attribute while it traces this
+        if (
+            not torch_wrap.enabled
+            and self.through is not None
+            and not (_grad_enabled() and self.op._needs_grad(*args))
+        ):
+            return self.through(*torch_wrap.absent_for_none(args))
         return self.torch_op(*args)
+
+    def build_through(self) -> None:
+        """Make :attr:`through`, trace-through mode's call (imports Dynamo)."""
+        if self.through is None:
+            self.through = torch_wrap.nonstrict(self.run_selected)
+
+    def run_selected(self, *args: Any) -> Any:
+        """Trace-through: run what ``select()`` returns for ``args``, without the torch op.
+
+        Under Dynamo this runs outside its tracer, on FakeTensors, where
+        AOTAutograd traces the impl; there an inplace impl runs on copies
+        (the graph stays functional). Arguments torch would convert (a 0-d
+        tensor for a float) keep the torch op, which converts them.
+        """
+        op = self.op
+        if op._check_args(args) != "plain":
+            return self.torch_op(*args)
+        impl = op._cached_select(args)
+        if not impl.inplace:  # never the compiled callable: this call is being traced
+            return impl.impl_fn(*args)
+        if _is_compiling():
+            return impl.impl_fn(*op._clone_activations(args))
+        return self.fn_for(impl, args)(*args)
 
     def miss(self, *args: Any) -> Callable[..., Any]:
         """The function to run for ``args`` (all parameters, positionally); caches it."""
@@ -240,6 +283,10 @@ class EagerCall:
     def _fns_of(self, impl: IrOpImpl) -> tuple[Callable[..., Any] | None, ...]:
         return (impl.impl_fn, self._on_copies.get(impl), self._donating.get(impl))
 
+    def is_fn_of(self, impl: IrOpImpl, fn: Callable[..., Any]) -> bool:
+        """Whether ``fn`` is one of the callables this overload runs for ``impl``."""
+        return fn in self._fns_of(impl) or getattr(fn, "impl", None) is impl
+
     def verify(self, fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
         """Check mode: ``fn`` (a cache hit) must be what an uncached selection runs."""
         op = self.op
@@ -254,7 +301,7 @@ class EagerCall:
             return expected  # such a call is never cached: fn came from a concurrent change
         if not holds(self.calls, key, fn, since):
             return expected  # the priorities changed concurrently: not a mismatch
-        cached = next((p for p, i in op._impls.items() if fn in self._fns_of(i)), repr(fn))
+        cached = next((p for p, i in op._impls.items() if self.is_fn_of(i, fn)), repr(fn))
         raise self._mismatch(cached, args, expected_impl)
 
     def _verify_selection(self, impl: IrOpImpl, args: tuple[Any, ...], since: int) -> IrOpImpl:
@@ -274,6 +321,16 @@ class EagerCall:
             f"{expected.provider!r}. A supports_args reads a fact the dispatch key "
             "does not hold (see vllm_ir.dispatch_key); make it a function of the key's facts."
         )
+
+
+def _build_through_calls(wrap_enabled: bool) -> None:
+    """Trace-through turned on: every overload gets its call (built once, kept)."""
+    if not wrap_enabled:
+        for call in list(_installed):
+            call.build_through()
+
+
+torch_wrap.on_change(_build_through_calls)
 
 
 def _holds_tensors(annotation: object) -> bool:

@@ -37,6 +37,7 @@ __all__ = [
     "VLLM_IR_PLATFORM",
     "VLLM_IR_PROVIDERS",
     "VLLM_IR_PROVIDER_LOAD_WARN_S",
+    "VLLM_IR_TORCH_WRAP",
     "VLLM_IR_TRITON_DIRECT_LAUNCH",
     "VLLM_LOGGING_LEVEL",
     "EnvVar",
@@ -50,6 +51,8 @@ __all__ = [
     "provider_allow_list",
     "provider_load_warn_s",
     "read",
+    "set_platform_names",
+    "torch_wrap",
     "triton_direct_launch",
 ]
 
@@ -60,6 +63,7 @@ VLLM_IR_DUMP_GRAPHS = "VLLM_IR_DUMP_GRAPHS"
 VLLM_IR_PLATFORM = "VLLM_IR_PLATFORM"
 VLLM_IR_PROVIDERS = "VLLM_IR_PROVIDERS"
 VLLM_IR_PROVIDER_LOAD_WARN_S = "VLLM_IR_PROVIDER_LOAD_WARN_S"
+VLLM_IR_TORCH_WRAP = "VLLM_IR_TORCH_WRAP"
 VLLM_IR_TRITON_DIRECT_LAUNCH = "VLLM_IR_TRITON_DIRECT_LAUNCH"
 VLLM_LOGGING_LEVEL = "VLLM_LOGGING_LEVEL"
 
@@ -73,7 +77,8 @@ _FLAG_VALUES = (
 
 
 class Rejected(ValueError):
-    """A parser's refusal; :func:`read` adds the variable, the value and the accepted values."""
+    """A parser's refusal; :func:`read` adds the variable, the value and the accepted values
+    (and the refusal's own text, if any, after them)."""
 
 
 @dataclass(frozen=True)
@@ -130,10 +135,23 @@ def _seconds(raw: str) -> float:
     return 0.0 if value >= threading.TIMEOUT_MAX else value
 
 
+# the known platforms (built in, declared, installed): set by vllm_ir.platform
+_platform_names: list[Callable[[], tuple[str, ...]]] = [lambda: PLATFORMS]
+
+
+def set_platform_names(names: Callable[[], tuple[str, ...]]) -> None:
+    """Where ``VLLM_IR_PLATFORM``'s parser finds the platforms installed packages declare."""
+    _platform_names[0] = names
+
+
 def _platform(raw: str) -> str:
     value = raw.lower()
-    if value not in PLATFORMS:
-        raise Rejected
+    if value in PLATFORMS:
+        return value
+    known = _platform_names[0]()
+    if value not in known:
+        extra = [p for p in known if p not in PLATFORMS]
+        raise Rejected(f"installed platforms: {', '.join(extra) if extra else 'none'}")
     return value
 
 
@@ -203,7 +221,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     ),
     EnvVar(
         VLLM_IR_PLATFORM,
-        "`cuda`, `rocm`, `xpu`, `cpu` (any case)",
+        "`cuda`, `rocm`, `xpu`, `cpu` (any case), or a platform an installed package declares",
         "detected",
         "Overrides platform detection, e.g. to inspect another platform's defaults. Checked "
         "before provider discovery; selection reads it once per cache generation, like "
@@ -227,6 +245,17 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "`<pid>_<counter>_<pass>.txt`. Read each time a pass runs.",
         _path,
         None,
+    ),
+    EnvVar(
+        VLLM_IR_TORCH_WRAP,
+        _FLAG_VALUES,
+        "on",
+        "Off: trace-through mode, as `ir.enable_torch_wrap(False)`: calls under Dynamo, "
+        "`make_fx` or a dispatch mode run the selected impl directly instead of the "
+        "`torch.ops` op (no IR node in traced graphs). Read when `vllm_ir` is imported.",
+        _flag,
+        True,
+        "warn",
     ),
     EnvVar(
         VLLM_IR_TRITON_DIRECT_LAUNCH,
@@ -259,10 +288,12 @@ def read(name: str) -> Any:
         return var.default_value
     try:
         return var.parse(raw)
-    except Rejected:
+    except Rejected as e:
         message = f"{name}={raw[:60]!r} is not accepted; accepted values: " + var.accepted.replace(
             "`", ""
         )
+        if e.args:
+            message += f"; {e.args[0]}"
         if var.invalid == "warn":
             _warn_once(name, raw, f"{message}; ignored, using the default ({var.default})")
             return var.default_value
@@ -306,6 +337,11 @@ def cache_dir() -> str | None:
 def dump_graphs_dir() -> str | None:
     value: str | None = read(VLLM_IR_DUMP_GRAPHS)
     return value
+
+
+def torch_wrap() -> bool:
+    """Whether IR ops keep their ``torch.ops`` wrapper off the fast path (default on)."""
+    return bool(read(VLLM_IR_TORCH_WRAP))
 
 
 def triton_direct_launch() -> bool:

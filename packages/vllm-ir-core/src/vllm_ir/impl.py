@@ -44,6 +44,9 @@ class IrOpImpl:
             (it is called with FakeTensors under compile, and its answer is cached).
         inplace: the impl writes its outputs into the op's activations.
         batch_invariant: a row's result does not depend on the batch it is in.
+        compiled: ``torch.compile`` may compile the impl for eager calls in a
+            ``set_priority(..., compile=True)`` scope (:mod:`vllm_ir.compiled_eager`);
+            always true of ``native``.
         unsupported_reason: why ``supported`` is False (shown by selection logs,
             ``vllm-ir explain`` and ``vllm-ir ops``).
         package: ``"name version"`` of the distribution the impl came from, or the
@@ -61,6 +64,7 @@ class IrOpImpl:
     source_module: str = ""
     unsupported_reason: str = ""
     distribution: str | None = field(default=None, repr=False)
+    compiled: bool = False
 
     @property
     def package(self) -> str:

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, overload
 import torch
 from torch.library import Library, infer_schema
 
+from vllm_ir import compiled_eager
 from vllm_ir._hotpath import compile_source, make_needs_grad_fn, make_route_fn
 from vllm_ir._torch_private import destroy_library
 from vllm_ir.arguments import make_argument_check
@@ -160,6 +161,7 @@ class IrOp:
                 inplace=False,
                 batch_invariant=True,
                 source_module=getattr(native_fn, "__module__", "") or "",
+                compiled=True,  # plain torch: torch.compile can always take it
             )
         }
         self._input_generator: SampleInputGenerator | None = None
@@ -440,11 +442,16 @@ class IrOp:
         inplace: bool = False,
         batch_invariant: bool = False,
         unsupported_reason: str | None = None,
+        compiled: bool = False,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register the decorated function as ``provider``'s impl of this op.
 
         Arguments are validated here and the signature at decoration; a
         rejected registration registers nothing. Returns the function unchanged.
+
+        ``compiled=True``: the impl is plain torch that ``torch.compile`` can
+        take, so eager calls in a ``set_priority(..., compile=True)`` scope run
+        it compiled (:mod:`vllm_ir.compiled_eager`); it must be functional.
 
         ``supports_args`` takes the op's parameters and returns a plain bool.
         Its answer is cached on the dispatch key (:mod:`vllm_ir.dispatch_key`),
@@ -477,6 +484,7 @@ class IrOp:
             ("supported", supported),
             ("inplace", inplace),
             ("batch_invariant", batch_invariant),
+            ("compiled", compiled),
         ):
             if not isinstance(value, bool):
                 raise TypeError(
@@ -488,6 +496,11 @@ class IrOp:
             raise TypeError(
                 f"register_impl({provider!r}) of op {self.name!r}: unsupported_reason must "
                 f"be a str, got {unsupported_reason!r}"
+            )
+        if compiled and inplace:
+            raise ValueError(
+                f"register_impl({provider!r}) of op {self.name!r}: compiled=True needs a "
+                "functional impl (inplace=False); eager compile runs functional impls only"
             )
         if supports_args is not None:
             check_supports_args_signature(self.name, provider, self.signature, supports_args)
@@ -514,6 +527,7 @@ class IrOp:
                 source_module=getattr(impl_fn, "__module__", "") or "",
                 distribution=load.package if load else None,
                 unsupported_reason="" if supported else (unsupported_reason or ""),
+                compiled=compiled,
             )
             with invalidating():
                 self._impls[provider] = impl
@@ -561,6 +575,7 @@ class IrOp:
             # the wrappers hold the impl's function (and all it closes over)
             for eager in self._eager_calls():
                 eager.forget(current)
+            compiled_eager.forget(self.name, current)
 
     def _unregister(self) -> None:
         """Remove this op entirely (rollback of a failed provider load; tests)."""
@@ -618,21 +633,36 @@ class IrOp:
 
     @contextlib.contextmanager
     def set_priority(
-        self, providers: Sequence[str] | Sequence[Mapping[str, Any]]
+        self,
+        providers: Sequence[str] | Sequence[Mapping[str, Any]],
+        *,
+        compile: bool = False,
     ) -> Iterator[None]:
         """Within the ``with`` block, try ``providers`` first for this op.
 
         ``providers`` is a list of names (every size) or of size buckets,
         ``[{"max_tokens": 64, "priority": [...]}, {"priority": [...]}]``.
         Scoped to the current thread / task, nestable, restored on exceptions.
+        ``compile=True``: plain eager calls run the selected impl through
+        ``torch.compile`` where it may be compiled (``native``, and impls
+        registered with ``compiled=True``); see :mod:`vllm_ir.compiled_eager`.
 
         >>> import vllm_ir as ir
         >>> with ir.ops.rms_norm.set_priority(["native"]):
         ...     ir.ops.rms_norm.get_priority()[0]
         'native'
         """
+        if not isinstance(compile, bool):
+            raise TypeError(
+                f"set_priority of op {self.name!r}: compile must be a bool, "
+                f"got {type(compile).__name__} {compile!r:.60}"
+            )
         with scoped_priority({self.name: self.check_priority(providers)}):
-            yield
+            if not compile:
+                yield
+                return
+            with compiled_eager.requested(self.name):
+                yield
 
     def get_priority(self, mode: Mode | None = None, *, tokens: int | None = None) -> list[str]:
         """The effective priority list in this context (``native`` last or earlier),

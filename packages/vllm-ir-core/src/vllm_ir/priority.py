@@ -44,7 +44,7 @@ from vllm_ir.buckets import (
 )
 from vllm_ir.cache import invalidating
 from vllm_ir.impl import NATIVE
-from vllm_ir.platform import PLATFORMS, current_platform
+from vllm_ir.platform import current_platform, platform_problem
 from vllm_ir.registration import RegistrationHandle, on_snapshot, record
 
 __all__ = [
@@ -105,11 +105,9 @@ class PlatformDefaults:
         # checked here, not at selection: a malformed entry would otherwise
         # break every call of the ops it names, in every thread
         where = f"PlatformDefaults({self.platform!r})"
-        if not isinstance(self.platform, str) or self.platform not in PLATFORMS:
-            raise ValueError(
-                f"PlatformDefaults.platform must be one of {', '.join(PLATFORMS)}, "
-                f"got {_short(self.platform)}"
-            )
+        problem = platform_problem(self.platform)  # built in, declared or installed
+        if problem is not None:
+            raise ValueError(f"PlatformDefaults.platform {problem}, got {_short(self.platform)}")
         if isinstance(self.rank, bool) or not isinstance(self.rank, int):
             raise TypeError(f"{where}.rank must be an int, got {_short(self.rank)}")
         for mode in MODES:

@@ -10,8 +10,10 @@ covers this module: a change that breaks it bumps the version.
 What is here:
 
 * declaring a provider package: :class:`ProviderSpec`, :class:`PlatformDefaults`,
-  :data:`API_VERSION`; its registrations: :class:`RegistrationHandle`,
-  :class:`RegistrationLog`, :func:`recording_registrations`;
+  :data:`API_VERSION`; a platform of its own: :class:`Platform` (named by a
+  ``vllm_ir.platforms`` entry point, or :func:`register_platform` in-process),
+  :func:`device_type`, :func:`privateuse1_available`; its registrations:
+  :class:`RegistrationHandle`, :class:`RegistrationLog`, :func:`recording_registrations`;
 * infrastructure: :func:`get_logger`, :func:`current_platform`, :mod:`envs`
   (every environment variable, typed and validated),
   :func:`build_extension` / :class:`ExtensionBuildError` / :func:`cache_root`;
@@ -46,9 +48,9 @@ from vllm_ir import envs
 from vllm_ir._version import API_VERSION
 from vllm_ir.layout import contiguous, may_overlap_itself, rows_flatten_free
 from vllm_ir.logger import get_logger
-from vllm_ir.platform import current_platform
+from vllm_ir.platform import Platform, current_platform, device_type, privateuse1_available
 from vllm_ir.priority import PlatformDefaults
-from vllm_ir.providers import ProviderSpec
+from vllm_ir.providers import ProviderSpec, register_platform
 from vllm_ir.registration import RegistrationHandle, RegistrationLog, recording_registrations
 from vllm_ir.tolerances import (
     DEFAULT_TOLERANCES,
@@ -71,6 +73,7 @@ __all__ = [
     "FP8_ONE_STEP",
     "NORM_TOLERANCES",
     "ExtensionBuildError",
+    "Platform",
     "PlatformDefaults",
     "ProviderSpec",
     "RegistrationHandle",
@@ -81,12 +84,15 @@ __all__ = [
     "cache_root",
     "contiguous",
     "current_platform",
+    "device_type",
     "envs",
     "fp8_steps_apart",
     "get_logger",
     "may_overlap_itself",
     "norm_supports_args",
+    "privateuse1_available",
     "recording_registrations",
+    "register_platform",
     "rows_flatten_free",
 ]
 

@@ -6,6 +6,9 @@ A provider package declares, in its ``pyproject.toml``::
     cpu_c = "vllm_ir_cpu:provider"
 
 where ``provider`` is a :class:`ProviderSpec` (or a function returning one).
+A package may also declare a platform, through the ``vllm_ir.platforms``
+group (see :mod:`vllm_ir.platform`); those entry points load first, under
+the same allow-list and failure rules, so providers see the platform.
 Discovery runs lazily, once per process, on the first selection or listing.
 ``VLLM_IR_PROVIDERS`` limits it to the named entry points. A provider that
 fails to load — an import error, a malformed spec, an incompatible API
@@ -42,8 +45,21 @@ from vllm_ir.buckets import BucketedPriority
 from vllm_ir.cache import invalidate_caches, on_before_selection
 from vllm_ir.logger import get_logger
 from vllm_ir.op_registry import OPS
-from vllm_ir.priority import MODES, PlatformDefaults, add_platform_defaults
-from vllm_ir.registration import RegistrationLog, recording_registrations
+from vllm_ir.platform import ENTRY_POINT_GROUP as PLATFORM_GROUP
+from vllm_ir.platform import Platform, RegisteredPlatform, add_platform, platforms
+from vllm_ir.priority import (
+    MODES,
+    PlatformDefaults,
+    add_platform_defaults,
+    remove_platform_defaults,
+)
+from vllm_ir.registration import (
+    RegistrationHandle,
+    RegistrationLog,
+    current_registration_log,
+    record,
+    recording_registrations,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -52,8 +68,10 @@ __all__ = [
     "ProviderSpec",
     "ensure_loaded",
     "load_errors",
+    "load_platform",
     "load_provider",
     "loaded_providers",
+    "register_platform",
 ]
 
 ENTRY_POINT_GROUP = "vllm_ir.providers"
@@ -326,7 +344,9 @@ class _Loader:
         return self.entry_point.load()
 
 
-def _claimed_twice(eps: list[metadata.EntryPoint]) -> dict[str, ProviderLoadError]:
+def _claimed_twice(
+    eps: list[metadata.EntryPoint], group: str = ENTRY_POINT_GROUP, what: str = "entry point"
+) -> dict[str, ProviderLoadError]:
     """Entry-point names that two installed distributions both declare.
 
     Which one ``importlib.metadata`` lists first depends on install order, so
@@ -341,16 +361,102 @@ def _claimed_twice(eps: list[metadata.EntryPoint]) -> dict[str, ProviderLoadErro
             continue
         listed = " and ".join(f"{pkg} ({claims[pkg].value})" for pkg in sorted(claims))
         cause = (
-            f"entry point {name!r} of group {ENTRY_POINT_GROUP} is declared by {len(claims)} "
+            f"{what} {name!r} of group {group} is declared by {len(claims)} "
             f"installed distributions: {listed}; neither is loaded. Uninstall all but one, or "
-            "rename the entry point in one package"
+            f"rename the {what} in one package"
         )
         errors[name] = ProviderLoadError(name, ", ".join(sorted(claims)), cause)
     return errors
 
 
+def register_platform(platform: Platform, package: str | None = None) -> RegistrationHandle:
+    """Declare ``platform`` and its default priorities for this process.
+
+    ``package`` (``"name version"``) defaults to the provider package loading
+    now. A name another package declared is refused, naming both packages.
+    Undone by the returned handle, or with the rest of a failed provider load.
+    """
+    if package is None:
+        log = current_registration_log()
+        package = (log.package if log is not None else None) or "?"
+    handle = add_platform(platform, package)
+    source = f"{package.split()[0]} (platform {platform.name})"
+    try:  # checked like any provider's defaults; rank 1: the platform's own come first
+        defaults = PlatformDefaults(platform.name, platform.eager, platform.compiled, rank=1)
+        add_platform_defaults(source, [defaults])
+    except BaseException:
+        handle.remove()
+        raise
+
+    def undo() -> None:
+        handle.remove()
+        remove_platform_defaults(source)
+
+    return record(RegistrationHandle(f"platform {platform.name!r} and its defaults", undo))
+
+
+def load_platform(entry_point: str, package: str, obj: object) -> RegisteredPlatform:
+    """Check and register one platform entry point; raises on any problem, registering nothing.
+
+    ``obj`` is what the entry point names: a :class:`~vllm_ir.platform.Platform`
+    or a function returning one, whose name must be the entry point's.
+    """
+    with recording_registrations(package):
+        if isinstance(obj, _Loader):
+            obj = obj.load()
+        found = obj() if callable(obj) and not isinstance(obj, Platform) else obj
+        if not isinstance(found, Platform):
+            raise TypeError(
+                f"platform entry point {entry_point!r} must name a vllm_ir.provider.Platform "
+                f"or a function returning one, got {type(found).__name__}"
+            )
+        if found.name != entry_point:
+            raise ValueError(
+                f"platform entry point {entry_point!r} declares a platform named "
+                f"{found.name!r}; name the entry point after its platform"
+            )
+        register_platform(found, package)
+    return platforms()[entry_point]
+
+
+def _platform_key(name: str) -> str:
+    """The :func:`load_errors` key of a platform entry point that failed."""
+    return f"{name} (platform)"
+
+
+def _discover_platforms(allow: frozenset[str] | None) -> None:
+    """Load the platform entry points, before any provider's ``register`` reads the platform."""
+    eps = sorted(metadata.entry_points(group=PLATFORM_GROUP), key=lambda ep: ep.name)
+    twice = _claimed_twice(eps, PLATFORM_GROUP, "platform")
+    for name, error in twice.items():
+        if (allow is None or name in allow) and name not in platforms():
+            _errors[_platform_key(name)] = error
+            logger.warning("platform %r is skipped: %s", name, error.cause)
+    for ep in eps:
+        if (allow is not None and ep.name not in allow) or ep.name in twice:
+            continue
+        if ep.name in platforms():
+            continue
+        package = _package_of(ep)
+        try:
+            with _warn_if_slow(ep.name, package):
+                load_platform(ep.name, package, _Loader(ep))
+            logger.debug("platform %r declared by %s", ep.name, package)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:
+            error = ProviderLoadError(
+                _platform_key(ep.name), package, _one_line(e), traceback.format_exc()
+            )
+            _errors[error.entry_point] = error
+            logger.warning(
+                "platform %r (%s) failed to load and is skipped: %s", ep.name, package, error.cause
+            )
+
+
 def _discover() -> None:
     allow = envs.provider_allow_list()
+    _discover_platforms(allow)
     eps = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
     names = {ep.name for ep in eps}
     twice = _claimed_twice(eps)

@@ -20,7 +20,12 @@ from typing import NoReturn
 
 __all__ = ["COMMANDS", "UsageError", "build_parser", "main", "split_selection_flags"]
 
-from vllm_ir_cli.flags import PASS_FLAG, PASSES, PRIORITY_FLAG  # shared with vllm_ir.config
+from vllm_ir_cli.flags import (  # shared with vllm_ir.config
+    PASS_FLAG,
+    PASSES,
+    PRIORITY_FLAG,
+    TORCH_WRAP_FLAG,
+)
 
 COMMANDS = {
     "ops": "vllm_ir.cli.ops_cmd",
@@ -87,7 +92,8 @@ _SELECTION_HELP = (
     "Kernel selection: --ir-op-priority.OP=a,b (repeatable) or "
     '--ir-op-priority \'{"OP": ["a", "b"]}\'. '
     f"Compile passes: --ir-pass.NAME=on|off, NAME one of {', '.join(PASSES)} "
-    "(e.g. --ir-pass.fuse_norm_quant=off)."
+    "(e.g. --ir-pass.fuse_norm_quant=off). "
+    f"Trace-through mode: {TORCH_WRAP_FLAG}=off (IR ops traced as their selected impls)."
 )
 
 
@@ -272,6 +278,41 @@ def split_selection_flags(argv: Sequence[str]) -> tuple[list[str], list[str], li
     return priority, passes, rest
 
 
+_WRAP_VALUES = {"on": True, "off": False}
+
+
+def take_torch_wrap_flag(argv: Sequence[str]) -> tuple[bool | None, list[str]]:
+    """``--ir-torch-wrap=on|off`` (anywhere, like the selection flags) and the rest of ``argv``.
+
+    >>> take_torch_wrap_flag(["--ir-torch-wrap=off", "demo"])
+    (False, ['demo'])
+    """
+    value: bool | None = None
+    rest: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "--":
+            rest.extend(args[i - 1 :])
+            break
+        flag, eq, text = arg.partition("=")
+        if flag != TORCH_WRAP_FLAG:
+            rest.append(arg)
+            continue
+        if not eq:
+            text = args[i] if i < len(args) else ""
+            i += 1
+        if text.lower() not in _WRAP_VALUES:
+            raise UsageError(
+                f"{TORCH_WRAP_FLAG} takes on or off, got {text!r}; "
+                f"write e.g. {TORCH_WRAP_FLAG}=off for trace-through mode"
+            )
+        value = _WRAP_VALUES[text.lower()]
+    return value, rest
+
+
 def _quiet_broken_pipe() -> int:
     """The reader stopped reading (``vllm-ir ... | head``): stop without a traceback."""
     try:
@@ -287,8 +328,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         try:
+            torch_wrap, argv = take_torch_wrap_flag(argv)
             priority, passes, rest = split_selection_flags(argv)
             args = build_parser().parse_args(rest)
+            args.torch_wrap = torch_wrap
             command = importlib.import_module("vllm_ir.cli.main")
             status = int(command.run(args, priority, passes))
             sys.stdout.flush()

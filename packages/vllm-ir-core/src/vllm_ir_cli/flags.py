@@ -17,11 +17,14 @@ __all__ = [
     "PASSES",
     "PASS_FLAG",
     "PRIORITY_FLAG",
+    "TORCH_WRAP_FLAG",
 ]
 
 PRIORITY_FLAG = "--ir-op-priority"
 PASS_FLAG = "--ir-pass"
 AUTOTUNE_FLAG = "--ir-autotune"
+TORCH_WRAP_FLAG = "--ir-torch-wrap"
+"""``--ir-torch-wrap=off``: trace-through mode (``vllm_ir.enable_torch_wrap(False)``)."""
 
 DEFAULT_AUTOTUNE_MARGIN = 0.10
 """How much faster than Inductor-compiled native a kernel must be for autotuning to pick it."""

@@ -18,7 +18,9 @@ from vllm_ir.cli.args import (
 from vllm_ir.dispatch import describe
 from vllm_ir.op import IrOp
 from vllm_ir.platform import current_platform
+from vllm_ir.platform import describe as describe_platform
 from vllm_ir.priority import MODES, Mode
+from vllm_ir.torch_wrap import torch_wrap_enabled
 
 __all__ = ["bucket_lines", "candidate_lines", "run"]
 
@@ -78,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
     tuned = tune.read_tuned(args.tuned, op) if args.tuned else None  # checked before output
     modes: list[Mode] = ["compiled"] if args.compiled else ["eager"] if args.eager else list(MODES)
     print(f"{op.name}{describe(call)} on {current_platform()}")
+    print(f"platform: {describe_platform()}")
+    if not torch_wrap_enabled():
+        print(
+            "torch wrap off (trace-through): traced calls run the selected impl, "
+            "with no IR node in the graph"
+        )
     for mode in modes:
         if mode == "compiled":
             print("\ncompiled mode (Inductor lowering, on FakeTensors)")

@@ -48,5 +48,17 @@ def run(args: argparse.Namespace, priority_flags: Sequence[str], pass_flags: Seq
         assert not rest, rest  # split_selection_flags only passes flags of these two kinds
         args.passes = passes
         module = importlib.import_module(COMMANDS[args.command])
-        with config.scope():
+        with config.scope(), _torch_wrap(getattr(args, "torch_wrap", None)):
             return int(module.run(args))
+
+
+@contextlib.contextmanager
+def _torch_wrap(enabled: bool | None) -> Iterator[None]:
+    """``--ir-torch-wrap``: the command runs in that mode (``None``: unchanged)."""
+    if enabled is None:
+        yield
+        return
+    from vllm_ir.torch_wrap import enable_torch_wrap
+
+    with enable_torch_wrap(enabled):
+        yield

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from vllm_ir.cli.table import render_table
 from vllm_ir.op import IrOp
-from vllm_ir.platform import current_platform
+from vllm_ir.platform import current_platform, describe, device_type, platforms
 from vllm_ir.providers import load_errors, loaded_providers
 
 __all__ = ["op_table_markdown", "run"]
@@ -84,6 +84,13 @@ def _rows() -> list[dict[str, object]]:
     return rows
 
 
+def _device_type() -> str | None:
+    try:
+        return device_type()
+    except LookupError:  # VLLM_IR_PLATFORM names an installed platform that did not load
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.markdown:
         print(op_table_markdown(IrOp.registry.values()))
@@ -95,6 +102,15 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "platform": current_platform(),
+                    "platform_device_type": _device_type(),
+                    "declared_platforms": {
+                        name: {
+                            "package": p.package,
+                            "device_type": p.platform.device_type,
+                            "privateuse1": p.platform.privateuse1,
+                        }
+                        for name, p in sorted(platforms().items())
+                    },
                     "impls": rows,
                     "providers": {k: v.package for k, v in loaded_providers().items()},
                     "failed_providers": {
@@ -117,7 +133,13 @@ def run(args: argparse.Namespace) -> int:
         ]
         for r in rows
     ]
-    print(f"platform: {current_platform()}")
+    print(f"platform: {describe()}")
+    declared = platforms()
+    if declared:
+        print(
+            "declared platforms: "
+            + ", ".join(f"{n} ({p.package})" for n, p in sorted(declared.items()))
+        )
     print(
         render_table(
             ["op", "provider", "supported", "inplace", "batch invariant", "package"], table
@@ -127,5 +149,7 @@ def run(args: argparse.Namespace) -> int:
     names = ", ".join(f"{k} ({v.package})" for k, v in sorted(loaded.items()))
     print(f"\nproviders loaded: {names or 'none'}")
     for name, error in sorted(errors.items()):
-        print(f"provider {name} ({error.package}) failed to load: {error.cause}")
+        what = "platform" if name.endswith(" (platform)") else "provider"
+        name = name.removesuffix(" (platform)")
+        print(f"{what} {name} ({error.package}) failed to load: {error.cause}")
     return 0

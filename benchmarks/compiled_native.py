@@ -1,0 +1,216 @@
+"""Compiled native in eager (``set_priority(["native"], compile=True)``) against plain eager native.
+
+Each op is called the way model code calls it, ``ir.ops.<op>(...)``, through
+the eager fast path, with ``native`` selected, in two variants timed
+round-robin (order shuffled every round, median over rounds):
+
+* ``native``           plain eager: the native function's unfused chain of kernels;
+* ``native_compiled``  the same call inside ``set_priority(["native"], compile=True)``:
+                       the native function through ``torch.compile`` (Inductor), one
+                       compile per op, dtype and hidden size, token dimension unbacked.
+
+``native / native_compiled`` > 1: compiling pays. Each group of token counts
+after its first call runs under ``torch.compiler.set_stance("fail_on_recompile")``,
+so the run also proves there is no recompile across token counts.
+
+    python benchmarks/compiled_native.py [--quick] [--out benchmarks/results/compiled_native.json]
+
+(Its own file, not a key of ``cpu_kernels.json``, which ``cpu_kernels.py`` rewrites.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import vllm_ir as ir
+
+TOKENS = (1, 16, 64, 256, 1024)
+HIDDEN = (1024, 4096)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul")
+EPS = 1e-6
+
+Variant = tuple[Callable[[], contextlib.AbstractContextManager[Any]], Callable[[], object]]
+
+
+def _clock() -> Callable[[], float]:
+    """Thread CPU time with one intra-op thread (other load on the machine is not counted)."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
+def _time_round_robin(
+    variants: dict[str, Variant], rounds: int, min_sample_s: float
+) -> dict[str, float]:
+    """Median seconds per call of each variant, timed interleaved; each sample runs
+    inside its variant's context (a priority scope, entered once per sample)."""
+    clock = _clock()
+    number = {}
+    for name, (scope, fn) in variants.items():
+        with scope():
+            for _ in range(3):
+                fn()
+            start = clock()
+            fn()
+            once = max(clock() - start, 1e-7)
+        number[name] = max(1, int(min_sample_s / once))
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    order = list(variants)
+    rng = random.Random(0)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for name in order:
+            (scope, fn), n = variants[name], number[name]
+            with scope():
+                fn()  # the scope's first call selects (and misses) once: untimed
+                start = clock()
+                for _ in range(n):
+                    fn()
+                samples[name].append((clock() - start) / n)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _inputs(op: str, tokens: int, hidden: int, dtype: torch.dtype) -> tuple[Any, ...]:
+    g = torch.Generator().manual_seed(tokens * hidden)
+    if op == "silu_and_mul":
+        return (torch.randn(tokens, 2 * hidden, generator=g).to(dtype),)
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype)
+    if op == "rms_norm":
+        return (x, w, EPS)
+    return (x, torch.randn(tokens, hidden, generator=g).to(dtype), w, EPS)
+
+
+def bench(tokens: tuple[int, ...], hidden: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
+    rows = []
+    for op_name in OPS:
+        op = ir.get_op(op_name)
+
+        def plain(op: ir.IrOp = op) -> contextlib.AbstractContextManager[Any]:
+            return op.set_priority(["native"])
+
+        def compiled(op: ir.IrOp = op) -> contextlib.AbstractContextManager[Any]:
+            return op.set_priority(["native"], compile=True)
+
+        for dtype_name, dtype in DTYPES.items():
+            for h in hidden:
+                # the first call of the group compiles (untimed); the rest must not recompile
+                first = _inputs(op_name, tokens[0], h, dtype)
+                start = time.perf_counter()
+                with compiled():
+                    expected = op.native(*first)
+                    torch.testing.assert_close(op(*first), expected, **_tol(op, dtype))
+                compile_s = time.perf_counter() - start
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    for t in tokens:
+                        args = _inputs(op_name, t, h, dtype)
+                        with compiled():  # equal to eager's result, and no recompile
+                            torch.testing.assert_close(
+                                op(*args), op.native(*args), **_tol(op, dtype)
+                            )
+                        variants: dict[str, Variant] = {
+                            "native": (plain, lambda a=args, f=op: f(*a)),
+                            "native_compiled": (compiled, lambda a=args, f=op: f(*a)),
+                        }
+                        med = _time_round_robin(variants, rounds, min_sample_s=0.01)
+                        row = {
+                            "op": op_name,
+                            "dtype": dtype_name,
+                            "tokens": t,
+                            "hidden": h,
+                            "median_us": {k: round(v * 1e6, 2) for k, v in med.items()},
+                            "native_over_compiled": round(
+                                med["native"] / med["native_compiled"], 2
+                            ),
+                            "compile_s": round(compile_s, 1) if t == tokens[0] else None,
+                        }
+                        rows.append(row)
+                        print(
+                            f"{op_name:>20} {dtype_name} {t:>5}x{h:<5} native "
+                            f"{row['median_us']['native']:>9.1f} us  compiled "
+                            f"{row['median_us']['native_compiled']:>9.1f} us  "
+                            f"x{row['native_over_compiled']:.2f}",
+                            flush=True,
+                        )
+    return rows
+
+
+def _tol(op: ir.IrOp, dtype: torch.dtype) -> dict[str, float]:
+    t = op.tolerance(dtype)
+    return {"atol": t.atol, "rtol": t.rtol}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/compiled_native.json"))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="a small grid, for a smoke test")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    load_at_start = [round(v, 2) for v in os.getloadavg()]
+    tokens, hidden = ((1, 64), (1024,)) if args.quick else (TOKENS, HIDDEN)
+    with torch.inference_mode():
+        rows = bench(tokens, hidden, args.rounds)
+    elapsed = time.perf_counter() - start
+
+    def summary(selected: list[dict[str, Any]]) -> dict[str, Any] | None:
+        ratios = [r["native_over_compiled"] for r in selected]
+        if not ratios:
+            return None
+        return {
+            "min": min(ratios),
+            "median": round(statistics.median(ratios), 2),
+            "max": max(ratios),
+            "rows_where_compiled_wins": sum(r > 1 for r in ratios),
+            "rows": len(ratios),
+        }
+
+    report = {
+        "benchmark": "compiled_native",
+        "torch": torch.__version__,
+        "vllm_ir": ir.__version__,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "clock": _clock().__name__,
+        "python": platform.python_version(),
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
+        "rounds": args.rounds,
+        "seconds": round(elapsed, 1),
+        "grid": {
+            "ops": list(OPS),
+            "tokens": list(tokens),
+            "hidden": list(hidden),
+            "dtypes": list(DTYPES),
+        },
+        "recompiles_across_tokens": "none: every group ran under set_stance('fail_on_recompile')",
+        "summary": {
+            "ratio": "native eager / compiled native in eager (> 1: compiling pays)",
+            "tokens_le_16": summary([r for r in rows if r["tokens"] <= 16]),
+            "tokens_ge_256": summary([r for r in rows if r["tokens"] >= 256]),
+            "by_op": {op: summary([r for r in rows if r["op"] == op]) for op in OPS},
+            "all": summary(rows),
+        },
+        "ops": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["summary"], indent=2))
+    print(f"{elapsed:.0f} s; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
