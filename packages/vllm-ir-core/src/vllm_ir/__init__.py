@@ -21,11 +21,12 @@ from vllm_ir.config import (
     parse_ir_op_priority_args,
 )
 from vllm_ir.dispatch import invalidate_caches
-from vllm_ir.impl import NATIVE, IrOpImpl
+from vllm_ir.impl import NATIVE as NATIVE  # provider authors: vllm_ir.provider
+from vllm_ir.impl import IrOpImpl
 from vllm_ir.namespace import NAMESPACE
 from vllm_ir.op import IrOp, get_op, register_op
 from vllm_ir.providers import load_errors, loaded_providers
-from vllm_ir.samples import SampleInput
+from vllm_ir.samples import SampleInput as SampleInput  # likewise
 from vllm_ir.tolerances import Tolerance
 from vllm_ir.torch_wrap import enable_torch_wrap, torch_wrap_enabled
 
@@ -70,15 +71,15 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'vllm_ir' has no attribute {name!r}")
 
 
+# For model authors. ``NATIVE`` and ``SampleInput`` stay importable here; they
+# are declared for provider authors in vllm_ir.provider.
 __all__ = [
-    "NATIVE",
     "IrOp",
     "IrOpImpl",
     "IrOpPriorityConfig",
     "IrPassConfig",
     "KernelConfig",
     "NAMESPACE",
-    "SampleInput",
     "Tolerance",
     "VllmIRBackend",
     "__version__",

@@ -46,12 +46,14 @@ from torch import Tensor
 
 from vllm_ir import envs
 from vllm_ir._version import API_VERSION
+from vllm_ir.impl import NATIVE
 from vllm_ir.layout import contiguous, may_overlap_itself, rows_flatten_free
 from vllm_ir.logger import get_logger
 from vllm_ir.platform import Platform, current_platform, device_type, privateuse1_available
 from vllm_ir.priority import PlatformDefaults
 from vllm_ir.providers import ProviderSpec, register_platform
 from vllm_ir.registration import RegistrationHandle, RegistrationLog, recording_registrations
+from vllm_ir.samples import SampleInput
 from vllm_ir.tolerances import (
     DEFAULT_TOLERANCES,
     EXACT,
@@ -71,6 +73,7 @@ __all__ = [
     "EXACT",
     "FP8_DYNAMIC_SCALE",
     "FP8_ONE_STEP",
+    "NATIVE",
     "NORM_TOLERANCES",
     "ExtensionBuildError",
     "Platform",
@@ -78,6 +81,7 @@ __all__ = [
     "ProviderSpec",
     "RegistrationHandle",
     "RegistrationLog",
+    "SampleInput",
     "Tolerance",
     "VendorNorm",
     "build_extension",
