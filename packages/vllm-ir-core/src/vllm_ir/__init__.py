@@ -29,7 +29,13 @@ from vllm_ir.samples import SampleInput
 from vllm_ir.tolerances import Tolerance
 
 # The compile integration imports Inductor (seconds): loaded on first use.
-_LAZY = {"VllmIRBackend": "vllm_ir.compilation", "compile": "vllm_ir.compilation"}
+_LAZY = {
+    "VllmIRBackend": "vllm_ir.compilation",
+    "compile": "vllm_ir.compilation",
+    # served here but not in __all__ (it holds the 20 model-author names): the kernel plan
+    "plan": "vllm_ir.planning",
+    "Plan": "vllm_ir.planning",
+}
 
 _MOVED = {
     # the provider contract: what provider packages use lives in vllm_ir.provider

@@ -42,6 +42,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
+from vllm_ir.callsite import record_lowered
 from vllm_ir.compilation.aliasing import is_write
 from vllm_ir.compilation.context import DONATED_INPUTS_META, DONATED_META, get_pass_context
 from vllm_ir.compilation.fingerprint import code_fingerprint
@@ -166,6 +167,7 @@ class LoweringPass:
             # then address other memory. Lowered after that removal instead.
             return 0
         self.selected_impls.setdefault(op.name, {})[node.name] = impl.provider
+        record_lowered(node, op, fake_args, impl.provider)  # for vllm_ir.plan; else a no-op
         _inline(graph, node, trace.gm, trace.fresh, args, op, _donations(node, inputs))
         logger.debug("lowered %s to %s", node.name, impl.provider)
         return 1
