@@ -170,7 +170,7 @@ class Plan:
     @classmethod
     def from_dict(cls, doc: Any) -> Plan:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise PlanFormatError(f"not a vllm-ir plan (no \"format\": \"{FORMAT}\")")
+            raise PlanFormatError(f'not a vllm-ir plan (no "format": "{FORMAT}")')
         if doc.get("version") != VERSION:
             raise PlanFormatError(
                 f"plan version {doc.get('version')!r}; this vllm-ir reads version {VERSION}"
