@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -230,3 +231,50 @@ def test_compiled_plan_names_the_modules_of_the_nodes(scale_op: ir.IrOp) -> None
     assert Plan.from_json(plan.to_json()) == plan
     with torch.no_grad(), pytest.raises(RuntimeError, match="lowered no IR op"):
         ir.plan(compiled, x)  # already compiled for these inputs: nothing to record
+
+
+# -- vllm-ir explain --plan ---------------------------------------------------------
+
+
+def _explain_plan(path: object, *more: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from vllm_ir_cli import main
+
+    status = main(["explain", "--plan", str(path), *more])
+    out = capsys.readouterr()
+    return status, out.out + out.err
+
+
+def test_explain_prints_a_saved_plan(
+    model: Model, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "plan.json"
+    ir.plan(model, torch.randn(2, 8)).to_json(path)
+    status, out = _explain_plan(path, capsys=capsys)
+    assert status == 0
+    assert "layers.1.scale" in out
+    assert "candidates per call site" in out
+    status, out = _explain_plan(path, "rms_norm", capsys=capsys)
+    assert status == 0
+    assert "layers.0 " in out
+    assert "scale" not in out
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "cannot read it (No such file or directory)"),
+        ("{", "not a kernel plan (not JSON"),
+        ('{"ir_op_priority": {}}', 'not a kernel plan (not a vllm-ir plan (no "format"'),
+    ],
+)
+def test_explain_refuses_a_bad_plan_file_in_one_line(
+    content: str | None, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "plan.json"
+    if content is not None:
+        path.write_text(content)
+    status, out = _explain_plan(path, capsys=capsys)
+    assert status == 2
+    assert out.count("\n") == 1
+    assert says in out
+    assert "Traceback" not in out

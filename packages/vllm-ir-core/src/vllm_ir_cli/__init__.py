@@ -106,7 +106,12 @@ def _add_explain(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "explain", help="why an impl is selected for given arguments, in eager and compiled mode"
     )
-    parser.add_argument("op", help="op name, e.g. rms_norm")
+    parser.add_argument("op", nargs="?", help="op name, e.g. rms_norm")
+    parser.add_argument(
+        "--plan",
+        metavar="FILE.json",
+        help="print a kernel plan saved with vllm_ir.plan(...).to_json(FILE) instead of an op",
+    )
     parser.add_argument("--dtype", default="bf16", help="fp32, fp16 or bf16 (default bf16)")
     parser.add_argument("--shape", default="8,4096", help="activation shape (default 8,4096)")
     parser.add_argument("--device", default="cpu", help="device of the tensors (default cpu)")
