@@ -196,6 +196,36 @@ def _add_tune(subparsers: argparse._SubParsersAction) -> None:
         "--runs", type=POSITIVE, default=25, help="timed calls per candidate (default 25)"
     )
     parser.add_argument("--out", required=True, help="the JSON file to write")
+    model = parser.add_argument_group(
+        "whole-model sweep (--model): end-to-end step time per op candidate and size bucket"
+    )
+    model.add_argument(
+        "--model",
+        metavar="PATH_OR_NAME",
+        help="a local Hugging Face model directory, or module:callable returning "
+        "(model, example_inputs); writes a bucketed priority file (docs/cli.md)",
+    )
+    model.add_argument(
+        "--tokens",
+        default="1,16,256,1024",
+        help="token counts to measure, ascending (default 1,16,256,1024)",
+    )
+    model.add_argument(
+        "--buckets",
+        default="16,256",
+        help="upper token bounds of the size buckets, ascending (default 16,256: "
+        "decode <= 16, <= 256, larger)",
+    )
+    model.add_argument(
+        "--rounds",
+        type=POSITIVE,
+        default=10,
+        help="interleaved timed rounds of ~10 ms per setting (default 10)",
+    )
+    model.add_argument(
+        "--warmup", type=NON_NEGATIVE, default=3, help="untimed steps per setting (default 3)"
+    )
+    _add_threads(model, 1)  # type: ignore[arg-type]
 
 
 def build_parser() -> argparse.ArgumentParser:

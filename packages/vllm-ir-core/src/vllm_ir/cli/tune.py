@@ -221,6 +221,10 @@ def explain_autotune(op: IrOp, call: tuple[Any, ...], margin: float = DEFAULT_MA
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "model", None):  # a whole model, end to end: vllm_ir.cli.tune_model
+        from vllm_ir.cli import tune_model
+
+        return tune_model.run(args)
     ops = (
         [parse_op(name.strip()) for name in args.ops.split(",") if name.strip()]
         if args.ops
