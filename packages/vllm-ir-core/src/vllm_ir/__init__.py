@@ -11,6 +11,8 @@ eager mode and under ``torch.compile``.
 'native'
 """
 
+from typing import TYPE_CHECKING
+
 from vllm_ir import ops
 from vllm_ir._version import __version__
 from vllm_ir.config import (
@@ -27,6 +29,9 @@ from vllm_ir.op import IrOp, get_op, register_op
 from vllm_ir.providers import load_errors, loaded_providers
 from vllm_ir.samples import SampleInput
 from vllm_ir.tolerances import Tolerance
+
+if TYPE_CHECKING:  # served lazily by __getattr__; named here for type checkers
+    from vllm_ir.planning import Plan, plan  # noqa: F401
 
 # The compile integration imports Inductor (seconds): loaded on first use.
 _LAZY = {

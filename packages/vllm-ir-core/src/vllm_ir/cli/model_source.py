@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -107,7 +107,7 @@ def _from_pretrained(spec: str, decode_max: int) -> tuple[Any, Callable[[int], A
             f"--model {spec}: cannot load it ({where}: {first}); give a local Hugging Face "
             "model directory or module:callable"
         ) from None
-    model = model.to("cpu").eval()
+    model = cast(Any, model).to("cpu").eval()
     vocab = int(getattr(model.config, "vocab_size", 0) or 2)
 
     def example_inputs(tokens: int) -> dict[str, Any]:
