@@ -12,7 +12,9 @@ impl (:class:`~vllm_ir.callsite.CallSite`).
   against ``op.candidates(...)`` (the one selection rule) and a difference is
   reported as a mismatch, never hidden. Global module forward hooks keep the
   stack of modules being run, for the module path. Outside ``plan()``
-  nothing is installed: the normal eager path is unchanged.
+  nothing is installed: the normal eager path is unchanged. An IR op that an
+  impl calls itself is part of that impl's call (the mode is off while a
+  call it intercepted runs), as it is one node of the caller's graph.
 * Compiled (a callable from ``torch.compile(..., backend="vllm_ir")``): the
   call compiles it, with Inductor's caches off so the passes run, and the
   lowering pass records each node it lowers with its module path from

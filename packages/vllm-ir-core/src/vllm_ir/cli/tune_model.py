@@ -177,7 +177,22 @@ def sweep(
     ops: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """The ``tune --model`` document (see the module doc)."""
+    """The ``tune --model`` document (see the module doc). Steps run under
+    ``torch.inference_mode()``, as served models do (no autograd bookkeeping)."""
+    with torch.inference_mode():
+        return _sweep(source, tokens, bounds, rounds=rounds, warmup=warmup, ops=ops, log=log)
+
+
+def _sweep(
+    source: ModelSource,
+    tokens: Sequence[int],
+    bounds: Sequence[int],
+    *,
+    rounds: int,
+    warmup: int,
+    ops: Sequence[str],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     from vllm_ir.planning import plan
 
     steps = {t: source.call(t) for t in tokens}
