@@ -10,8 +10,9 @@ round, the order rotating; ``vllm-ir bench``'s timer; a p10-p90 spread over
   winner per token count and every pairwise crossover found (an impl faster
   at small counts and slower at large ones). Beside them, ``aten``: ATen's
   own fused CPU kernel (``torch.rms_norm``, one dispatcher call), registered
-  here as a second real CPU impl, which the per-size choice can use where a
-  provider has no crossover of its own.
+  here as a second real CPU impl, and ``inductor``: the native function
+  compiled by Inductor (token dim dynamic) behind its Python wrapper, for
+  eager calls, registered for this section only.
 * ``compiled_decoder``: the compile benchmark's decoder
   (``benchmarks/compiled_priorities.py``) compiled once per fixed priority
   (every op on ``native``, or on ``cpu_c``), the token dim dynamic, at decode
@@ -96,8 +97,37 @@ def _timing(t: Any) -> dict[str, Any]:
     return asdict(t)
 
 
+def _register_inductor() -> Callable[[], None]:
+    """Register ``inductor``: the native function compiled by Inductor (dynamic sizes), a
+    real CPU kernel with a Python wrapper's overhead; eager calls only. Returns its undo."""
+    import vllm_ir as ir
+    from torch._subclasses.fake_tensor import is_fake
+
+    op = ir.ops.rms_norm
+    compiled = torch.compile(op.native, dynamic=True)
+
+    def inductor(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> Tensor:
+        return compiled(x, weight, epsilon, variance_size)  # type: ignore[no-any-return]
+
+    # not under torch.compile: a compiled function inside a traced graph is not a kernel
+    op.register_impl(
+        "inductor", supports_args=lambda x, weight, epsilon, variance_size=None: not is_fake(x)
+    )(inductor)
+    return lambda: op.unregister_impl("inductor")
+
+
 def kernels(tokens: Sequence[int], hidden: int, rounds: int) -> dict[str, Any]:
     """rms_norm's CPU impls side by side per token count; winners and crossovers."""
+    undo = _register_inductor()
+    try:
+        return _kernels(tokens, hidden, rounds)
+    finally:
+        undo()
+
+
+def _kernels(tokens: Sequence[int], hidden: int, rounds: int) -> dict[str, Any]:
     import vllm_ir as ir
     from vllm_ir.cli.tune_model import measure_interleaved
 
@@ -320,7 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--kernel-hidden", type=int, default=4096)
     parser.add_argument("--decode-weight", type=int, default=32)
+    parser.add_argument(
+        "--sections", default="kernels,decoder,plan", help="comma separated (default all)"
+    )
     args = parser.parse_args(argv)
+    sections = set(args.sections.split(","))
     torch.set_num_threads(args.threads)
     import vllm_ir as ir
 
@@ -346,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": args.rounds,
             "noisy": "p90 - p10 over 25 % of the median",
         },
-        "kernels": kernels(kernel_tokens, args.kernel_hidden, args.rounds),
+        "kernels": kernels(kernel_tokens, args.kernel_hidden, args.rounds)
+        if "kernels" in sections
+        else None,
         "compiled_decoder": compiled_decoder(
             decoder_tokens,
             args.hidden,
@@ -354,24 +390,29 @@ def main(argv: list[str] | None = None) -> int:
             args.layers,
             args.rounds,
             args.decode_weight,
-        ),
-        "plan": plan_of_llama(plan_tokens),
+        )
+        if "decoder" in sections
+        else None,
+        "plan": plan_of_llama(plan_tokens) if "plan" in sections else None,
     }
-    report["verdict"] = _verdict(report)
+    both = report["kernels"] is not None and report["compiled_decoder"] is not None
+    report["verdict"] = _verdict(report) if both else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     decoder = report["compiled_decoder"]
-    for b, r in decoder["buckets"].items():
+    if decoder is not None:
+        for b, r in decoder["buckets"].items():
+            print(
+                f"bucket {b}: bucketed {r['choice']} / best fixed {r['best_fixed']} = "
+                f"{r['bucketed_over_best_fixed']:.3f}{' (noisy)' if r['noisy'] else ''}"
+            )
+        mix = decoder["mix"]
         print(
-            f"bucket {b}: bucketed {r['choice']} / best fixed {r['best_fixed']} = "
-            f"{r['bucketed_over_best_fixed']:.3f}{' (noisy)' if r['noisy'] else ''}"
+            f"decode+prefill mix: bucketed / best single fixed ({mix['best_single_fixed']}) = "
+            f"{mix['bucketed_over_best_single']:.3f}"
         )
-    mix = decoder["mix"]
-    print(
-        f"decode+prefill mix: bucketed / best single fixed ({mix['best_single_fixed']}) = "
-        f"{mix['bucketed_over_best_single']:.3f}"
-    )
-    print(f"crossovers: {report['kernels']['crossovers'] or 'none'}")
+    if report["kernels"] is not None:
+        print(f"crossovers: {report['kernels']['crossovers'] or 'none'}")
     print(f"wrote {args.out}")
     return 0
 
