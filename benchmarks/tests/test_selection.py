@@ -40,13 +40,19 @@ def test_no_crossover_when_one_impl_wins_everywhere_or_within_the_spread() -> No
 def test_verdict_reports_noise_instead_of_a_result() -> None:
     bucket = {"within_3pct": True, "noisy": True, "choice": "a", "best_fixed": "a"}
     report = {
-        "kernels": {"crossovers": []},
+        "kernels": {"crossovers": [], "crossovers_by_median": [{"faster_small": "a"}]},
         "compiled_decoder": {
             "buckets": {"<=16": {**bucket, "bucketed_over_best_fixed": 1.02}},
-            "mix": {"bucketed_faster": False},
+            "mix": {"bucketed_faster": True},
+            "bucketed_is_a_single_fixed_priority": True,
+            "same_model_difference": {"1": 0.02, "300": 0.11},
         },
     }
     verdict = selection._verdict(report)
     assert verdict["timings_noisy"]
-    assert verdict["same_model_difference"] == 0.02
+    assert verdict["max_same_model_difference"] == 0.11
+    assert verdict["kernel_crossover_by_median"]
+    assert not verdict["kernel_crossover_found"]
+    # one fixed priority in every bucket: "faster over the mix" would be noise
+    assert not verdict["bucketed_faster_than_best_single_fixed_over_mix"]
     assert "not established" in verdict["note"]
