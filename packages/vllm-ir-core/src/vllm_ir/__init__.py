@@ -11,6 +11,8 @@ eager mode and under ``torch.compile``.
 'native'
 """
 
+from typing import TYPE_CHECKING
+
 from vllm_ir import ops
 from vllm_ir._version import __version__
 from vllm_ir.config import (
@@ -30,8 +32,17 @@ from vllm_ir.samples import SampleInput as SampleInput  # likewise
 from vllm_ir.tolerances import Tolerance
 from vllm_ir.torch_wrap import enable_torch_wrap, torch_wrap_enabled
 
+if TYPE_CHECKING:  # served lazily by __getattr__; named here for type checkers
+    from vllm_ir.planning import Plan, plan  # noqa: F401
+
 # The compile integration imports Inductor (seconds): loaded on first use.
-_LAZY = {"VllmIRBackend": "vllm_ir.compilation", "compile": "vllm_ir.compilation"}
+_LAZY = {
+    "VllmIRBackend": "vllm_ir.compilation",
+    "compile": "vllm_ir.compilation",
+    # served here but not in __all__ (it holds the 20 model-author names): the kernel plan
+    "plan": "vllm_ir.planning",
+    "Plan": "vllm_ir.planning",
+}
 
 _MOVED = {
     # the provider contract: what provider packages use lives in vllm_ir.provider

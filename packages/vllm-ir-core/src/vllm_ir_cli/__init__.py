@@ -112,7 +112,12 @@ def _add_explain(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "explain", help="why an impl is selected for given arguments, in eager and compiled mode"
     )
-    parser.add_argument("op", help="op name, e.g. rms_norm")
+    parser.add_argument("op", nargs="?", help="op name, e.g. rms_norm")
+    parser.add_argument(
+        "--plan",
+        metavar="FILE.json",
+        help="print a kernel plan saved with vllm_ir.plan(...).to_json(FILE) instead of an op",
+    )
     parser.add_argument("--dtype", default="bf16", help="fp32, fp16 or bf16 (default bf16)")
     parser.add_argument("--shape", default="8,4096", help="activation shape (default 8,4096)")
     parser.add_argument("--device", default="cpu", help="device of the tensors (default cpu)")
@@ -216,7 +221,25 @@ def _add_tune(subparsers: argparse._SubParsersAction) -> None:
         "--runs", type=POSITIVE, default=25, help="timed calls per candidate (default 25)"
     )
     parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument(
+        "--warmup", type=NON_NEGATIVE, default=3, help="untimed calls or steps first (default 3)"
+    )
     _add_threads(parser, 1)
+    model = parser.add_argument_group(
+        "whole-model sweep (--model): end-to-end step time per op candidate and size bucket; "
+        "--ops, --buckets, --rounds, --warmup, --threads and --out apply too"
+    )
+    model.add_argument(
+        "--model",
+        metavar="PATH_OR_NAME",
+        help="a local Hugging Face model directory, or module:callable returning "
+        "(model, example_inputs); writes a bucketed priority file (docs/cli.md)",
+    )
+    model.add_argument(
+        "--tokens",
+        default="1,16,256,1024",
+        help="token counts to measure, ascending (default 1,16,256,1024)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,10 +20,16 @@ from torch import nn
 from vllm_ir_transformers import decoder, mlp, norm
 from vllm_ir_transformers._checks import dtype_name
 
-__all__ = ["OPS", "REPORT_ATTR", "Replacement", "Report", "Skip", "Status"]
+__all__ = ["OPS", "PLAN_HINT", "REPORT_ATTR", "Replacement", "Report", "Skip", "Status"]
 
 REPORT_ATTR = "_vllm_ir_kernelize_report"
 """Where the kernelized model keeps its report (in its ``__dict__``)."""
+
+PLAN_HINT = (
+    "kernel plan of a run (the impl each call site ran, and why not the others): "
+    "report.plan(*example_inputs); save with .to_json('plan.json'), print with "
+    "`vllm-ir explain --plan plan.json`"
+)
 
 OPS: dict[str, types.ModuleType] = {
     "rms_norm": norm,
@@ -150,6 +156,15 @@ class Report:
                 )
         return [statuses[name] for name in by_name]
 
+    def plan(self, *example_inputs: Any, **example_kwargs: Any) -> ir.Plan:
+        """Run the model once on the example inputs and return its kernel plan
+        (:func:`vllm_ir.plan`): every IR op call site by module path, with the impl
+        that ran and why every other candidate did not. ``.to_json(FILE)`` saves
+        it; ``vllm-ir explain --plan FILE`` prints it."""
+        if self._model is None:
+            raise RuntimeError("this report has no model to run (it was unpickled without one)")
+        return ir.plan(self._model, *example_inputs, **example_kwargs)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "ops": list(self.ops),
@@ -174,6 +189,8 @@ class Report:
         lines.append(f"left alone {len(self.skipped)}")
         for k in self.skipped:
             lines.append(f"  {k.name} ({k.module_type}) [{k.op}]: {k.reason}")
+        if self.active:
+            lines.append(PLAN_HINT)
         return "\n".join(lines)
 
 

@@ -6,8 +6,9 @@ import argparse
 from typing import Any
 
 from vllm_ir.buckets import bucket_index
-from vllm_ir.cli import tune
+from vllm_ir.cli import plan_cmd, tune
 from vllm_ir.cli.args import (
+    UsageError,
     call_args_for,
     parse_assignments,
     parse_device,
@@ -72,6 +73,10 @@ def candidate_lines(op: IrOp, call: tuple[Any, ...], mode: Mode) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plan is not None:
+        return plan_cmd.print_plan(args.plan, op=args.op)
+    if args.op is None:
+        raise UsageError("explain needs an op name (e.g. rms_norm) or --plan FILE.json")
     op = parse_op(args.op)
     dtype = parse_dtype(args.dtype)
     shape = parse_shape(args.shape)

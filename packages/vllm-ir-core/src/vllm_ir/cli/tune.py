@@ -233,6 +233,10 @@ def explain_autotune(op: IrOp, call: tuple[Any, ...], margin: float = DEFAULT_MA
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "model", None):  # a whole model, end to end: vllm_ir.cli.tune_model
+        from vllm_ir.cli import tune_model
+
+        return tune_model.run(args)
     ops = (
         [parse_op(name.strip()) for name in args.ops.split(",") if name.strip()]
         if args.ops
@@ -259,10 +263,10 @@ def run(args: argparse.Namespace) -> int:
             check_native_accepts(op, call_args_for(op, shape, dtype, device), shape)
     print(apply_threads(args.threads))
     if bounds is None:
-        doc = tune(ops, shapes, dtype, device, WallClockTimer(warmup=3, runs=args.runs))
+        doc = tune(ops, shapes, dtype, device, WallClockTimer(warmup=args.warmup, runs=args.runs))
     else:
         priority, measured = tune_buckets.tune_buckets(
-            ops, bounds, args.hidden, dtype, device, args.rounds
+            ops, bounds, args.hidden, dtype, device, args.rounds, args.warmup
         )
         doc = {
             "ir_op_priority": priority,

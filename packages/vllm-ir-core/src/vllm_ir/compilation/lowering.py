@@ -43,6 +43,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
+from vllm_ir.callsite import record_lowered
 from vllm_ir.compilation.aliasing import is_write
 from vllm_ir.compilation.bucket_branches import (
     Branch,
@@ -190,6 +191,7 @@ class LoweringPass:
             # then address other memory. Lowered after that removal instead.
             return 0
         self.selected_impls.setdefault(op.name, {})[node.name] = impl.provider
+        record_lowered(node, op, fake_args, impl.provider)  # for vllm_ir.plan; else a no-op
         _inline(graph, node, trace.gm, trace.fresh, args, op, _donations(node, inputs))
         logger.debug("lowered %s to %s", node.name, impl.provider)
         return 1

@@ -1,0 +1,58 @@
+"""benchmarks/selection.py's decisions on made-up timings (the measurement itself is
+the script's run: ``python benchmarks/selection.py --quick``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import selection
+
+
+def _t(median: float, spread: float = 0.02) -> dict[str, Any]:
+    return {"median_us": median, "p10_us": median * (1 - spread), "p90_us": median * (1 + spread)}
+
+
+def _rows(*per_tokens: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"tokens": 4**i, "times_us": t} for i, t in enumerate(per_tokens)]
+
+
+def test_a_crossover_is_faster_small_and_slower_large_beyond_the_spread() -> None:
+    rows = _rows(
+        {"a": _t(10), "b": _t(20)}, {"a": _t(30), "b": _t(25)}, {"a": _t(100), "b": _t(60)}
+    )
+    assert selection._crossovers(rows) == [
+        {"faster_small": "a", "faster_large": "b", "first_tokens_b_wins": 4}
+    ]
+
+
+def test_no_crossover_when_one_impl_wins_everywhere_or_within_the_spread() -> None:
+    assert (
+        selection._crossovers(_rows({"a": _t(10), "b": _t(20)}, {"a": _t(50), "b": _t(90)})) == []
+    )
+    close = _rows({"a": _t(10, 0.2), "b": _t(11, 0.2)}, {"a": _t(12, 0.2), "b": _t(11, 0.2)})
+    assert selection._crossovers(close) == []
+
+
+def test_verdict_reports_noise_instead_of_a_result() -> None:
+    bucket = {"within_3pct": True, "noisy": True, "choice": "a", "best_fixed": "a"}
+    report = {
+        "kernels": {"crossovers": [], "crossovers_by_median": [{"faster_small": "a"}]},
+        "compiled_decoder": {
+            "buckets": {"<=16": {**bucket, "bucketed_over_best_fixed": 1.02}},
+            "mix": {"bucketed_faster": True},
+            "bucketed_is_a_single_fixed_priority": True,
+            "same_model_difference": {"1": 0.02, "300": 0.11},
+        },
+    }
+    verdict = selection._verdict(report)
+    assert verdict["timings_noisy"]
+    assert verdict["max_same_model_difference"] == 0.11
+    assert verdict["kernel_crossover_by_median"]
+    assert not verdict["kernel_crossover_found"]
+    # one fixed priority in every bucket: "faster over the mix" would be noise
+    assert not verdict["bucketed_faster_than_best_single_fixed_over_mix"]
+    assert "not established" in verdict["note"]

@@ -1,0 +1,280 @@
+"""vllm_ir.plan: every IR op call site of one run, eager and compiled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import vllm_ir as ir
+from torch import Tensor, nn
+from vllm_ir.callsite import bucket_label, module_path_of, token_count
+from vllm_ir.planning import Plan, PlanFormatError
+
+
+def _big_only(x: Tensor, factor: float) -> bool:
+    return x.shape[0] > 16  # a kernel for prefill sizes only
+
+
+def _times(x: Tensor, factor: float) -> Tensor:
+    return x * factor
+
+
+class Scale(nn.Module):
+    def __init__(self, op: ir.IrOp) -> None:
+        super().__init__()
+        self.op = op
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.op(x, 2.0)
+
+
+class Block(nn.Module):
+    def __init__(self, op: ir.IrOp) -> None:
+        super().__init__()
+        self.scale = Scale(op)
+        self.norm_weight = nn.Parameter(torch.ones(8))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ir.ops.rms_norm(self.scale(self.scale(x)), self.norm_weight, 1e-6)
+
+
+class Model(nn.Module):
+    def __init__(self, op: ir.IrOp) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Block(op), Block(op)])
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.fixture
+def model(scale_op: ir.IrOp) -> Model:
+    scale_op.register_impl("prefill_kernel", supports_args=_big_only)(_times)
+    scale_op.register_impl("unlisted")(_times)
+    return Model(scale_op)
+
+
+def test_eager_plan_lists_every_call_site(model: Model, scale_op: ir.IrOp) -> None:
+    with scale_op.set_priority(["prefill_kernel", "native"]):
+        plan = ir.plan(model, torch.randn(4, 8))
+    assert plan.mode == "eager"
+    assert not plan.mismatches
+    sites = [(s.site, s.op, s.count) for s in plan]
+    # the scale module runs twice per block: one site, counted twice
+    assert sites == [
+        ("layers.0.scale", scale_op.name, 2),
+        ("layers.0", "rms_norm", 1),
+        ("layers.1.scale", scale_op.name, 2),
+        ("layers.1", "rms_norm", 1),
+    ]
+    scale = plan.sites[0]
+    assert (scale.tokens, scale.bucket, scale.ran) == (4, "<=16", "native")
+    assert scale.args == ("x: float32[4, 8] cpu", "factor=2.0")
+    notes = {c.provider: (c.status, c.reason) for c in scale.candidates}
+    assert notes["prefill_kernel"] == (
+        "rejected",
+        "arguments not supported (supports_args returned False)",
+    )
+    assert notes["native"][0] == "ran"
+    assert notes["unlisted"] == ("not listed", "accepts, but the priority list does not name it")
+    assert plan.by_op()[scale_op.name] == {"native": 4}
+
+
+def test_the_impl_that_ran_follows_the_size(model: Model, scale_op: ir.IrOp) -> None:
+    """Decode and prefill sizes: each site reports what op.dispatch runs for it."""
+    for rows, bucket, ran in [(1, "<=16", "native"), (300, ">256", "prefill_kernel")]:
+        x = torch.randn(rows, 8)
+        with scale_op.set_priority(["prefill_kernel", "native"]):
+            plan = ir.plan(model, x)
+            assert ran == scale_op.dispatch(x, 2.0).provider
+        scale = plan.sites[0]
+        assert (scale.bucket, scale.ran) == (bucket, ran)
+        native = next(c for c in scale.candidates if c.provider == "native")
+        if ran == "prefill_kernel":
+            assert (native.status, native.reason) == (
+                "lost",
+                "accepts, but prefill_kernel is earlier on the priority list",
+            )
+        else:
+            assert native.status == "ran"
+
+
+def test_a_selection_cache_that_disagrees_is_reported(
+    model: Model, scale_op: ir.IrOp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wrong = scale_op.impls["unlisted"]
+    monkeypatch.setattr(scale_op, "dispatch", lambda *args: wrong)
+    plan = ir.plan(model, torch.randn(2, 8))
+    bad = plan.mismatches
+    assert bad
+    assert bad[0].ran == "unlisted"
+    assert "select() chooses 'native'" in (bad[0].mismatch or "")
+    assert "MISMATCH at layers.0.scale" in plan.table()
+
+
+def test_plain_functions_are_placed_by_source_line(scale_op: ir.IrOp) -> None:
+    def step(x: Tensor) -> Tensor:
+        return scale_op(x, 3.0)  # the call site
+
+    plan = ir.plan(step, torch.ones(2, 3, 8))
+    (site,) = plan.sites
+    assert site.site.startswith("test_plan.py:")
+    assert site.site.endswith("(step)")
+    assert site.tokens == 6
+
+
+def test_plan_leaves_nothing_installed(model: Model) -> None:
+    ir.plan(model, torch.randn(2, 8))
+    assert torch._C._len_torch_dispatch_stack() == 0
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+    assert not torch.nn.modules.module._global_forward_hooks
+
+
+def test_plan_survives_an_exception(scale_op: ir.IrOp) -> None:
+    def fails(x: Tensor) -> Tensor:
+        scale_op(x, 1.0)
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        ir.plan(fails, torch.ones(2))
+    assert torch._C._len_torch_dispatch_stack() == 0
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+
+
+def test_plan_round_trips_through_json(model: Model, tmp_path: object) -> None:
+    plan = ir.plan(model, torch.randn(2, 8))
+    assert Plan.from_json(plan.to_json()) == plan
+    assert "layers.1.scale" in str(plan)
+    doc = json.loads(plan.to_json())
+    assert doc["format"] == "vllm-ir-plan"
+    assert doc["sites"][0]["count"] == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("{", "not JSON"),
+        ("[]", "not a vllm-ir plan"),
+        ('{"format": "vllm-ir-plan", "version": 9}', "plan version 9"),
+        ('{"format": "vllm-ir-plan", "version": 1, "mode": "eager"}', "missing key"),
+        (
+            '{"format": "vllm-ir-plan", "version": 1, "mode": "eager", "platform": "cpu",'
+            ' "batch_invariant": "no", "sites": []}',
+            "'batch_invariant' must be a bool",
+        ),
+    ],
+)
+def test_bad_plan_files_say_what_is_wrong(text: str, says: str) -> None:
+    with pytest.raises(PlanFormatError, match=says):
+        Plan.from_json(text)
+
+
+def test_plan_is_served_beside_the_twenty_names() -> None:
+    from vllm_ir import planning
+
+    assert ir.plan is planning.plan
+    assert ir.Plan is planning.Plan
+    assert len(ir.__all__) <= 20
+    assert "plan" not in ir.__all__
+
+
+def test_batch_invariance_in_force_is_recorded(
+    model: Model, scale_op: ir.IrOp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    ir.invalidate_caches()
+    with scale_op.set_priority(["unlisted"]):
+        plan = ir.plan(model, torch.randn(2, 8))
+    assert plan.batch_invariant
+    assert "batch invariance on" in plan.table()
+    scale = plan.sites[0]
+    assert (scale.ran, scale.batch_invariant) == ("native", True)
+    unlisted = next(c for c in scale.candidates if c.provider == "unlisted")
+    assert (unlisted.status, unlisted.reason) == (
+        "rejected",
+        "not batch invariant (VLLM_BATCH_INVARIANT=1)",
+    )
+
+
+def test_token_counts_and_buckets() -> None:
+    assert token_count(ir.ops.rms_norm, (torch.ones(3, 5, 8), None, 1e-6, None)) == 15
+    assert [bucket_label(t) for t in (1, 16, 17, 256, 257)] == [
+        "<=16",
+        "<=16",
+        "<=256",
+        "<=256",
+        ">256",
+    ]
+    assert bucket_label("s0") == "dynamic"
+    stack = {"a": ("L['self'].layers[0]", nn.Module), "b": ("L['self'].layers[0].mlp", nn.Module)}
+    meta = {"nn_module_stack": stack}
+    assert module_path_of(meta) == "layers.0.mlp"
+
+
+def test_compiled_plan_names_the_modules_of_the_nodes(scale_op: ir.IrOp) -> None:
+    """One compile: the lowering's choices per node, at the eager plan's sites."""
+    model = Model(scale_op)
+    x = torch.randn(4, 8)
+    eager = ir.plan(model, x)
+    compiled = torch.compile(model, backend=ir.VllmIRBackend(priority={"rms_norm": ["native"]}))
+    with torch.no_grad():
+        plan = ir.plan(compiled, x)
+    assert plan.mode == "compiled"
+    assert {(s.site, s.op, s.count) for s in plan} == {(s.site, s.op, s.count) for s in eager}
+    norm = next(s for s in plan if s.op == "rms_norm")
+    assert norm.ran == "native"
+    assert norm.bucket == "<=16"
+    assert Plan.from_json(plan.to_json()) == plan
+    with torch.no_grad(), pytest.raises(RuntimeError, match="lowered no IR op"):
+        ir.plan(compiled, x)  # already compiled for these inputs: nothing to record
+
+
+# -- vllm-ir explain --plan ---------------------------------------------------------
+
+
+def _explain_plan(path: object, *more: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from vllm_ir_cli import main
+
+    status = main(["explain", "--plan", str(path), *more])
+    out = capsys.readouterr()
+    return status, out.out + out.err
+
+
+def test_explain_prints_a_saved_plan(
+    model: Model, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "plan.json"
+    ir.plan(model, torch.randn(2, 8)).to_json(path)
+    status, out = _explain_plan(path, capsys=capsys)
+    assert status == 0
+    assert "layers.1.scale" in out
+    assert "candidates per call site" in out
+    status, out = _explain_plan(path, "rms_norm", capsys=capsys)
+    assert status == 0
+    assert "layers.0 " in out
+    assert "scale" not in out
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "cannot read it (No such file or directory)"),
+        ("{", "not a kernel plan (not JSON"),
+        ('{"ir_op_priority": {}}', 'not a kernel plan (not a vllm-ir plan (no "format"'),
+    ],
+)
+def test_explain_refuses_a_bad_plan_file_in_one_line(
+    content: str | None, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "plan.json"
+    if content is not None:
+        path.write_text(content)
+    status, out = _explain_plan(path, capsys=capsys)
+    assert status == 2
+    assert out.count("\n") == 1
+    assert says in out
+    assert "Traceback" not in out

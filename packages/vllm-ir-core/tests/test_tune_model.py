@@ -1,0 +1,124 @@
+"""vllm-ir tune --model: the decision per size bucket, the module:callable contract, bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from vllm_ir.cli.tune_model import DEFAULT, Timing, bucket_table, decide_bucket
+from vllm_ir_cli import main
+
+
+def _t(median: float, spread: float = 0.02) -> Timing:
+    return Timing(median, median * (1 - spread), median * (1 + spread), spread * 2 > 0.25, 10)
+
+
+def test_a_clearly_faster_candidate_wins_its_bucket() -> None:
+    per = {1: {DEFAULT: _t(100), "native": _t(100), "fast": _t(80)}}
+    first, why = decide_bucket(per, {1: "native"})
+    assert first == "fast"
+    assert "faster at every size" in why
+
+
+def test_a_difference_within_the_spread_keeps_the_defaults() -> None:
+    per = {1: {DEFAULT: _t(100, 0.05), "native": _t(100, 0.05), "fast": _t(97, 0.05)}}
+    first, why = decide_bucket(per, {1: "native"})
+    assert first is None
+    assert "within the spread" in why
+
+
+def test_noise_refuses_to_decide_and_says_so() -> None:
+    per = {1: {DEFAULT: _t(100, 0.3), "native": _t(100, 0.3), "fast": _t(50)}}
+    first, why = decide_bucket(per, {1: "native"})
+    assert first is None
+    assert why.startswith("too noisy to decide")
+
+
+def test_a_candidate_must_win_at_every_size_of_the_bucket() -> None:
+    per = {
+        1: {DEFAULT: _t(100), "native": _t(100), "fast": _t(50)},
+        16: {DEFAULT: _t(100), "native": _t(100), "fast": _t(120)},
+    }
+    assert decide_bucket(per, {1: "native", 16: "native"})[0] is None
+
+
+def test_the_default_winning_keeps_the_defaults() -> None:
+    per = {1: {DEFAULT: _t(100), "native": _t(100), "slow": _t(150)}}
+    assert decide_bucket(per, {1: "native"}) == (None, "the default (native) is fastest")
+
+
+def test_bucket_table_has_the_bucketed_priority_format() -> None:
+    table = bucket_table([["a", "native"], ["native"], ["b", "native"]], [16, 256])
+    assert table == [
+        {"max_tokens": 16, "priority": ["a", "native"]},
+        {"max_tokens": 256, "priority": ["native"]},
+        {"priority": ["b", "native"]},
+    ]
+
+
+MODEL_MODULE = """
+import torch
+from vllm_ir.testing import TinyDecoder
+
+def build():
+    return TinyDecoder(16, 2), lambda tokens: (torch.randn(tokens, 16),)
+
+def wrong():
+    return TinyDecoder(16, 2)
+"""
+
+
+@pytest.fixture
+def model_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    name = f"sweep_model_{tmp_path.name}".replace("-", "_")
+    (tmp_path / f"{name}.py").write_text(MODEL_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_tune_a_module_callable(
+    model_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "tuned.json"
+    argv = ["tune", "--model", f"{model_module}:build", "--tokens", "2,300", "--rounds", "3"]
+    assert main([*argv, "--warmup", "1", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["ir_op_priority"]) == {"rms_norm", "fused_add_rms_norm"}
+    for table in doc["ir_op_priority"].values():
+        assert [e.get("max_tokens") for e in table] == [16, 256, None]
+        assert all("native" in e["priority"] for e in table)
+    figures = doc["_measurements"]
+    assert figures["threads"] == 1
+    assert figures["ops"]["rms_norm"]["<=16"]["tokens"] == [2]
+    assert figures["ops"]["rms_norm"]["<=256"]["reason"].startswith("no token count measured")
+    timed = figures["ops"]["rms_norm"][">256"]["times_us"]["300"]
+    assert {"default", "native"} <= set(timed)
+    assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        ("no_such_module_xyz:build", "cannot import 'no_such_module_xyz'"),
+        ("{module}:missing", "has no callable 'missing'"),
+        ("{module}:wrong", "must return (model, example_inputs)"),
+    ],
+)
+def test_bad_models_are_one_line(
+    model: str, says: str, model_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["tune", "--model", model.format(module=model_module), "--out", str(tmp_path / "t.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err
+    assert err.count("\n") == 1
+
+
+def test_bad_token_lists_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["tune", "--model", "x:y", "--tokens", "16,1", "--out", str(tmp_path / "t.json")]
+    assert main(argv) == 2
+    assert "ascending order" in capsys.readouterr().err

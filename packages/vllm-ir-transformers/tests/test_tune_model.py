@@ -1,0 +1,50 @@
+"""vllm-ir tune --model on a tiny random Llama saved to a temporary directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import LLAMA
+from vllm_ir_cli import main
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_tune_a_saved_hugging_face_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_dir = tmp_path / "tiny-llama"
+    LLAMA.build().save_pretrained(model_dir)
+    out = tmp_path / "tuned.json"
+    argv = ["tune", "--model", str(model_dir), "--tokens", "1,300", "--rounds", "3"]
+    assert main([*argv, "--warmup", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "kernelized: 9 modules" in printed
+    doc = json.loads(out.read_text())
+    # every op the kernelized model calls, in the bucketed format
+    assert set(doc["ir_op_priority"]) == {"rms_norm", "silu_and_mul", "fused_add_rms_norm"}
+    for table in doc["ir_op_priority"].values():
+        assert [e.get("max_tokens") for e in table] == [16, 256, None]
+    figures = doc["_measurements"]
+    assert figures["kernelized"].startswith("kernelized: 9 modules")
+    for op, buckets in figures["ops"].items():
+        decode = buckets["<=16"]
+        assert decode["tokens"] == [1], op
+        assert decode["reason"]
+        times = decode["times_us"]["1"]
+        # the default and every other accepted candidate, each one op at a time
+        assert "default" in times
+        assert "native" in times
+        assert all(t["rounds"] == 3 for t in times.values())
+    assert set(figures["combined"]) == {"1", "300"}
+
+
+def test_a_directory_without_a_model_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["tune", "--model", str(tmp_path), "--out", str(tmp_path / "t.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot load it (a model directory" in err
+    assert err.count("\n") == 1
