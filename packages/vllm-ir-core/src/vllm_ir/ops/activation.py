@@ -51,7 +51,9 @@ gelu_and_mul.tolerances.update(
 )
 
 
-def _gated_inputs(seed: int, dtype: torch.dtype, device: torch.device) -> Iterator[tuple[Tensor, str]]:
+def _gated_inputs(
+    seed: int, dtype: torch.dtype, device: torch.device
+) -> Iterator[tuple[Tensor, str]]:
     gen = torch.Generator().manual_seed(seed)
     for shape in ((1, 128), (7, 192), (2, 3, 2000)):
         x = torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)

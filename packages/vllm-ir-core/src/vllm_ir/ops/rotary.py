@@ -56,8 +56,9 @@ def rotary_embedding(
 ) -> tuple[Tensor, Tensor]:
     """RoPE: ``x * cos + rotate(x) * sin`` on each head's first ``cos.shape[-1]`` channels.
 
-    Returns the new ``(query, key)``. Computed as Hugging Face's ``apply_rotary_pos_emb``: each product and the
-    sum rounded to the dtype (native promotes if ``cos`` has another dtype).
+    Returns the new ``(query, key)``. Computed as Hugging Face's
+    ``apply_rotary_pos_emb``: each product and the sum rounded to the dtype
+    (native promotes if ``cos`` has another dtype).
     """
     cos = cos.unsqueeze(-2)  # broadcast over the heads
     sin = sin.unsqueeze(-2)
