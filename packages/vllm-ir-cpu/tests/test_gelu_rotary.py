@@ -46,8 +46,11 @@ def test_rotary_is_bit_exact_in_every_dtype(kernels: Path, dtype: torch.dtype) -
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_gelu_and_mul_is_bit_exact_in_half_dtypes(kernels: Path, dtype: torch.dtype) -> None:
+    # the erf form; the tanh form trades exactness for a 3x cheaper tanh (tolerance)
     torch.set_num_threads(1)  # ATen's parallel split could move its vectorized boundary
     for sample in GELU.sample_inputs(dtype):
+        if sample.args[1] != "none":
+            continue
         want = GELU.native(*sample.clone().args)
         assert torch.equal(_results(GELU, sample)["op"], want), sample.name  # type: ignore[arg-type]
 
@@ -129,6 +132,16 @@ def test_rotary_declined_arguments_fall_back_to_native(
         got = ROPE(*args)
     want = ROPE.native(*args)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), why
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_within_tolerance_far_out(kernels: Path, approximate: str) -> None:
+    # erf/tanh saturate; exp overflows to inf and underflows to 0 in the fast tanh
+    x = torch.linspace(-60, 60, 4 * 2051).reshape(2, -1)  # an odd half: 2051
+    want = GELU.native(x, approximate)
+    got = KERNELS["gelu_and_mul"](x, approximate)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, **vars(GELU.tolerance(torch.float32)))
 
 
 def test_gelu_unknown_approximate_is_natives_error(kernels: Path) -> None:
