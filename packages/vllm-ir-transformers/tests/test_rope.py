@@ -57,6 +57,22 @@ def test_gptj_style_is_detected_and_runs_the_op() -> None:
     assert sys.modules[__name__].apply_rotary_pos_emb is apply_rotary_pos_emb
 
 
+def test_other_signatures_are_left_alone() -> None:
+    module = sys.modules[__name__]
+    saved = module.apply_rotary_pos_emb
+
+    def with_position_ids(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):  # type: ignore[no-untyped-def]
+        return saved(q, k, cos, sin, unsqueeze_dim)
+
+    module.apply_rotary_pos_emb = with_position_ids  # type: ignore[assignment]
+    try:
+        report = kernelize(GptjAttention())
+    finally:
+        module.apply_rotary_pos_emb = saved  # type: ignore[assignment]
+    assert report.replaced == []
+    assert "is not (q, k, cos, sin[, unsqueeze_dim])" in report.skipped[0].reason
+
+
 def test_llama_rope_goes_through_the_op_and_undo_restores() -> None:
     import transformers.models.llama.modeling_llama as modeling
 

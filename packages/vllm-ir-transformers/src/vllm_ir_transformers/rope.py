@@ -26,6 +26,7 @@ probed against the layer's own.
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import types
 from dataclasses import dataclass, field
@@ -182,9 +183,15 @@ def _replacement(original: Any, is_neox: bool, dtypes: tuple[torch.dtype, ...]) 
     def apply_rotary_pos_emb(
         q: Any, k: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any
     ) -> tuple[Tensor, Tensor]:
-        unsqueeze_dim = args[0] if len(args) == 1 and not kwargs else kwargs.get("unsqueeze_dim", 1)
-        extra = len(args) > 1 or set(kwargs) - {"unsqueeze_dim"}
-        if not extra and unsqueeze_dim == 1 and _plain_call(q, k, cos, sin, dtypes):
+        # the analysis checked that a fifth parameter, if any, is unsqueeze_dim
+        unsqueeze_dim = args[0] if len(args) == 1 else kwargs.get("unsqueeze_dim", 1)
+        extra = len(args) > 1 or (args and kwargs) or set(kwargs) - {"unsqueeze_dim"}
+        if (
+            not extra
+            and type(unsqueeze_dim) is int
+            and unsqueeze_dim == 1
+            and _plain_call(q, k, cos, sin, dtypes)
+        ):
             return _op_rope(q, k, cos, sin, is_neox)
         return original(q, k, cos, sin, *args, **kwargs)
 
@@ -200,6 +207,24 @@ def _rebound_forward(forward: Any, is_neox: bool, dtypes: tuple[torch.dtype, ...
     rebound = _rebind(forward, _replacement(original, is_neox, dtypes), tag)
     assert rebound is not None
     return rebound
+
+
+def _check_signature(original: Any) -> None:
+    """``(q, k, cos, sin[, unsqueeze_dim])``: what the replacement maps onto the op."""
+    try:
+        params = list(inspect.signature(original).parameters.values())
+    except (TypeError, ValueError) as e:
+        raise NotApplicable(f"{ROPE_FUNCTION} has no inspectable signature: {e}") from e
+    positional = [p for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+    if (
+        len(positional) != len(params)
+        or len(params) not in (4, 5)
+        or (len(params) == 5 and params[4].name != "unsqueeze_dim")
+    ):
+        raise NotApplicable(
+            f"{ROPE_FUNCTION}{inspect.signature(original)} is not (q, k, cos, sin"
+            "[, unsqueeze_dim]) as in Llama"
+        )
 
 
 def _head_dim(module: Any) -> int:
@@ -268,6 +293,7 @@ def analyze_rope(module: nn.Module) -> RopeSpec:
     if caller is None:
         raise NotApplicable(f"its forward calls no {ROPE_FUNCTION}")
     original = caller.__globals__[ROPE_FUNCTION]
+    _check_signature(original)
     head_dim = _head_dim(module)
     ref = _reference(module)
     with torch.no_grad():
