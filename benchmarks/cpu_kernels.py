@@ -22,7 +22,7 @@ other load on the machine hit every variant alike), median over rounds:
   heads 8/1 x 256), the same three variants side by side; ``cpu_c`` of
   ``rotary_embedding`` writes in place, as ``maybe_inplace`` lets it.
 
-    python benchmarks/cpu_kernels.py [--quick] [--only new_ops] [--out benchmarks/results/cpu_kernels.json]
+    python benchmarks/cpu_kernels.py [--quick] [--only new_ops] [--out PATH]
 
 ``--only new_ops`` measures that table alone and keeps the file's other sections.
 """
