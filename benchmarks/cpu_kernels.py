@@ -17,8 +17,14 @@ other load on the machine hit every variant alike), median over rounds:
   functions with their neighbours, while a kernel is an opaque call.
 * ``build``: cold JIT build of the kernels into an empty cache, and a warm load
   from the cache, each in a fresh interpreter.
+* ``new_ops``: ``gelu_and_mul`` (``approximate`` none and tanh, ``tokens x 2I``)
+  and ``rotary_embedding`` (neox; Llama-3-8B heads 32/8 x 128 and Gemma-2B
+  heads 8/1 x 256), the same three variants side by side; ``cpu_c`` of
+  ``rotary_embedding`` writes in place, as ``maybe_inplace`` lets it.
 
-    python benchmarks/cpu_kernels.py [--quick] [--out benchmarks/results/cpu_kernels.json]
+    python benchmarks/cpu_kernels.py [--quick] [--only new_ops] [--out PATH]
+
+``--only new_ops`` measures that table alone and keeps the file's other sections.
 """
 
 from __future__ import annotations
@@ -138,6 +144,95 @@ def bench_ops(
     return rows, skipped
 
 
+NEW_OP_TOKENS = (1, 4, 16, 64, 256)
+GELU_WIDTHS = (2048, 8192)
+"""The intermediate size I (the input is ``tokens x 2I``)."""
+ROPE_SHAPES = ((32, 8, 128), (8, 1, 256))
+"""(heads, kv heads, head size): Llama-3-8B, Gemma-2B."""
+
+
+def _rope_inputs(
+    tokens: int, heads: int, kv: int, head: int, dtype: torch.dtype
+) -> tuple[Any, ...]:
+    g = torch.Generator().manual_seed(tokens * head)
+    q = torch.randn(tokens, heads, head, generator=g).to(dtype)
+    k = torch.randn(tokens, kv, head, generator=g).to(dtype)
+    angle = torch.rand(tokens, head // 2, generator=g) * 100
+    cos, sin = (torch.cat((f(angle), f(angle)), dim=-1).to(dtype) for f in (torch.cos, torch.sin))
+    return (q, k, cos, sin, True)
+
+
+def bench_new_ops(tokens: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
+    """gelu_and_mul and rotary_embedding: cpu_c, native eager, compiled native."""
+    groups: list[tuple[str, str, Callable[[int, torch.dtype], tuple[Any, ...]]]] = []
+    for width in GELU_WIDTHS:
+        for approximate in ("none", "tanh"):
+            groups.append(
+                (
+                    "gelu_and_mul",
+                    f"{approximate} 2x{width}",
+                    lambda t, d, w=width, a=approximate: (
+                        torch.randn(t, 2 * w, generator=torch.Generator().manual_seed(t)).to(d),
+                        a,
+                    ),
+                )
+            )
+    for heads, kv, head in ROPE_SHAPES:
+        groups.append(
+            (
+                "rotary_embedding",
+                f"neox {heads}/{kv}x{head}",
+                lambda t, d, h=heads, k=kv, s=head: _rope_inputs(t, h, k, s, d),
+            )
+        )
+    rows: list[dict[str, Any]] = []
+    for dtype_name, dtype in DTYPES.items():
+        for op_name, shape, make in groups:
+            op = ir.get_op(op_name)
+            kernel = impls.gelu_and_mul if op_name == "gelu_and_mul" else impls.rotary_embedding
+            torch._dynamo.reset()
+            compiled = torch.compile(op.native)
+            for t in tokens:
+                args = make(t, dtype)
+                variants = {
+                    "cpu_c": lambda a=args, k=kernel: k(*a),
+                    "native": lambda a=args, f=op.native: f(*a),
+                    "native_compiled": lambda a=args, c=compiled: c(*a),
+                }
+                med = _time_round_robin(variants, rounds, min_sample_s=0.01)
+                row = {
+                    "op": op_name,
+                    "dtype": dtype_name,
+                    "tokens": t,
+                    "shape": shape,
+                    "median_us": {k: round(v * 1e6, 2) for k, v in med.items()},
+                    "native_over_cpu_c": round(med["native"] / med["cpu_c"], 2),
+                    "compiled_over_cpu_c": round(med["native_compiled"] / med["cpu_c"], 2),
+                }
+                rows.append(row)
+                print(
+                    f"{op_name} {dtype_name} {t} {shape:>16}  cpu_c "
+                    f"{row['median_us']['cpu_c']:>9.1f} us  x{row['native_over_cpu_c']:>5.2f} "
+                    f"vs native  x{row['compiled_over_cpu_c']:>5.2f} vs compiled",
+                    flush=True,
+                )
+    return rows
+
+
+def _new_ops_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    summary: dict[str, Any] = {"target": "cpu_c >= 2x native eager at decode sizes (tokens <= 16)"}
+    for op_name in ("gelu_and_mul", "rotary_embedding"):
+        mine = [r for r in rows if r["op"] == op_name]
+        decode = [r for r in mine if r["tokens"] <= 16]
+        summary[op_name] = {
+            "decode_min_native_over_cpu_c": min(r["native_over_cpu_c"] for r in decode),
+            "decode_min_compiled_over_cpu_c": min(r["compiled_over_cpu_c"] for r in decode),
+            "all_median_native_over_cpu_c": statistics.median(r["native_over_cpu_c"] for r in mine),
+            "all_min_compiled_over_cpu_c": min(r["compiled_over_cpu_c"] for r in mine),
+        }
+    return summary
+
+
 class _Model(torch.nn.Module):
     """rms_norm, then per layer ``h * a + b`` (fusable work) and fused add + RMSNorm."""
 
@@ -222,6 +317,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a small grid, for a smoke test")
     parser.add_argument("--no-build", action="store_true", help="skip the cold build timing")
     parser.add_argument(
+        "--only",
+        choices=["new_ops"],
+        help="measure this table alone, keeping the other sections of --out",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -234,6 +334,9 @@ def main() -> None:
     start = time.perf_counter()
     load_at_start = [round(v, 2) for v in os.getloadavg()]
     build.build()  # not timed here: see the build section
+    if args.only == "new_ops":
+        _only_new_ops(args, start, load_at_start)
+        return
     tokens, hidden = (TOKENS[:3], HIDDEN[:1]) if args.quick else (TOKENS, HIDDEN)
     with torch.inference_mode():
         build_times = None if args.no_build else bench_build()
@@ -241,6 +344,7 @@ def main() -> None:
         model_rows = bench_model(model_tokens, 4096, 4, args.rounds)
         deadline = start + BUDGET_S
         op_rows, skipped = bench_ops(tokens, hidden, args.rounds, deadline)
+        new_rows = bench_new_ops(NEW_OP_TOKENS[:2] if args.quick else NEW_OP_TOKENS, args.rounds)
     elapsed = time.perf_counter() - start
 
     small = [r for r in op_rows if r["tokens"] <= 64]
@@ -285,11 +389,34 @@ def main() -> None:
         "build": build_times,
         "model": model_rows,
         "ops": op_rows,
+        "new_ops": {"summary": _new_ops_summary(new_rows), "rows": new_rows},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["summary"], indent=2))
     print(f"{elapsed:.0f} s; wrote {args.out}")
+
+
+def _only_new_ops(args: argparse.Namespace, start: float, load_at_start: list[float]) -> None:
+    with torch.inference_mode():
+        rows = bench_new_ops(NEW_OP_TOKENS[:2] if args.quick else NEW_OP_TOKENS, args.rounds)
+    report = json.loads(args.out.read_text()) if args.out.exists() else {}
+    report["new_ops"] = {
+        "summary": _new_ops_summary(rows),
+        "rows": rows,
+        "measured_alone": {
+            "threads": torch.get_num_threads(),
+            "clock": _clock().__name__,
+            "rounds": args.rounds,
+            "seconds": round(time.perf_counter() - start, 1),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["new_ops"]["summary"], indent=2))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""Decode tokens/s of a tiny Hugging Face Llama, before and after ``kernelize``, side by side.
+"""Decode tokens/s of tiny Hugging Face decoders, before and after ``kernelize``, side by side.
 
-Four variants of one randomly initialised ``LlamaForCausalLM`` (float32, batch 1):
+Per architecture (``--arch``: Llama, and Gemma with its tanh-GELU MLPs, MQA and
+head size 256 as in Gemma-2B), four variants of one randomly initialised
+model (float32, batch 1):
 
 * ``hf_eager``            the transformers model as built;
 * ``hf_compiled``         ``torch.compile`` of it (Inductor);
@@ -14,13 +16,21 @@ are interleaved (order shuffled every round) so load on the shared machine hits
 them alike; the median over rounds is reported. The compiled variants are
 compiled with ``dynamic=True`` so the growing cache length does not recompile.
 
-    python benchmarks/transformers_kernelize.py [--quick] [--out PATH]
+Also measured: the share of HF eager decode time spent in what kernelize
+replaces (norm modules, MLP activations, and ``apply_rotary_pos_emb``), hook-
+and wrapper-timed, and the Amdahl bound it sets.
+
+    python benchmarks/transformers_kernelize.py [--arch llama gemma] [--quick] [--out PATH]
+
+The first architecture's result is the file's top level (as before); every
+architecture's is under ``by_arch``.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import json
 import platform
 import random
@@ -28,6 +38,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -37,18 +48,42 @@ from vllm_ir_transformers import kernelize
 OUT = Path(__file__).parent / "results" / "transformers_kernelize.json"
 
 
-def _build(hidden: int, layers: int, seed: int = 0) -> torch.nn.Module:
+ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "llama"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", "gemma"),
+}
+"""--arch -> (config class, model class, modeling module under transformers.models)."""
+
+
+def _build(arch: str, hidden: int, layers: int, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
+    common = dict(
         hidden_size=hidden,
-        intermediate_size=hidden * 8 // 3 // 32 * 32,
         num_hidden_layers=layers,
-        num_attention_heads=8,
-        num_key_value_heads=4,
         vocab_size=1024,
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
+    )
+    if arch == "gemma":  # Gemma-2B's shape, scaled: MQA, head 256, 8x intermediate
+        config = transformers.GemmaConfig(
+            **common,
+            intermediate_size=hidden * 8,
+            num_attention_heads=8,
+            num_key_value_heads=1,
+            head_dim=256,
+        )
+        model = transformers.GemmaForCausalLM(config).eval()
+        with torch.no_grad():  # Gemma initialises norm weights to zero
+            for name, p in model.named_parameters():
+                if p.dim() == 1 and "norm" in name:
+                    p.normal_(0.0, 0.2)
+        return model
+    config = transformers.LlamaConfig(
+        **common,
+        intermediate_size=hidden * 8 // 3 // 32 * 32,
+        num_attention_heads=8,
+        num_key_value_heads=4,
     )
     return transformers.LlamaForCausalLM(config).eval()
 
@@ -71,13 +106,24 @@ def _decode(model: Callable, prompt: torch.Tensor, steps: int) -> tuple[float, t
 
 
 def _replaced_share(
-    model: torch.nn.Module, names: list[str], prompt: torch.Tensor, steps: int
+    model: torch.nn.Module, names: list[str], prompt: torch.Tensor, steps: int, rope: Any
 ) -> float:
-    """Share of ``model``'s decode time spent inside the modules ``names`` (hook-timed).
+    """Share of ``model``'s decode time spent inside the modules ``names`` (hook-timed)
+    and in the modeling module ``rope``'s ``apply_rotary_pos_emb`` (if given; timed by
+    a wrapper put there for the measurement only).
 
     The most any kernel for them can gain is ``1 / (1 - share)`` (Amdahl).
     """
     spent = [0.0]
+    original_rope = getattr(rope, "apply_rotary_pos_emb", None)
+
+    def timed_rope(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original_rope(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            spent[0] += time.perf_counter() - start
+
     started: dict[int, float] = {}
 
     def pre(module: torch.nn.Module, _: object) -> None:
@@ -92,6 +138,8 @@ def _replaced_share(
         for n in names
         for h in (modules[n].register_forward_pre_hook(pre), modules[n].register_forward_hook(post))
     ]
+    if original_rope is not None:
+        rope.apply_rotary_pos_emb = timed_rope
     try:
         _decode(model, prompt, 2)
         spent[0] = 0.0
@@ -99,6 +147,8 @@ def _replaced_share(
     finally:
         for h in handles:
             h.remove()
+        if original_rope is not None:
+            rope.apply_rotary_pos_emb = original_rope
     return spent[0] / elapsed
 
 
@@ -108,22 +158,9 @@ def _ratio(samples: dict[str, list[float]], num: str, den: str) -> float:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--prompt", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="fewer steps and rounds")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    if args.quick:
-        args.steps, args.rounds = 8, 3
-    torch.set_num_threads(args.threads)
-
-    hf = _build(args.hidden, args.layers)
+def _run(arch: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One architecture's variants, timed; its result."""
+    hf = _build(arch, args.hidden, args.layers)
     kernelized = copy.deepcopy(hf)
     report = kernelize(kernelized)
     prompt = torch.randint(3, 1024, (1, args.prompt), generator=torch.Generator().manual_seed(0))
@@ -152,17 +189,25 @@ def main() -> int:
             samples[name].append(args.steps / elapsed)
     tps = {name: statistics.median(s) for name, s in samples.items()}
 
-    # What kernelize can gain at most: the HF time inside the norms and the MLP
-    # activations it replaces (the MLP's projections stay GEMMs of the same size).
+    # What kernelize can gain at most: the HF time inside the norms, the MLP
+    # activations and the RoPE function it replaces (the MLP's projections stay
+    # GEMMs of the same size). Without rotary_embedding (before): norms and acts.
     norms = [r.name for r in report.replaced if r.op == "rms_norm"]
     modules = dict(hf.named_modules())
     acts = [
         f"{r.name}.act_fn"
         for r in report.replaced
-        if r.op == "silu_and_mul" and f"{r.name}.act_fn" in modules
+        if r.op in ("silu_and_mul", "gelu_and_mul") and f"{r.name}.act_fn" in modules
     ]
-    share = statistics.median(
-        _replaced_share(hf, norms + acts, prompt, args.steps) for _ in range(3)
+    modeling = importlib.import_module(f"transformers.models.{ARCHS[arch][2]}.modeling_{arch}")
+    has_rope = "rotary_embedding" in report.by_op()
+    shares = [
+        _replaced_share(hf, norms + acts, prompt, args.steps, modeling if has_rope else None)
+        for _ in range(3)
+    ]
+    share = statistics.median(shares)
+    share_before = statistics.median(
+        _replaced_share(hf, norms + acts, prompt, args.steps, None) for _ in range(3)
     )
 
     probe = torch.randn(1, args.hidden)
@@ -172,11 +217,27 @@ def main() -> int:
             probe, probe, probe[0], 1e-6
         ).provider,
         "silu_and_mul": ir.ops.silu_and_mul.dispatch(torch.randn(1, 64)).provider,
+        "gelu_and_mul": ir.ops.gelu_and_mul.dispatch(torch.randn(1, 64), "tanh").provider,
+        "rotary_embedding": ir.ops.rotary_embedding.dispatch(
+            torch.randn(1, 8, 64), torch.randn(1, 1, 64), probe[:, :64], probe[:, :64], True
+        ).provider,
     }
     result = {
         "benchmark": "transformers_kernelize",
         "model": {
-            "arch": "LlamaForCausalLM",
+            "arch": ARCHS[arch][1],
+            "config": {
+                k: getattr(hf.config, k)
+                for k in (
+                    "hidden_size",
+                    "intermediate_size",
+                    "num_attention_heads",
+                    "num_key_value_heads",
+                    "head_dim",
+                    "hidden_act" if arch == "llama" else "hidden_activation",
+                )
+                if hasattr(hf.config, k)
+            },
             "hidden": args.hidden,
             "layers": args.layers,
             "dtype": "float32",
@@ -208,13 +269,38 @@ def main() -> int:
         "hf_eager_time_in_replaced_layers": {
             "share": round(share, 3),
             "amdahl_bound_kernelized_eager / hf_eager": round(1 / (1 - share), 3),
-            "what": "hook-timed share of HF eager decode spent in the RMSNorm modules "
-            "and MLP activations kernelize replaces; even zero-cost kernels for them "
-            "cannot speed decode up by more than the bound",
+            "what": "hook-timed share of HF eager decode spent in the RMSNorm modules, "
+            "MLP activations and apply_rotary_pos_emb calls kernelize replaces; even "
+            "zero-cost kernels for them cannot speed decode up by more than the bound",
+            "share_without_rope": round(share_before, 3),
+            "samples": [round(x, 3) for x in shares],
         },
         "same_greedy_tokens_as_hf_eager": same_tokens,
         "warmup_s (incl. compile)": {k: round(v, 1) for k, v in compile_s.items()},
     }
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", nargs="+", choices=sorted(ARCHS), default=["llama", "gemma"])
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--prompt", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="fewer steps and rounds")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.rounds = 8, 3
+    torch.set_num_threads(args.threads)
+
+    results = {}
+    for arch in args.arch:
+        results[arch] = _run(arch, args)
+    result = {**results[args.arch[0]], "by_arch": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     shown = ("decode_tokens_per_s", "ratios", "hf_eager_time_in_replaced_layers", "eager_impls")

@@ -25,7 +25,7 @@ def test_discovered_through_its_entry_point() -> None:
     assert PROVIDER not in ir.load_errors()
 
 
-INPLACE = {"fused_add_rms_norm", "fused_add_rms_norm_static_fp8_quant"}
+INPLACE = {"fused_add_rms_norm", "fused_add_rms_norm_static_fp8_quant", "rotary_embedding"}
 COMPILED_FIRST = {"static_scaled_fp8_quant": PROVIDER, "dynamic_per_token_fp8_quant": PROVIDER}
 """Ops whose compiled-mode default is not ``native`` (README "Default priorities")."""
 

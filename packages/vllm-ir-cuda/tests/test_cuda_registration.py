@@ -59,7 +59,10 @@ def test_provider_spec() -> None:
     (defaults,) = spec.defaults
     assert defaults.platform == "cuda"
     assert defaults.rank == 100
-    seven = {op.name for op in ir.ops.__dict__.values() if isinstance(op, ir.IrOp)}
+    core = {op.name for op in ir.ops.__dict__.values() if isinstance(op, ir.IrOp)}
+    # gelu_and_mul and rotary_embedding have kernels (gelu_rotary_kernels.cu) but no
+    # binding or impl yet: no defaults for them, so cuda selects another provider
+    seven = core - {"gelu_and_mul", "rotary_embedding"}
     assert set(defaults.eager) == set(defaults.compiled) == seven
     assert len(seven) == 7
     assert all(v == ["vllm_c"] for v in defaults.eager.values())

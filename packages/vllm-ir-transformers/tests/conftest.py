@@ -46,7 +46,8 @@ class Arch:
         return model
 
 
-LLAMA_LIKE = {"rms_norm": 5, "silu_and_mul": 2, "fused_add_rms_norm": 2}
+LLAMA_LIKE = {"rms_norm": 5, "silu_and_mul": 2, "rotary_embedding": 2, "fused_add_rms_norm": 2}
+GEMMA_SANDWICH = {"rms_norm": 9, "gelu_and_mul": 2, "rotary_embedding": 2}
 ARCHS = [
     Arch("llama", "LlamaConfig", "LlamaForCausalLM", {}, LLAMA_LIKE),
     Arch("mistral", "MistralConfig", "MistralForCausalLM", {}, LLAMA_LIKE),
@@ -55,18 +56,30 @@ ARCHS = [
     Arch("qwen3", "Qwen3Config", "Qwen3ForCausalLM", {}, {**LLAMA_LIKE, "rms_norm": 9}),
     Arch("phi3", "Phi3Config", "Phi3ForCausalLM", {}, LLAMA_LIKE),
     # post-norm layers: norms and MLPs, no fused residual add
-    Arch("olmo2", "Olmo2Config", "Olmo2ForCausalLM", {}, {"rms_norm": 9, "silu_and_mul": 2}),
-    # (1 + weight) norms mapped in float32; GELU MLPs left alone
+    Arch(
+        "olmo2",
+        "Olmo2Config",
+        "Olmo2ForCausalLM",
+        {},
+        {"rms_norm": 9, "silu_and_mul": 2, "rotary_embedding": 2},
+    ),
+    # (1 + weight) norms mapped in float32; tanh-GELU MLPs onto gelu_and_mul
     Arch(
         "gemma",
         "GemmaConfig",
         "GemmaForCausalLM",
         {"head_dim": 16},
-        {"rms_norm": 5, "fused_add_rms_norm": 2},
+        {"rms_norm": 5, "gelu_and_mul": 2, "rotary_embedding": 2, "fused_add_rms_norm": 2},
     ),
     # sandwich norms: no fused residual add
-    Arch("gemma2", "Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}, {"rms_norm": 9}),
-    Arch("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16}, {"rms_norm": 13}),
+    Arch("gemma2", "Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}, GEMMA_SANDWICH),
+    Arch(
+        "gemma3",
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {"head_dim": 16},
+        {**GEMMA_SANDWICH, "rms_norm": 13},
+    ),
 ]
 
 

@@ -93,11 +93,12 @@ def test_recognizes_by_behaviour_and_reports_skips() -> None:
 @pytest.mark.parametrize(
     ("mlp", "reason"),
     [
-        (Mlp(act=F.gelu), "is not SiLU"),
+        (Mlp(act=F.gelu), "maps to gelu_and_mul, not chosen"),
+        (Mlp(act=F.relu), "neither SiLU nor GELU"),
         (Mlp(bias=(True, False)), "only one of gate_proj and up_proj has a bias"),
         (SwappedMlp(), "fused forward differs"),
     ],
-    ids=["gelu", "one-bias", "swapped"],
+    ids=["gelu-not-chosen", "relu", "one-bias", "swapped"],
 )
 def test_mlps_that_cannot_fuse_are_skipped(mlp: nn.Module, reason: str) -> None:
     report = kernelize(mlp, ops=["silu_and_mul"])
@@ -145,7 +146,13 @@ def test_bad_input() -> None:
     undo(block)
     with pytest.raises(ValueError, match="was not kernelized"):
         undo(block)
-    assert set(SUPPORTED_OPS) == {"rms_norm", "silu_and_mul", "fused_add_rms_norm"}
+    assert set(SUPPORTED_OPS) == {
+        "rms_norm",
+        "silu_and_mul",
+        "gelu_and_mul",
+        "rotary_embedding",
+        "fused_add_rms_norm",
+    }
 
 
 def test_meta_quantized_and_subclassed_weights_are_skipped() -> None:
@@ -171,27 +178,35 @@ def test_meta_quantized_and_subclassed_weights_are_skipped() -> None:
     assert "is a Sharded, not a plain tensor" in report.skipped[0].reason
 
 
-def test_gemma_bf16_norms_are_left_alone() -> None:
+def test_gemma_bf16_norms_are_left_alone_gelu_and_rope_are_not() -> None:
     gemma = next(a for a in ARCHS if a.name == "gemma")
     if not gemma.available():
         pytest.skip("transformers lacks Gemma")
     model = gemma.build(dtype=torch.bfloat16)
     report = kernelize(model)
-    assert report.by_op() == {}
+    # the tanh-GELU MLPs and RoPE are exact in bf16; the (1 + weight) norms are not
+    assert report.by_op() == {"gelu_and_mul": 2, "rotary_embedding": 2}
+    assert "gelu_and_mul(approximate='tanh')" in str(report)
     norm_skips = [s for s in report.skipped if s.op == "rms_norm"]
     assert len(norm_skips) == 5
     assert all("(1 + weight)" in s.reason for s in norm_skips)
-    assert not is_kernelized(model) or all("forward" not in m.__dict__ for m in model.modules())
+    norms = [m for n, m in model.named_modules() if n.endswith("layernorm") or n == "model.norm"]
+    assert all("forward" not in m.__dict__ for m in norms)
 
 
 def test_dry_run_changes_nothing() -> None:
     model = LLAMA.build()
     report = kernelize(model, dry_run=True)
     assert report.dry_run
-    assert report.by_op() == {"rms_norm": 5, "silu_and_mul": 2, "fused_add_rms_norm": 2}
+    assert report.by_op() == {
+        "rms_norm": 5,
+        "silu_and_mul": 2,
+        "rotary_embedding": 2,
+        "fused_add_rms_norm": 2,
+    }
     assert not is_kernelized(model)
     assert not any("forward" in m.__dict__ for m in model.modules())
-    assert "would replace 9 modules" in str(report)
+    assert "would replace 11 modules" in str(report)
     with pytest.raises(RuntimeError, match="dry run"):
         report.undo()
     kernelize(model).undo()  # a dry run leaves the model free to kernelize

@@ -112,12 +112,15 @@ def test_calls_go_through_ir_ops() -> None:
             assert ir_calls == [
                 "vllm_ir.fused_add_rms_norm.maybe_inplace",
                 "vllm_ir.rms_norm.default",
+                "vllm_ir.rotary_embedding.maybe_inplace",
                 "vllm_ir.silu_and_mul.default",
             ]
             counts = {o: rec.ops.count(o) for o in ir_calls}
             assert counts == {
                 "vllm_ir.fused_add_rms_norm.maybe_inplace": 2,
                 "vllm_ir.rms_norm.default": 3,  # input_layernorm x2 + final norm
+                # q and k of each layer's projections, donated
+                "vllm_ir.rotary_embedding.maybe_inplace": 2,
                 "vllm_ir.silu_and_mul.default": 2,
             }
 

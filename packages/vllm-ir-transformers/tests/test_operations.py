@@ -176,7 +176,7 @@ def test_report_is_recomputed_and_says_what_runs() -> None:
     undo(llama)
 
 
-MOE_SHARED = {"rms_norm": 5, "silu_and_mul": 2, "fused_add_rms_norm": 2}
+MOE_SHARED = {"rms_norm": 5, "silu_and_mul": 2, "rotary_embedding": 2, "fused_add_rms_norm": 2}
 
 
 @pytest.mark.parametrize(
@@ -186,13 +186,13 @@ MOE_SHARED = {"rms_norm": 5, "silu_and_mul": 2, "fused_add_rms_norm": 2}
             "MixtralConfig",
             "MixtralForCausalLM",
             {"num_local_experts": 4},
-            {"rms_norm": 5, "fused_add_rms_norm": 2},
+            {"rms_norm": 5, "rotary_embedding": 2, "fused_add_rms_norm": 2},
         ),
         (
             "Qwen3MoeConfig",
             "Qwen3MoeForCausalLM",
             {"num_experts": 4, "moe_intermediate_size": 32},
-            {"rms_norm": 9, "fused_add_rms_norm": 2},
+            {"rms_norm": 9, "rotary_embedding": 2, "fused_add_rms_norm": 2},
         ),
         (
             "Qwen2MoeConfig",

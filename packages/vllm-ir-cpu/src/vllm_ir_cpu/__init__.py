@@ -35,6 +35,8 @@ OPS = (
     "rms_norm",
     "fused_add_rms_norm",
     "silu_and_mul",
+    "gelu_and_mul",
+    "rotary_embedding",
     "static_scaled_fp8_quant",
     "dynamic_per_token_fp8_quant",
     "rms_norm_static_fp8_quant",
@@ -56,7 +58,8 @@ provider = ProviderSpec(
             # neighbours, beat the opaque kernels (0.16-0.67x the time), and the
             # fused norm + FP8 ops are at par in bf16 (0.73-1.0x); the FP8 quant
             # kernels beat Inductor's quantization code at 16-1024 tokens (1.08-1.99x;
-            # 0.73-0.93x at 1 token).
+            # 0.73-0.93x at 1 token). gelu_and_mul and rotary_embedding are
+            # elementwise too: native, which Inductor fuses, as for silu_and_mul.
             compiled={
                 **{op: ["native"] for op in OPS},
                 "static_scaled_fp8_quant": [PROVIDER],

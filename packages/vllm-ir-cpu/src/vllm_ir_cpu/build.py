@@ -44,6 +44,7 @@ SOURCES: tuple[Path, ...] = (
     CSRC / "layernorm.cpp",
     CSRC / "quant.cpp",
     CSRC / "activation.cpp",
+    CSRC / "rotary.cpp",
 )
 """The kernels' translation units; the headers beside them (``common.h``) are in the
 build key too."""

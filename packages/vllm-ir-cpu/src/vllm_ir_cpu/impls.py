@@ -1,6 +1,7 @@
 """The ``cpu_c`` impls of the IR ops, and when they apply.
 
 Ops: ``rms_norm``, ``fused_add_rms_norm`` (in place), ``silu_and_mul``,
+``gelu_and_mul``, ``rotary_embedding`` (in place: into ``query`` and ``key``),
 ``static_scaled_fp8_quant``, ``dynamic_per_token_fp8_quant``,
 ``rms_norm_static_fp8_quant`` and ``fused_add_rms_norm_static_fp8_quant``
 (in place: the new residual goes into ``x_residual``; the FP8 output is new).
@@ -30,6 +31,14 @@ provider (``native`` at the latest):
   one element is checked by the kernel, which cannot be declined on sizes;
 * for ``silu_and_mul``: nothing more; an odd last dimension is an error in
   the kernel, as it is in native (but for sizes 1 and 3, which broadcast);
+* for ``gelu_and_mul``: an ``approximate`` other than ``"none"`` and
+  ``"tanh"`` (native raises on it);
+* for ``rotary_embedding``: tensors of different dtypes (native promotes),
+  a ``query`` or ``key`` of rank below 2, or ``cos``/``sin`` of rank 0, of
+  different ranks, or of more dims than ``query[..., 0]`` (native would
+  broadcast the output over them). An odd or too large ``rotary_dim``
+  (``cos.size(-1)``) is an error in the kernel, as it is in native but for
+  an odd one in neox style, which native computes and no model uses;
 * any call, when this machine has no C++ compiler or ninja and the library
   is not loaded yet (logged once).
 """
@@ -39,6 +48,7 @@ from __future__ import annotations
 import torch
 import vllm_ir as ir
 from torch import Tensor
+from vllm_ir.ops.activation import GELU_APPROXIMATIONS
 from vllm_ir.provider import current_platform, get_logger, norm_supports_args
 
 from vllm_ir_cpu import PROVIDER, build
@@ -49,9 +59,11 @@ __all__ = [
     "dynamic_per_token_fp8_quant",
     "fused_add_rms_norm",
     "fused_add_rms_norm_static_fp8_quant",
+    "gelu_and_mul",
     "register_impls",
     "rms_norm",
     "rms_norm_static_fp8_quant",
+    "rotary_embedding",
     "silu_and_mul",
     "static_scaled_fp8_quant",
 ]
@@ -65,6 +77,8 @@ _OPS = kernel_ops()
 _rms_norm_kernel = _OPS["rms_norm_functional"]
 _fused_add_rms_norm_kernel = _OPS["fused_add_rms_norm"]
 _silu_and_mul_kernel = _OPS["silu_and_mul"]
+_gelu_and_mul_kernel = _OPS["gelu_and_mul"]
+_rotary_kernel = _OPS["rotary_embedding"]
 _static_quant_kernel = _OPS["static_scaled_fp8_quant"]
 _dynamic_quant_kernel = _OPS["dynamic_per_token_fp8_quant"]
 _rms_norm_quant_kernel = _OPS["rms_norm_static_fp8_quant"]
@@ -105,6 +119,22 @@ def silu_and_mul(x: Tensor) -> Tensor:
     if not _built:
         _ensure_built()
     return _silu_and_mul_kernel(x)
+
+
+def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+    if not _built:
+        _ensure_built()
+    return _gelu_and_mul_kernel(x, approximate)
+
+
+def rotary_embedding(
+    query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
+) -> tuple[Tensor, Tensor]:
+    # In place: the rotated channels are written into query and key.
+    if not _built:
+        _ensure_built()
+    _rotary_kernel(query, key, cos, sin, is_neox)
+    return query, key
 
 
 def static_scaled_fp8_quant(x: Tensor, scale: Tensor) -> Tensor:
@@ -188,6 +218,25 @@ def _silu_and_mul_supported(x: Tensor) -> bool:
     return _input_ok(x) and _buildable()
 
 
+def _gelu_and_mul_supported(x: Tensor, approximate: str = "none") -> bool:
+    return _input_ok(x) and approximate in GELU_APPROXIMATIONS and _buildable()
+
+
+def _rotary_supported(
+    query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
+) -> bool:
+    return (
+        _input_ok(query)
+        and all(
+            t.device.type == "cpu" and t.layout == torch.strided and t.dtype == query.dtype
+            for t in (key, cos, sin)
+        )
+        and min(query.ndim, key.ndim) >= 2
+        and 1 <= cos.ndim == sin.ndim < min(query.ndim, key.ndim)
+        and _buildable()
+    )
+
+
 def _static_quant_supported(x: Tensor, scale: Tensor) -> bool:
     return _input_ok(x) and _scale_ok(scale) and _buildable()
 
@@ -234,6 +283,7 @@ def register_impls() -> None:
     # out of place: new outputs, inputs only read
     for op, fn, supports in (
         (ir.ops.silu_and_mul, silu_and_mul, _silu_and_mul_supported),
+        (ir.ops.gelu_and_mul, gelu_and_mul, _gelu_and_mul_supported),
         (ir.ops.static_scaled_fp8_quant, static_scaled_fp8_quant, _static_quant_supported),
         (
             ir.ops.dynamic_per_token_fp8_quant,
@@ -245,6 +295,14 @@ def register_impls() -> None:
         op.register_impl(
             PROVIDER, supported=supported, supports_args=supports, batch_invariant=True
         )(fn)
+    # each (token, head) row is rotated alone, elementwise: batch invariant
+    ir.ops.rotary_embedding.register_impl(
+        PROVIDER,
+        inplace=True,
+        supported=supported,
+        supports_args=_rotary_supported,
+        batch_invariant=True,
+    )(rotary_embedding)
     ir.ops.fused_add_rms_norm_static_fp8_quant.register_impl(
         PROVIDER,
         inplace=True,

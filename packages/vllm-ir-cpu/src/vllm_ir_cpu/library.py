@@ -22,6 +22,12 @@ Ops (``Tensor(a!)``: written in place):
   float epsilon) -> ()``: ``x_residual += x`` (rounded to the dtype), then
   ``x = rms_norm(x_residual)``.
 * ``silu_and_mul(Tensor x) -> Tensor``: ``silu(x[..., :d]) * x[..., d:]``.
+* ``gelu_and_mul(Tensor x, str approximate) -> Tensor``: ``gelu(x[..., :d],
+  approximate) * x[..., d:]``.
+* ``rotary_embedding(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin,
+  bool is_neox) -> ()``: RoPE of ``query`` and ``key`` in place;
+  ``rotary_embedding_functional(...) -> (Tensor, Tensor)``: the same into new
+  contiguous tensors.
 * ``static_scaled_fp8_quant(Tensor x, Tensor scale) -> Tensor``: FP8
   (``float8_e4m3fn``) of ``x / scale``.
 * ``dynamic_per_token_fp8_quant(Tensor x, Tensor? scale_ub) -> (Tensor, Tensor)``:
@@ -54,6 +60,13 @@ SCHEMAS: dict[str, str] = {
         "(Tensor(a!) x, Tensor(b!) x_residual, Tensor? weight, float epsilon) -> ()"
     ),
     "silu_and_mul": "(Tensor x) -> Tensor",
+    "gelu_and_mul": "(Tensor x, str approximate) -> Tensor",
+    "rotary_embedding": (
+        "(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, bool is_neox) -> ()"
+    ),
+    "rotary_embedding_functional": (
+        "(Tensor query, Tensor key, Tensor cos, Tensor sin, bool is_neox) -> (Tensor, Tensor)"
+    ),
     "static_scaled_fp8_quant": "(Tensor x, Tensor scale) -> Tensor",
     "dynamic_per_token_fp8_quant": "(Tensor x, Tensor? scale_ub) -> (Tensor, Tensor)",
     "rms_norm_static_fp8_quant": (
@@ -91,6 +104,22 @@ def _fake_silu_and_mul(x: Tensor) -> Tensor:
     return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
 
+def _fake_gelu_and_mul(x: Tensor, approximate: str) -> Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+def _fake_rotary_embedding(
+    query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool
+) -> None:
+    return None
+
+
+def _fake_rotary_embedding_functional(
+    query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool
+) -> tuple[Tensor, Tensor]:
+    return query.new_empty(query.shape), key.new_empty(key.shape)
+
+
 def _fake_static_scaled_fp8_quant(x: Tensor, scale: Tensor) -> Tensor:
     return x.new_empty(x.shape, dtype=FP8)
 
@@ -116,6 +145,9 @@ _FAKES: dict[str, Callable[..., Any]] = {
     "rms_norm_functional": _fake_rms_norm_functional,
     "fused_add_rms_norm": _fake_fused_add_rms_norm,
     "silu_and_mul": _fake_silu_and_mul,
+    "gelu_and_mul": _fake_gelu_and_mul,
+    "rotary_embedding": _fake_rotary_embedding,
+    "rotary_embedding_functional": _fake_rotary_embedding_functional,
     "static_scaled_fp8_quant": _fake_static_scaled_fp8_quant,
     "dynamic_per_token_fp8_quant": _fake_dynamic_per_token_fp8_quant,
     "rms_norm_static_fp8_quant": _fake_rms_norm_static_fp8_quant,

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from vllm_ir_transformers import _forward as fwd
-from vllm_ir_transformers import decoder, mlp, norm
+from vllm_ir_transformers import decoder, mlp, norm, rope
 from vllm_ir_transformers._checks import NotApplicable
 from vllm_ir_transformers.report import (
     _REVERT,
@@ -23,7 +23,13 @@ from vllm_ir_transformers.report import (
 
 __all__ = ["SUPPORTED_OPS", "is_kernelized", "kernelize", "undo"]
 
-SUPPORTED_OPS = ("rms_norm", "silu_and_mul", "fused_add_rms_norm")
+SUPPORTED_OPS = (
+    "rms_norm",
+    "silu_and_mul",
+    "gelu_and_mul",
+    "rotary_embedding",
+    "fused_add_rms_norm",
+)
 """The ops ``kernelize`` can route layers through, in the order it applies them."""
 
 
@@ -32,6 +38,8 @@ def _apply(target: _Target) -> None:
     functions: dict[str, Callable[[Any, Any], None]] = {
         "rms_norm": norm.apply_norm,
         "silu_and_mul": mlp.apply_mlp,
+        "gelu_and_mul": mlp.apply_mlp,
+        "rotary_embedding": rope.apply_rope,
         "fused_add_rms_norm": decoder.apply_decoder,
     }
     functions[target.op](target.module, target.spec)
@@ -193,20 +201,36 @@ def _plan(model: nn.Module, ops: tuple[str, ...], report: Report) -> None:
                     continue
                 if "rms_norm" in ops:
                     replace(name, module, "rms_norm", spec)
-        if "silu_and_mul" in ops:
+        gated = [o for o in mlp.GATED_OPS if o in ops]
+        if gated:
+            # reported under the op the MLP's activation maps to (or the first one chosen)
+            label = gated[0]
             for name, module in modules:
                 moe = mlp.moe_experts_reason(module)
                 if moe is not None:
-                    skip(name, module, "silu_and_mul", moe)
+                    skip(name, module, label, moe)
                     continue
-                if not mlp.is_mlp_candidate(module) or cannot(name, module, "silu_and_mul"):
+                if not mlp.is_mlp_candidate(module) or cannot(name, module, label):
                     continue
                 try:
                     mspec = mlp.analyze_mlp(module)
                 except NotApplicable as e:
-                    skip(name, module, "silu_and_mul", str(e))
+                    skip(name, module, label, str(e))
                     continue
-                replace(name, module, "silu_and_mul", mspec)
+                if mspec.op not in ops:
+                    skip(name, module, mspec.op, f"its activation maps to {mspec.op}, not chosen")
+                    continue
+                replace(name, module, mspec.op, mspec)
+        if "rotary_embedding" in ops:
+            for name, module in modules:
+                if not rope.is_rope_candidate(module) or cannot(name, module, "rotary_embedding"):
+                    continue
+                try:
+                    rspec = rope.analyze_rope(module)
+                except NotApplicable as e:
+                    skip(name, module, "rotary_embedding", str(e))
+                    continue
+                replace(name, module, "rotary_embedding", rspec)
         if "fused_add_rms_norm" in ops:
             names = {id(m): n for n, m in modules}
             for name, module in modules:

@@ -1,4 +1,5 @@
-"""Gated SiLU MLPs onto ``ir.ops.silu_and_mul``; MoE experts are reported, not changed.
+"""Gated SiLU and GELU MLPs onto ``ir.ops.silu_and_mul`` / ``ir.ops.gelu_and_mul``;
+MoE experts are reported, not changed.
 
 Two shapes are recognized, by attribute names and then by a probe:
 
@@ -16,11 +17,13 @@ parameters on every call, so ``.to()``, ``load_state_dict`` (also with
 saved one GEMM launch per layer but had to be kept in sync with the
 parameters; measured on CPU it was no faster: docs/transformers.md.)
 
-The activation must be SiLU (checked on values, not by class), the
+The activation must be SiLU, or GELU exact or tanh-approximated (Gemma's
+``gelu_pytorch_tanh``; ``gelu_and_mul`` with ``approximate="none"|"tanh"``),
+checked on values against ``torch.nn.functional``, not by class; the
 projections plain ``nn.Linear`` with plain floating-point weights on one
 device and dtype, and gate and up must both have a bias or neither. The probe
 compares the replacement with the layer's own forward in the weights' dtype;
-``silu_and_mul`` against the layer's activation is checked in every dtype of
+the op against the layer's activation is checked in every dtype of
 :data:`FLOAT_DTYPES`, and an activation in another dtype runs the layer's own
 forward.
 
@@ -50,10 +53,14 @@ from vllm_ir_transformers._checks import (
     weight_problem,
 )
 
-__all__ = ["MlpSpec", "analyze_mlp", "is_mlp_candidate", "moe_experts_reason"]
+__all__ = ["GATED_OPS", "MlpSpec", "analyze_mlp", "is_mlp_candidate", "moe_experts_reason"]
 
 ACT_ATTRS = ("act_fn", "activation_fn", "act")
 STATE_ATTR = "_vllm_ir_mlp"
+
+
+GATED_OPS = ("silu_and_mul", "gelu_and_mul")
+"""The ops a gated MLP maps to, by its activation."""
 
 
 @dataclass(frozen=True)
@@ -61,10 +68,42 @@ class MlpSpec:
     split: bool
     act_attr: str
     dtypes: tuple[torch.dtype, ...]
-    """Activation dtypes in which ``silu_and_mul`` was verified against the layer's."""
+    """Activation dtypes in which the op was verified against the layer's."""
     rejected: tuple[tuple[torch.dtype, str], ...]
     how: str
     name: str = ""
+    op: str = "silu_and_mul"
+    """``silu_and_mul`` or ``gelu_and_mul``."""
+    approximate: str = "none"
+    """``gelu_and_mul``'s ``approximate`` (unused for SiLU)."""
+
+    def args(self, gate_up: Tensor) -> tuple[Any, ...]:
+        """The op's arguments for ``gate_up``."""
+        return (gate_up,) if self.op == "silu_and_mul" else (gate_up, self.approximate)
+
+
+_ACTIVATIONS: tuple[tuple[str, str, Any], ...] = (
+    ("silu_and_mul", "none", F.silu),
+    ("gelu_and_mul", "none", F.gelu),
+    ("gelu_and_mul", "tanh", lambda a: F.gelu(a, approximate="tanh")),
+)
+"""(op, approximate, reference activation), tried in order."""
+
+
+def _which_activation(act: Any, act_attr: str, like: Tensor) -> tuple[str, str]:
+    """The (op, approximate) whose activation ``act`` computes, bit for bit, on a probe."""
+    a = probe_input((4, 64), like.detach(), seed=3)
+    try:
+        out = act(a)
+    except Exception as e:
+        raise NotApplicable(f"{act_attr} raised {type(e).__name__} on a probe: {e}") from e
+    for op, approximate, ref in _ACTIVATIONS:
+        if isinstance(out, Tensor) and torch.equal(out, ref(a)):
+            return op, approximate
+    raise NotApplicable(
+        f"{act_attr} ({type(act).__name__}) is neither SiLU nor GELU (exact or tanh); "
+        "no IR op computes it"
+    )
 
 
 def _act_attr(module: Any) -> str | None:
@@ -137,11 +176,12 @@ def analyze_mlp(module: Any) -> MlpSpec:
                     f"{ref.dtype} on {ref.device})"
                 )
     act = getattr(module, act_attr)
-    spec = MlpSpec(split, act_attr, (ref.dtype,), (), "")
+    op, approximate = _which_activation(act, act_attr, ref)
+    spec = MlpSpec(split, act_attr, (ref.dtype,), (), "", op=op, approximate=approximate)
     with torch.no_grad():
         verified, rejected = [], []
         for dtype in FLOAT_DTYPES:
-            problem = _activation_problem(act, act_attr, ref, dtype)
+            problem = _activation_problem(act, act_attr, ref, dtype, spec)
             if problem is None:
                 verified.append(dtype)
             elif dtype == ref.dtype:
@@ -151,32 +191,39 @@ def analyze_mlp(module: Any) -> MlpSpec:
         x = probe_input((2, 3, linears[0].in_features), ref, seed=4)
         want = type(module).forward(module, x)
         got = _compute(module, spec, x)
-        ok, how = compare(got, want, ir.ops.silu_and_mul.tolerance(ref.dtype))
+        ok, how = compare(got, want, ir.get_op(op).tolerance(ref.dtype))
     if not ok:
         raise NotApplicable(f"fused forward differs from the layer's: {how}")
     kind = "gate_proj, up_proj outputs concatenated" if split else "gate_up_proj"
+    called = op if op == "silu_and_mul" else f"{op}(approximate={approximate!r})"
     return MlpSpec(
-        split, act_attr, tuple(verified), tuple(rejected), f"{kind} + silu_and_mul, {how}"
+        split,
+        act_attr,
+        tuple(verified),
+        tuple(rejected),
+        f"{kind} + {called}, {how}",
+        op=op,
+        approximate=approximate,
     )
 
 
-def _activation_problem(act: Any, act_attr: str, like: Tensor, dtype: torch.dtype) -> str | None:
-    """Why ``silu_and_mul`` differs from ``act(gate) * up`` in ``dtype`` (None: it agrees)."""
+def _activation_problem(
+    act: Any, act_attr: str, like: Tensor, dtype: torch.dtype, spec: MlpSpec
+) -> str | None:
+    """Why the op differs from ``act(gate) * up`` in ``dtype`` (None: it agrees)."""
     a = probe_input((4, 64), like.detach().to(dtype), seed=3)
     try:
         act_out = act(a)
     except Exception as e:
         return f"{act_attr} raised {type(e).__name__} on a {dtype_name(dtype)} probe: {e}"
-    if not isinstance(act_out, Tensor) or not torch.equal(act_out, F.silu(a)):
-        return f"{act_attr} ({type(act).__name__}) is not SiLU"
+    ref = next(r for o, ap, r in _ACTIVATIONS if (o, ap) == (spec.op, spec.approximate))
+    if not isinstance(act_out, Tensor) or not torch.equal(act_out, ref(a)):
+        return f"{act_attr} ({type(act).__name__}) does not compute {spec.op}'s activation"
     gate_up = probe_input((4, 128), a, seed=7)
     gate, up = gate_up.chunk(2, dim=-1)
-    ok, how = compare(
-        ir.ops.silu_and_mul.native(gate_up),
-        act(gate) * up,
-        ir.ops.silu_and_mul.tolerance(dtype),
-    )
-    return None if ok else f"silu_and_mul differs from {act_attr}(gate) * up: {how}"
+    op = ir.get_op(spec.op)
+    ok, how = compare(op.native(*spec.args(gate_up)), act(gate) * up, op.tolerance(dtype))
+    return None if ok else f"{spec.op} differs from {act_attr}(gate) * up: {how}"
 
 
 def _gate_up(module: Any, spec: MlpSpec, x: Tensor) -> Tensor:
@@ -186,7 +233,7 @@ def _gate_up(module: Any, spec: MlpSpec, x: Tensor) -> Tensor:
 
 
 def _compute(module: Any, spec: MlpSpec, x: Tensor) -> Tensor:
-    return module.down_proj(ir.ops.silu_and_mul(_gate_up(module, spec, x)))
+    return module.down_proj(ir.get_op(spec.op)(*spec.args(_gate_up(module, spec, x))))
 
 
 def _weight(module: Any, spec: MlpSpec) -> Tensor:
@@ -194,15 +241,15 @@ def _weight(module: Any, spec: MlpSpec) -> Tensor:
 
 
 def inactive_reason(module: Any, spec: MlpSpec, dtype: torch.dtype) -> str | None:
-    """Why an activation in ``dtype`` runs the layer's own forward (None: ``silu_and_mul``)."""
+    """Why an activation in ``dtype`` runs the layer's own forward (None: the op)."""
     return active_problem(spec.dtypes, spec.rejected, dtype)
 
 
 def probe_call(module: Any, spec: MlpSpec) -> tuple[Any, ...]:
-    """Arguments of a one-token ``silu_and_mul`` call in the layer's dtype and device."""
+    """Arguments of a one-token op call in the layer's dtype and device."""
     weight = _weight(module, spec)
     width = weight.shape[0] * (2 if spec.split else 1)
-    return (weight.new_zeros((1, width)),)
+    return spec.args(weight.new_zeros((1, width)))
 
 
 def _forward(self: Any, x: Tensor) -> Tensor:
@@ -212,12 +259,17 @@ def _forward(self: Any, x: Tensor) -> Tensor:
     if dtype not in spec.dtypes:
         if fwd.debug_enabled():
             reason = inactive_reason(self, spec, dtype) or ""
-            fwd.log_use(self, spec.name, "silu_and_mul", dtype, f"own forward ({reason})")
+            fwd.log_use(self, spec.name, spec.op, dtype, f"own forward ({reason})")
         return type(self).forward(self, x)
+    op = _GATED[spec.op]
+    args = spec.args(gate_up)
     if fwd.debug_enabled():
-        impl = ir.ops.silu_and_mul.dispatch(gate_up).provider
-        fwd.log_use(self, spec.name, "silu_and_mul", dtype, f"impl {impl}")
-    return self.down_proj(ir.ops.silu_and_mul(gate_up))
+        impl = op.dispatch(*args).provider
+        fwd.log_use(self, spec.name, spec.op, dtype, f"impl {impl}")
+    return self.down_proj(op(*args))
+
+
+_GATED = {"silu_and_mul": ir.ops.silu_and_mul, "gelu_and_mul": ir.ops.gelu_and_mul}
 
 
 def apply_mlp(module: Any, spec: MlpSpec) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import vllm_ir as ir
 from torch import nn
 
-from vllm_ir_transformers import decoder, mlp, norm
+from vllm_ir_transformers import decoder, mlp, norm, rope
 from vllm_ir_transformers._checks import dtype_name
 
 __all__ = ["OPS", "PLAN_HINT", "REPORT_ATTR", "Replacement", "Report", "Skip", "Status"]
@@ -34,6 +34,8 @@ PLAN_HINT = (
 OPS: dict[str, types.ModuleType] = {
     "rms_norm": norm,
     "silu_and_mul": mlp,
+    "gelu_and_mul": mlp,
+    "rotary_embedding": rope,
     "fused_add_rms_norm": decoder,
 }
 """The module implementing each op's replacement: ``STATE_ATTR``, ``_forward``,
@@ -42,6 +44,8 @@ OPS: dict[str, types.ModuleType] = {
 _REVERT = {
     "rms_norm": norm.revert_norm,
     "silu_and_mul": mlp.revert_mlp,
+    "gelu_and_mul": mlp.revert_mlp,
+    "rotary_embedding": rope.revert_rope,
     "fused_add_rms_norm": decoder.revert_decoder,
 }
 

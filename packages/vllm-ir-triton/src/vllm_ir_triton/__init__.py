@@ -1,7 +1,8 @@
 """vllm-ir-triton: Triton kernels for vllm-ir, providers ``triton`` and ``triton_batch_invariant``.
 
 Impls of ``rms_norm`` and (in place) ``fused_add_rms_norm`` for both;
-``triton`` also implements ``silu_and_mul``, ``static_scaled_fp8_quant``,
+``triton`` also implements ``silu_and_mul``, ``gelu_and_mul``, ``rotary_embedding``,
+``static_scaled_fp8_quant``,
 ``dynamic_per_token_fp8_quant``, ``rms_norm_static_fp8_quant`` and (the new
 residual in place) ``fused_add_rms_norm_static_fp8_quant``. Importing this
 package only builds :data:`provider`; vllm-ir imports the kernels through
@@ -56,6 +57,8 @@ _OPS = ("rms_norm", "fused_add_rms_norm")
 
 _TRITON_ONLY_OPS = (
     "silu_and_mul",
+    "gelu_and_mul",
+    "rotary_embedding",
     "static_scaled_fp8_quant",
     "dynamic_per_token_fp8_quant",
     "rms_norm_static_fp8_quant",

@@ -1,7 +1,8 @@
 """The ``triton`` and ``triton_batch_invariant`` impls of the IR ops, and when they apply.
 
 Both providers implement ``rms_norm`` and (in place) ``fused_add_rms_norm``;
-``triton`` also implements ``silu_and_mul``, ``static_scaled_fp8_quant``,
+``triton`` also implements ``silu_and_mul``, ``gelu_and_mul``,
+``rotary_embedding`` (in place, into ``query`` and ``key``), ``static_scaled_fp8_quant``,
 ``dynamic_per_token_fp8_quant``, ``rms_norm_static_fp8_quant`` and (writing
 the new residual in place) ``fused_add_rms_norm_static_fp8_quant``.
 
@@ -25,7 +26,11 @@ that selection falls back to the next provider (``native`` at the latest):
 * for ``fused_add_rms_norm`` (and its FP8 variant): an ``x_residual`` whose
   dtype or rank differs from ``x``'s;
 * for the FP8 ops: a ``scale`` (or ``scale_ub``) that is not a float32 tensor
-  of at most one dimension on ``x``'s device.
+  of at most one dimension on ``x``'s device;
+* for ``gelu_and_mul``: an ``approximate`` other than ``"none"`` or ``"tanh"``;
+* for ``rotary_embedding``: tensors of different dtypes or devices, a
+  ``query``/``key`` of rank below 2, ``cos``/``sin`` of different ranks or of
+  more dims than ``query[..., 0]`` (native would broadcast the output).
 
 What it cannot see, the impls handle themselves, computing the native
 function instead of launching: a weight whose length is not the row length
@@ -61,6 +66,8 @@ __all__ = [
     "rms_norm_batch_invariant",
     "rms_norm_static_fp8_quant",
     "silu_and_mul",
+    "gelu_and_mul",
+    "rotary_embedding",
     "static_scaled_fp8_quant",
     "supports_args_for",
 ]
@@ -75,6 +82,8 @@ _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 _rms_norm_op = library.rms_norm
 _fused_add_rms_norm_op = library.fused_add_rms_norm_
 _silu_and_mul_op = library.silu_and_mul
+_gelu_and_mul_op = library.gelu_and_mul
+_rotary_op = library.rotary_embedding_
 _static_quant_op = library.static_scaled_fp8_quant
 _dynamic_quant_op = library.dynamic_per_token_fp8_quant
 _rms_norm_quant_op = library.rms_norm_static_fp8_quant
@@ -198,6 +207,39 @@ def silu_and_mul(x: Tensor) -> Tensor:
     return _silu_and_mul_op(x)
 
 
+def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+    """``triton``: ``gelu(x[..., :d], approximate) * x[..., d:]``, one program per row."""
+    if not _even_rows(x):
+        return ir.ops.gelu_and_mul.native(x, approximate)
+    if _plain_eager(x):
+        return launch.gelu_and_mul(x, approximate)
+    return _gelu_and_mul_op(x, approximate)
+
+
+def _rotary_fits(query: Tensor, key: Tensor, cos: Tensor, sin: Tensor) -> bool:
+    """Sizes native computes and the kernel does not: an odd or too wide rotary_dim."""
+    rot, head = cos.shape[-1], query.shape[-1]
+    return (
+        _known_equal(rot % 2, 0)
+        and _known_equal(sin.shape[-1], rot)
+        and bool(rot <= head)
+        and bool(rot <= key.shape[-1])
+    )
+
+
+def rotary_embedding(
+    query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
+) -> tuple[Tensor, Tensor]:
+    """``triton``, in place: RoPE of each (token, head) row of ``query`` and ``key``."""
+    if not _rotary_fits(query, key, cos, sin):
+        return ir.ops.rotary_embedding.native(query, key, cos, sin, is_neox)
+    if _plain_eager(query):
+        launch.rotary_embedding_(query, key, cos, sin, is_neox)
+    else:
+        _rotary_op(query, key, cos, sin, is_neox)
+    return query, key
+
+
 def static_scaled_fp8_quant(x: Tensor, scale: Tensor) -> Tensor:
     """``triton``: ``x / scale`` clamped and rounded to ``float8_e4m3fn`` as torch does."""
     if not _one_element(scale):
@@ -269,6 +311,22 @@ def quant_supports_args_for(device_types: frozenset[str]) -> dict[str, Callable[
     def silu_and_mul_supports(x: Tensor) -> bool:
         return x_ok(x)
 
+    def gelu_and_mul_supports(x: Tensor, approximate: str = "none") -> bool:
+        return x_ok(x) and approximate in ("none", "tanh")
+
+    def rotary_supports(
+        query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
+    ) -> bool:
+        return (
+            x_ok(query)
+            and all(
+                t.dtype == query.dtype and t.device == query.device and t.layout == torch.strided
+                for t in (key, cos, sin)
+            )
+            and min(query.ndim, key.ndim) >= 2
+            and 1 <= cos.ndim == sin.ndim < min(query.ndim, key.ndim)
+        )
+
     def static_supports(x: Tensor, scale: Tensor) -> bool:
         return x_ok(x) and scale_ok(x, scale)
 
@@ -287,6 +345,8 @@ def quant_supports_args_for(device_types: frozenset[str]) -> dict[str, Callable[
 
     return {
         "silu_and_mul": silu_and_mul_supports,
+        "gelu_and_mul": gelu_and_mul_supports,
+        "rotary_embedding": rotary_supports,
         "static_scaled_fp8_quant": static_supports,
         "dynamic_per_token_fp8_quant": dynamic_supports,
         "rms_norm_static_fp8_quant": rms_norm_quant_supports,
@@ -299,6 +359,8 @@ _QUANT_IMPLS: dict[str, tuple[Callable[..., object], bool, bool]] = {
     # maximum, the first three give each row the same bits whatever the batch; the
     # norms reduce in an order the launch configuration may change.
     "silu_and_mul": (silu_and_mul, False, True),
+    "gelu_and_mul": (gelu_and_mul, False, True),
+    "rotary_embedding": (rotary_embedding, True, True),
     "static_scaled_fp8_quant": (static_scaled_fp8_quant, False, True),
     "dynamic_per_token_fp8_quant": (dynamic_per_token_fp8_quant, False, True),
     "rms_norm_static_fp8_quant": (rms_norm_static_fp8_quant, False, False),

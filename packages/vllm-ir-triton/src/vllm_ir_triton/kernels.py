@@ -56,7 +56,9 @@ __all__ = [
     "INTERPRETED",
     "dynamic_per_token_fp8_quant_kernel",
     "fused_add_rms_norm_kernel",
+    "gelu_and_mul_kernel",
     "rms_norm_kernel",
+    "rotary_embedding_kernel",
     "silu_and_mul_kernel",
     "static_scaled_fp8_quant_kernel",
 ]
@@ -268,6 +270,99 @@ def silu_and_mul_kernel(
         silu = _round_to(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)), dtype)
         out = _round_to(silu.to(tl.float32) * up, dtype)
         tl.store(out_row + c * out_col_stride, out, mask=mask)
+
+
+@triton.jit
+def gelu_and_mul_kernel(
+    x_ptr,
+    x_row_stride,
+    x_col_stride,
+    out_ptr,
+    out_row_stride,
+    out_col_stride,
+    d,
+    TANH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """``out[row] = gelu(x[row, :d]) * x[row, d:]``, rounded to the dtype as torch does.
+
+    torch's formulas in float32: ``g * 0.5 * (1 + erf(g / sqrt(2)))``, or with
+    ``TANH`` ``0.5 * g * (1 + tanh(sqrt(2 / pi) * (g + 0.044715 * g^3)))``, with
+    ``tanh(y) = 1 - 2 / (exp(2y) + 1)`` (saturating; an fp32 ulp or so from
+    libm's, within the op's tolerance); the GELU rounded to the dtype, then the
+    product rounded again.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    out_row = out_ptr + row * out_row_stride
+    dtype = x_ptr.dtype.element_ty
+    cols = tl.arange(0, BLOCK)
+    for start in range(0, d, BLOCK):
+        c = start + cols
+        mask = c < d
+        gate = tl.load(x_row + c * x_col_stride, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_row + (c + d) * x_col_stride, mask=mask, other=0.0).to(tl.float32)
+        if TANH:
+            inner = 0.7978845608028654 * (gate + 0.044715 * (gate * gate * gate))
+            tanh = 1.0 - tl.math.div_rn(2.0, tl.exp(2.0 * inner) + 1.0)
+            gelu = 0.5 * gate * (1.0 + tanh)
+        else:
+            gelu = gate * 0.5 * (1.0 + tl.math.erf(gate * 0.7071067811865476))
+        out = _round_to(_round_to(gelu, dtype).to(tl.float32) * up, dtype)
+        tl.store(out_row + c * out_col_stride, out, mask=mask)
+
+
+@triton.jit
+def rotary_embedding_kernel(
+    x_ptr,
+    x_token_stride,
+    x_head_stride,
+    cos_ptr,
+    sin_ptr,
+    cs_token_stride,
+    heads,
+    half,
+    IS_NEOX: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """RoPE of one (token, head) row of ``x`` in place, on its first ``2 * half`` channels.
+
+    neox pairs channel ``i`` with ``i + half``, GPT-J ``2i`` with ``2i + 1``:
+    ``a' = round(round(a * cos_a) - round(b * sin_a))``, ``b' = round(round(b *
+    cos_b) + round(a * sin_b))``, as native's separate multiplies and adds round
+    (for float32 the compiler may fuse one product into an FMA: an fp32 ulp of
+    the product, within the tolerance). The last dimension is contiguous; cos
+    and sin are ``(tokens, 2 * half)`` rows.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    token = pid // heads
+    head = pid % heads
+    x_row = x_ptr + token * x_token_stride + head * x_head_stride
+    cos_row = cos_ptr + token * cs_token_stride
+    sin_row = sin_ptr + token * cs_token_stride
+    dtype = x_ptr.dtype.element_ty
+    i = tl.arange(0, BLOCK)
+    for start in range(0, half, BLOCK):
+        j = start + i
+        mask = j < half
+        if IS_NEOX:
+            ia = j
+            ib = j + half
+        else:
+            ia = 2 * j
+            ib = 2 * j + 1
+        a = tl.load(x_row + ia, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(x_row + ib, mask=mask, other=0.0).to(tl.float32)
+        ca = tl.load(cos_row + ia, mask=mask, other=0.0).to(tl.float32)
+        cb = tl.load(cos_row + ib, mask=mask, other=0.0).to(tl.float32)
+        sa = tl.load(sin_row + ia, mask=mask, other=0.0).to(tl.float32)
+        sb = tl.load(sin_row + ib, mask=mask, other=0.0).to(tl.float32)
+        a_cos = _round_to(a * ca, dtype).to(tl.float32)
+        b_sin = _round_to(b * sa, dtype).to(tl.float32)
+        b_cos = _round_to(b * cb, dtype).to(tl.float32)
+        a_sin = _round_to(a * sb, dtype).to(tl.float32)
+        tl.store(x_row + ia, _round_to(a_cos - b_sin, dtype), mask=mask)
+        tl.store(x_row + ib, _round_to(b_cos + a_sin, dtype), mask=mask)
 
 
 @triton.jit

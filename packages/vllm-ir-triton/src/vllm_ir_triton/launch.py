@@ -37,7 +37,9 @@ from vllm_ir_triton.kernels import (
     INTERPRETED,
     dynamic_per_token_fp8_quant_kernel,
     fused_add_rms_norm_kernel,
+    gelu_and_mul_kernel,
     rms_norm_kernel,
+    rotary_embedding_kernel,
     silu_and_mul_kernel,
     static_scaled_fp8_quant_kernel,
 )
@@ -55,6 +57,8 @@ __all__ = [
     "launch_config",
     "rms_norm",
     "silu_and_mul",
+    "gelu_and_mul",
+    "rotary_embedding_",
     "static_scaled_fp8_quant",
 ]
 
@@ -120,6 +124,8 @@ def _launch_config(
 _rms_norm = Launcher(rms_norm_kernel, interpreted=INTERPRETED)
 _fused_add_rms_norm = Launcher(fused_add_rms_norm_kernel, interpreted=INTERPRETED)
 _silu_and_mul = Launcher(silu_and_mul_kernel, interpreted=INTERPRETED)
+_gelu_and_mul = Launcher(gelu_and_mul_kernel, interpreted=INTERPRETED)
+_rotary_embedding = Launcher(rotary_embedding_kernel, interpreted=INTERPRETED)
 _static_scaled_fp8_quant = Launcher(static_scaled_fp8_quant_kernel, interpreted=INTERPRETED)
 _dynamic_per_token_fp8_quant = Launcher(dynamic_per_token_fp8_quant_kernel, interpreted=INTERPRETED)
 """One :class:`~vllm_ir_triton.direct.Launcher` per kernel: after a kernel's first call
@@ -350,6 +356,95 @@ def silu_and_mul(x: Tensor, *, max_block: int | None = None) -> Tensor:
         cfg.block,
     )
     return out
+
+
+def gelu_and_mul(x: Tensor, approximate: str, *, max_block: int | None = None) -> Tensor:
+    """``gelu(x[..., :d], approximate) * x[..., d:]`` into a new contiguous tensor."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
+    hidden = x.shape[-1]
+    if hidden % 2:
+        raise ValueError(f"gelu_and_mul: the last dimension ({hidden}) must be even")
+    d = hidden // 2
+    out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    rows = _input_rows(x)
+    out_rows = out.view(-1, d)
+    cfg = launch_config(d, x.element_size(), batch_invariant=False, max_block=max_block)
+    _gelu_and_mul(
+        rows.shape[0],
+        cfg.num_warps,
+        rows,
+        rows.stride(0),
+        rows.stride(1),
+        out_rows,
+        out_rows.stride(0),
+        out_rows.stride(1),
+        d,
+        approximate == "tanh",
+        cfg.block,
+    )
+    return out
+
+
+def _rotate_(x: Tensor, cos: Tensor, sin: Tensor, is_neox: bool, max_block: int | None) -> None:
+    """RoPE of ``x`` (``(..., heads, head_size)``) in place, cos/sin ``(..., rotary_dim)``."""
+    heads, head_size = x.shape[-2], x.shape[-1]
+    rot = cos.shape[-1]
+    if rot % 2 or rot > head_size or sin.shape != cos.shape:
+        raise ValueError(
+            f"rotary_embedding: cos and sin must share a shape whose last dim (rotary_dim, "
+            f"got {rot}) is even and at most head_size {head_size}"
+        )
+    if x.numel() == 0:
+        return
+    try:
+        rows = x.view(-1, heads, head_size)
+    except RuntimeError:  # leading dims that do not collapse: a copy, written back
+        rows = None
+    if rows is None or (head_size > 1 and rows.stride(2) != 1):
+        work = x.contiguous()
+        _rotate_(work, cos, sin, is_neox, max_block)
+        x.copy_(work)
+        return
+    # cos/sin broadcast over the heads and size-1 token dims, as native does
+    tokens_shape = (*x.shape[:-2], rot)
+    c = cos.expand(tokens_shape).reshape(-1, rot).contiguous()
+    s = sin.expand(tokens_shape).reshape(-1, rot).contiguous()
+    half = rot // 2
+    cfg = launch_config(half, x.element_size(), batch_invariant=False, max_block=max_block)
+    _rotary_embedding(
+        rows.shape[0] * heads,
+        cfg.num_warps,
+        rows,
+        rows.stride(0),
+        rows.stride(1),
+        c,
+        s,
+        c.stride(0),
+        heads,
+        half,
+        is_neox,
+        cfg.block,
+    )
+
+
+def rotary_embedding_(
+    query: Tensor,
+    key: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    is_neox: bool,
+    *,
+    max_block: int | None = None,
+) -> None:
+    """RoPE of ``query`` and ``key`` in place (the channels past ``rotary_dim`` untouched)."""
+    for t in (key, cos, sin):
+        if t.device != query.device:
+            raise ValueError(f"rotary_embedding: tensors on {t.device} and {query.device}")
+    _rotate_(query, cos, sin, is_neox, max_block)
+    _rotate_(key, cos, sin, is_neox, max_block)
 
 
 def static_scaled_fp8_quant(x: Tensor, scale: Tensor, *, max_block: int | None = None) -> Tensor:

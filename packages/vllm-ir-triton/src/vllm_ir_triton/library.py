@@ -13,6 +13,9 @@ FakeTensors (tracing never launches a kernel):
   arguments it writes, which is what clone elimination reads.
 * ``silu_and_mul(Tensor x) -> Tensor``: a new contiguous tensor of half the
   last dimension.
+* ``gelu_and_mul(Tensor x, str approximate) -> Tensor``: likewise, GELU.
+* ``rotary_embedding_(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin,
+  bool is_neox) -> ()``: RoPE in place.
 * ``static_scaled_fp8_quant(Tensor x, Tensor scale) -> Tensor``,
   ``dynamic_per_token_fp8_quant(Tensor x, Tensor? scale_ub) -> (Tensor, Tensor)``
   and ``rms_norm_static_fp8_quant(Tensor x, Tensor? weight, float epsilon,
@@ -42,6 +45,8 @@ __all__ = [
     "rms_norm",
     "rms_norm_static_fp8_quant",
     "silu_and_mul",
+    "gelu_and_mul",
+    "rotary_embedding_",
     "static_scaled_fp8_quant",
 ]
 
@@ -85,6 +90,30 @@ def silu_and_mul(x: Tensor) -> Tensor:
 @silu_and_mul.register_fake
 def _silu_and_mul_fake(x: Tensor) -> Tensor:
     return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::gelu_and_mul", mutates_args=())
+def gelu_and_mul(x: Tensor, approximate: str) -> Tensor:
+    """``gelu(x[..., :d], approximate) * x[..., d:]`` into a new contiguous tensor."""
+    return launch.gelu_and_mul(x, approximate)
+
+
+@gelu_and_mul.register_fake
+def _gelu_and_mul_fake(x: Tensor, approximate: str) -> Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::rotary_embedding_", mutates_args=("query", "key"))
+def rotary_embedding_(query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool) -> None:
+    """RoPE of ``query`` and ``key`` in place."""
+    launch.rotary_embedding_(query, key, cos, sin, is_neox)
+
+
+@rotary_embedding_.register_fake
+def _rotary_embedding_fake(
+    query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool
+) -> None:
+    return None
 
 
 @torch.library.custom_op(f"{NAMESPACE}::static_scaled_fp8_quant", mutates_args=())

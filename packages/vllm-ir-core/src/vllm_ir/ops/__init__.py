@@ -7,7 +7,7 @@ packages with :func:`vllm_ir.register_op` appear here too.
 from __future__ import annotations
 
 from vllm_ir.op import IrOp, get_op
-from vllm_ir.ops.activation import silu_and_mul
+from vllm_ir.ops.activation import gelu_and_mul, silu_and_mul
 from vllm_ir.ops.layernorm import fused_add_rms_norm, rms_norm
 from vllm_ir.ops.quant import (
     dynamic_per_token_fp8_quant,
@@ -15,13 +15,16 @@ from vllm_ir.ops.quant import (
     rms_norm_static_fp8_quant,
     static_scaled_fp8_quant,
 )
+from vllm_ir.ops.rotary import rotary_embedding
 
 __all__ = [
     "dynamic_per_token_fp8_quant",
     "fused_add_rms_norm",
     "fused_add_rms_norm_static_fp8_quant",
+    "gelu_and_mul",
     "rms_norm",
     "rms_norm_static_fp8_quant",
+    "rotary_embedding",
     "silu_and_mul",
     "static_scaled_fp8_quant",
 ]

@@ -85,4 +85,22 @@ cudaError_t dynamic_per_token_fp8_quant(void* out, int64_t out_row_stride, float
                                         const float* scale_ub, int64_t rows, int64_t hidden,
                                         DType dtype, cudaStream_t stream);
 
+// -- gelu_rotary_kernels.cu ----------------------------------------------------
+// (kernels only: no binding calls them yet)
+
+// out[r, :d] = round(round(gelu(x[r, :d])) * x[r, d:2d]): erf GELU, or the tanh
+// approximation with `tanh_approx`, as torch computes `F.gelu(..., approximate) * up`.
+cudaError_t gelu_and_mul(void* out, int64_t out_row_stride, const void* x, int64_t x_row_stride,
+                         int64_t rows, int64_t d, bool tanh_approx, DType dtype,
+                         cudaStream_t stream);
+
+// RoPE in place of the first `rotary_dim` channels of every (token, head) row of
+// `x` (row at x + token * token_stride + head * head_stride, last dim contiguous),
+// with cos/sin rows of `rotary_dim` elements cs_token_stride apart per token;
+// neox halves or gptj pairs. Bit for bit torch's `x * cos + rotate(x) * sin`.
+cudaError_t rotary_embedding(void* x, int64_t token_stride, int64_t head_stride, int64_t tokens,
+                             int64_t heads, const void* cos, const void* sin,
+                             int64_t cs_token_stride, int64_t rotary_dim, bool is_neox,
+                             DType dtype, cudaStream_t stream);
+
 }  // namespace vllm_ir_cuda
