@@ -44,7 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from vllm_ir.callsite import (
     CallSite,
     CandidateNote,
-    bucket_label,
+    bucket_of,
     collecting_lowered,
     describe_args,
     is_internal,
@@ -338,7 +338,7 @@ class _EagerRecorder(TorchDispatchMode):
             overload=func._overloadname,
             args=describe_args(op, call),
             tokens=tokens,
-            bucket=bucket_label(tokens),
+            bucket=bucket_of(op, call),
             ran=impl.provider,
             batch_invariant=impl.batch_invariant,
             candidates=notes_for(found, impl.provider),

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from vllm_ir.callsite import bucket_label
+from vllm_ir.buckets import bucket_index, bucket_label
 from vllm_ir.cli.args import UsageError, apply_threads, writable_file, write_atomically
 from vllm_ir.cli.bench import NOISY, is_noisy, spread, time_call
 from vllm_ir.cli.model_source import ModelSource, load_model
@@ -164,7 +164,7 @@ def bucket_table(lists: Sequence[list[str]], bounds: Sequence[int]) -> list[dict
 
 
 def _bucket_of(tokens: int, bounds: Sequence[int]) -> int:
-    return next((i for i, b in enumerate(bounds) if tokens <= b), len(bounds))
+    return bucket_index(bounds, tokens)
 
 
 def sweep(
@@ -228,7 +228,7 @@ def _sweep(
             per_tokens = {t: _op_timings(timings[t], op, default_ran[op].get(t)) for t in in_bucket}
             first, why = decide_bucket(per_tokens, default_ran[op])
             lists.append(priority_for(op, first))
-            label = bucket_label(bounds[b] if b < len(bounds) else bounds[-1] + 1, bounds)
+            label = bucket_label(bounds, b)
             buckets[label] = {
                 "tokens": in_bucket,
                 "first": first,
