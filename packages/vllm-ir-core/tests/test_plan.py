@@ -271,8 +271,8 @@ def test_compiled_plan_lists_each_bucket_branch(scale_op: ir.IrOp) -> None:
     native = next(c for c in big.candidates if c.provider == "native")
     assert native.status == "lost"  # candidates answered at the branch's sizes
     table = plan.table()
-    assert "<=16" in table
-    assert ">16" in table
+    assert f"layers.0.scale {scale_op.name} [<=16]: ran native" in table
+    assert f"layers.0.scale {scale_op.name} [>16]: ran unlisted" in table
     norm = next(s for s in plan if s.op == "rms_norm")
     assert norm.bucket == ALL_SIZES
     assert Plan.from_json(plan.to_json()) == plan
