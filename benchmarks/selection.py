@@ -272,6 +272,12 @@ def _summary(
     }
 
 
+def _lowered(backend: Any) -> dict[str, list[str]]:
+    """Per op, what the backend's latest compile lowered its nodes to (``<=16:a;b``
+    for a node branched per bucket)."""
+    return {op: sorted(set(n.values())) for op, n in backend.lowering_pass.selected_impls.items()}
+
+
 def compiled_decoder(
     tokens: Sequence[int],
     hidden: int,
@@ -301,6 +307,8 @@ def compiled_decoder(
         # size 1 (its 0/1 rule), so one token gets a second graph of its own
         many = [x for t, x in inputs.items() if t > 1]
         fn(many[0])
+        # what the dynamic graph lowered to, before a size-1 graph reuses the node names
+        lowered = {"dynamic": _lowered(backend)}
         torch.compiler.set_stance("fail_on_recompile")
         try:
             for x in many[1:]:
@@ -309,11 +317,9 @@ def compiled_decoder(
             torch.compiler.set_stance("default")
         for x in (x for t, x in inputs.items() if t == 1):
             fn(x)
+            lowered["tokens_1"] = _lowered(backend)
         compiled[name] = fn
-        selected[name] = {
-            op: sorted(set(nodes.values()))
-            for op, nodes in backend.lowering_pass.selected_impls.items()
-        }
+        selected[name] = lowered
         print(f"compiled decoder: {name} {selected[name]}", flush=True)
 
     with inductor_caches_off(), torch.no_grad():
