@@ -42,7 +42,7 @@ import os
 import platform
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "selection.json"
 BOUNDS = (16, 256)
+KERNEL_BOUNDS = (16, 256, 1024)
+"""The kernels section's buckets: one more bound, where the CPU crossovers measured are."""
 WITHIN = 0.03
 EPSILON = 1e-6
 
@@ -76,17 +78,17 @@ def _register_aten() -> None:
         )(_aten_rms_norm)
 
 
-def _label(index: int) -> str:
+def _label(index: int, bounds: Sequence[int] = BOUNDS) -> str:
     from vllm_ir.buckets import bucket_label
 
-    return bucket_label(BOUNDS, index)
+    return bucket_label(bounds, index)
 
 
-def _bucket(tokens: int) -> str:
-    """The bucket of ``tokens`` in the tables here (``<=16``, ``<=256``, ``>256``)."""
+def _bucket(tokens: int, bounds: Sequence[int] = BOUNDS) -> str:
+    """The bucket of ``tokens`` in a table with ``bounds`` (``<=16``, ``<=256``, ``>256``)."""
     from vllm_ir.buckets import bucket_index
 
-    return _label(bucket_index(BOUNDS, tokens))
+    return _label(bucket_index(bounds, tokens), bounds)
 
 
 def _bound(fn: Callable[..., Any], call: tuple[Any, ...]) -> Callable[[], Any]:
@@ -122,16 +124,17 @@ def _register_inductor() -> Callable[[], None]:
     return lambda: op.unregister_impl("inductor")
 
 
-def kernels(tokens: Sequence[int], hidden: int, rounds: int) -> dict[str, Any]:
-    """rms_norm's CPU impls side by side per token count; winners and crossovers."""
+def kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int) -> dict[str, Any]:
+    """rms_norm's CPU impls side by side per token count; winners and crossovers; the
+    per-bucket winners as a bucketed table against each impl fixed."""
     undo = _register_inductor()
     try:
-        return _kernels(tokens, hidden, rounds)
+        return _kernels(tokens, hidden, rounds, decode_weight)
     finally:
         undo()
 
 
-def _kernels(tokens: Sequence[int], hidden: int, rounds: int) -> dict[str, Any]:
+def _kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int) -> dict[str, Any]:
     import vllm_ir as ir
     from vllm_ir.cli.tune_model import measure_interleaved
 
@@ -159,12 +162,72 @@ def _kernels(tokens: Sequence[int], hidden: int, rounds: int) -> dict[str, Any]:
         )
         line = ", ".join(f"{n} {v.median_us:.1f} us" for n, v in times.items())
         print(f"kernels {t:>5} tokens: {line} -> {best}", flush=True)
+    picked = {
+        r["tokens"]: {n: _Median(v["median_us"]) for n, v in r["times_us"].items()} for r in rows
+    }
     return {
         "op": "rms_norm",
         "hidden": hidden,
         "rows": rows,
         "crossovers": _crossovers(rows),
         "crossovers_by_median": _crossovers(rows, beyond_spread=False),
+        "bucketed": _kernels_bucketed(tokens, hidden, rounds, picked, decode_weight),
+    }
+
+
+@dataclass(frozen=True)
+class _Median:
+    median_us: float
+
+
+def _kernels_bucketed(
+    tokens: Sequence[int], hidden: int, rounds: int, picked: dict[int, Any], decode_weight: int
+) -> dict[str, Any]:
+    """The per-bucket winners of the rows above (the selection pass) as a bucketed
+    table of rms_norm, against every impl fixed, re-timed through the op's eager
+    dispatch (an independent evaluation pass; every call enters its setting's
+    priority scope, the same cost for each setting)."""
+    import vllm_ir as ir
+    from vllm_ir.cli.tune_model import measure_interleaved
+
+    op = ir.ops.rms_norm
+    names = sorted(next(iter(picked.values())))
+    choice = _choose(tokens, picked, names, KERNEL_BOUNDS)
+    labels = [_label(i, KERNEL_BOUNDS) for i in range(len(KERNEL_BOUNDS) + 1)]
+    table = [
+        {"max_tokens": b, "priority": [choice[labels[i]]]} for i, b in enumerate(KERNEL_BOUNDS)
+    ]
+    table.append({"priority": [choice[labels[-1]]]})
+    settings = {n: ir.IrOpPriorityConfig(rms_norm=[n]) for n in names}
+    settings["bucketed_table"] = ir.IrOpPriorityConfig(rms_norm=table)
+    weight = torch.randn(hidden)
+    print(f"kernels: bucketed table {table}", flush=True)
+
+    def step(config: Any, x: Tensor) -> Callable[[], Any]:
+        def run() -> Any:
+            with config.scope():
+                return op(x, weight, EPSILON)
+
+        return run
+
+    evaluated, ran = {}, {}
+    with torch.inference_mode():
+        for t in tokens:
+            x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(t))
+            with settings["bucketed_table"].scope():
+                ran[str(t)] = op.dispatch(x, weight, EPSILON).provider
+            steps = {n: step(c, x) for n, c in settings.items()}
+            evaluated[t] = measure_interleaved(steps, rounds, warmup=3)
+    return {
+        "bucket_bounds": list(KERNEL_BOUNDS),
+        "table": table,
+        "ran_under_table": ran,
+        "evaluation_pass": {
+            str(t): {n: _timing(v) for n, v in evaluated[t].items()} for t in tokens
+        },
+        **_summary(
+            tokens, evaluated, names, ["bucketed_table"], choice, decode_weight, KERNEL_BOUNDS
+        ),
     }
 
 
@@ -211,20 +274,25 @@ def bucketed_table(
     return table
 
 
-def _choose(tokens: Sequence[int], picked: dict[int, Any], names: Sequence[str]) -> dict[str, str]:
+def _choose(
+    tokens: Sequence[int],
+    picked: dict[int, Any],
+    names: Sequence[str],
+    bounds: Sequence[int] = BOUNDS,
+) -> dict[str, str]:
     """Per bucket of ``tokens``: the name with the lowest geometric-mean median there."""
     choice = {}
-    for i in range(len(BOUNDS) + 1):
-        ts = [t for t in tokens if _bucket(t) == _label(i)]
+    for i in range(len(bounds) + 1):
+        ts = [t for t in tokens if _bucket(t, bounds) == _label(i, bounds)]
         if ts:
-            choice[_label(i)] = min(
+            choice[_label(i, bounds)] = min(
                 names, key=lambda n: _geomean([picked[t][n].median_us for t in ts])
             )
     # a bucket without a measured size keeps the choice of the bucket below it
     ordered: dict[str, str] = {}
-    for i in range(len(BOUNDS) + 1):
-        below = ordered[_label(i - 1)] if i else names[0]
-        ordered[_label(i)] = choice.get(_label(i), below)
+    for i in range(len(bounds) + 1):
+        below = ordered[_label(i - 1, bounds)] if i else names[0]
+        ordered[_label(i, bounds)] = choice.get(_label(i, bounds), below)
     return ordered
 
 
@@ -235,14 +303,16 @@ def _summary(
     bucketed: Sequence[str],
     choice: dict[str, str],
     decode_weight: int,
+    bounds: Sequence[int] = BOUNDS,
 ) -> dict[str, Any]:
     """Per bucket, each bucketed setting over the best fixed priority there; over the
     decode+prefill mix, each bucketed setting over the best single fixed priority."""
     per_bucket = {}
-    for b in sorted(
-        {_bucket(t) for t in tokens}, key=lambda b: min(t for t in tokens if _bucket(t) == b)
-    ):
-        ts = [t for t in tokens if _bucket(t) == b]
+    labels = [_label(i, bounds) for i in range(len(bounds) + 1)]
+    for b in labels:
+        ts = [t for t in tokens if _bucket(t, bounds) == b]
+        if not ts:
+            continue
         score = {n: _geomean([evaluated[t][n].median_us for t in ts]) for n in [*fixed, *bucketed]}
         best_fixed = min(fixed, key=lambda n: score[n])
         ratios = {n: round(score[n] / score[best_fixed], 4) for n in bucketed}
@@ -471,17 +541,18 @@ def _verdict(report: dict[str, Any]) -> dict[str, Any]:
         "kernel_crossover_by_median": bool(report["kernels"]["crossovers_by_median"]),
     }
     noisy = False
-    for section, name in (
-        (decoder, "bucketed_graph"),
-        (decoder, "bucketed_switch"),
-        (eager, "bucketed_table"),
+    for section, name, key in (
+        (report["kernels"]["bucketed"], "bucketed_table", "kernels_bucketed_table"),
+        (decoder, "bucketed_graph", "decoder_bucketed_graph"),
+        (decoder, "bucketed_switch", "decoder_bucketed_switch"),
+        (eager, "bucketed_table", "eager_decoder_bucketed_table"),
     ):
         if section is None:
             continue
         buckets = section["buckets"].values()
         single = section["choice_is_a_single_fixed_priority"]
         noisy = noisy or any(b["noisy"] for b in buckets)
-        found[name] = {
+        found[key] = {
             "within_3pct_in_every_bucket": all(b["within_3pct"][name] for b in buckets),
             "faster_than_best_single_fixed_over_mix": section["mix"]["faster"][name] and not single,
             "choice_is_a_single_fixed_priority": single,
@@ -540,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": args.rounds,
             "noisy": "p90 - p10 over 25 % of the median",
         },
-        "kernels": kernels(kernel_tokens, args.kernel_hidden, args.rounds)
+        "kernels": kernels(kernel_tokens, args.kernel_hidden, args.rounds, args.decode_weight)
         if "kernels" in sections
         else None,
         "compiled_decoder": compiled_decoder(
@@ -570,8 +641,12 @@ def main(argv: list[str] | None = None) -> int:
     report["verdict"] = _verdict(report) if both else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    for key in ("compiled_decoder", "eager_decoder"):
-        section = report[key]
+    sections_out = {
+        "kernels_bucketed": report["kernels"]["bucketed"] if report["kernels"] else None,
+        "compiled_decoder": report["compiled_decoder"],
+        "eager_decoder": report["eager_decoder"],
+    }
+    for key, section in sections_out.items():
         if section is None:
             continue
         for b, r in section["buckets"].items():
