@@ -1,9 +1,15 @@
 """Does choosing kernels per size bucket pay? Kernel crossovers, a compiled decoder, a plan.
 
-Three sections, timed with ``vllm-ir tune --model``'s interleaved rounds
+Four sections, timed with ``vllm-ir tune --model``'s interleaved rounds
 (:func:`vllm_ir.cli.tune_model.measure_interleaved`: every setting once per
 round, the order rotating; ``vllm-ir bench``'s timer; a p10-p90 spread over
-25 % of the median is flagged ``noisy``):
+25 % of the median is flagged ``noisy``). Each compares a *bucketed* setting
+with every *fixed* priority: a selection pass picks each bucket's best fixed
+priority (the lowest geometric-mean median over the bucket's token counts),
+an independent evaluation pass re-times them all side by side. Reported per
+bucket: bucketed / best fixed (target <= 1.03), and over a decode+prefill mix
+(each decode token count ``--decode-weight`` times per prefill): bucketed /
+the best single fixed priority (target < 1).
 
 * ``kernels``: every CPU impl of ``rms_norm`` (``native``, ``cpu_c`` when
   vllm-ir-cpu is installed) across token counts 1..4096, eagerly, with the
@@ -12,25 +18,27 @@ round, the order rotating; ``vllm-ir bench``'s timer; a p10-p90 spread over
   own fused CPU kernel (``torch.rms_norm``, one dispatcher call), registered
   here as a second real CPU impl, and ``inductor``: the native function
   compiled by Inductor (token dim dynamic) behind its Python wrapper, for
-  eager calls, registered for this section only.
+  eager calls, registered for this section only. ``kernels.bucketed``: the
+  per-bucket winners (bounds 16, 256, 1024) as a bucketed ``rms_norm`` table,
+  re-timed through the op's eager dispatch against every impl fixed.
 * ``compiled_decoder``: the compile benchmark's decoder
   (``benchmarks/compiled_priorities.py``) compiled once per fixed priority
   (every op on ``native``, or on ``cpu_c``), the token dim dynamic, at decode
-  and prefill sizes. A *selection* pass picks each bucket's best fixed
-  priority (the lowest geometric-mean time over the bucket's token counts);
-  an independent *evaluation* pass re-times every fixed priority and the
-  bucketed choice (the winner's compiled model at each size: the fixed
-  priority switched per bucket) side by side. Reported per bucket: bucketed /
-  best fixed (target <= 1.03), and over a decode+prefill mix (each decode
-  token count ``--decode-weight`` times per prefill): bucketed vs the best
-  single fixed priority.
+  and prefill sizes. The choice runs as ``bucketed_graph``: ONE compile under
+  the bucketed table (a ``torch.cond`` branch per bucket whose impls differ,
+  recompiles refused across sizes > 1; Dynamo gives size 1 its own graph),
+  and as ``bucketed_switch``: the chosen fixed model per size (the same
+  compiled model as a fixed setting: their difference measures the noise).
+* ``eager_decoder``: the same decoder in eager mode, each fixed priority and
+  the bucketed table (chosen by its own eager selection pass) in a scope.
 * ``plan``: the kernel plan (:func:`vllm_ir.plan`) of a kernelized tiny
   random Hugging Face Llama at a decode and a prefill size: every norm and MLP
   with the impl that ran (needs transformers and vllm-ir-transformers).
 
     python benchmarks/selection.py [--out benchmarks/results/selection.json] [--quick]
-        [--threads 1] [--rounds 10] [--hidden 256] [--layers 4]
+        [--threads 1] [--rounds 10] [--hidden 256] [--layers 4] [--sections ...]
 
+The JSON holds the load average at start and end (the machine is shared).
 """
 
 from __future__ import annotations
