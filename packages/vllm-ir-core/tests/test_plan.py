@@ -251,7 +251,9 @@ def test_compiled_plan_lists_each_bucket_branch(scale_op: ir.IrOp) -> None:
     scale_op.register_impl("unlisted")(_times)  # no supports_args: asked on symbolic sizes
     model = Model(scale_op)
     torch._dynamo.reset()
-    backend = ir.VllmIRBackend(priority={scale_op.name: BUCKETS})
+    # rms_norm: buckets that all select native, merged into one impl (no branch)
+    same = [{"max_tokens": 16, "priority": ["native"]}, {"priority": ["native"]}]
+    backend = ir.VllmIRBackend(priority={scale_op.name: BUCKETS, "rms_norm": same})
     compiled = torch.compile(model, backend=backend, dynamic=True)
     try:
         with torch.no_grad():
@@ -273,8 +275,10 @@ def test_compiled_plan_lists_each_bucket_branch(scale_op: ir.IrOp) -> None:
     table = plan.table()
     assert f"layers.0.scale {scale_op.name} [<=16]: ran native" in table
     assert f"layers.0.scale {scale_op.name} [>16]: ran unlisted" in table
-    norm = next(s for s in plan if s.op == "rms_norm")
-    assert norm.bucket == ALL_SIZES
+    norms = [s for s in plan if s.op == "rms_norm"]
+    assert {(s.bucket, s.ran) for s in norms} == {(ALL_SIZES, "native")}
+    # candidates answered at a size, not for the whole (ambiguous) range
+    assert all(c.provider != "?" for s in norms for c in s.candidates)
     assert Plan.from_json(plan.to_json()) == plan
 
 
