@@ -1,9 +1,15 @@
 """Does choosing kernels per size bucket pay? Kernel crossovers, a compiled decoder, a plan.
 
-Three sections, timed with ``vllm-ir tune --model``'s interleaved rounds
+Four sections, timed with ``vllm-ir tune --model``'s interleaved rounds
 (:func:`vllm_ir.cli.tune_model.measure_interleaved`: every setting once per
 round, the order rotating; ``vllm-ir bench``'s timer; a p10-p90 spread over
-25 % of the median is flagged ``noisy``):
+25 % of the median is flagged ``noisy``). Each compares a *bucketed* setting
+with every *fixed* priority: a selection pass picks each bucket's best fixed
+priority (the lowest geometric-mean median over the bucket's token counts),
+an independent evaluation pass re-times them all side by side. Reported per
+bucket: bucketed / best fixed (target <= 1.03), and over a decode+prefill mix
+(each decode token count ``--decode-weight`` times per prefill): bucketed /
+the best single fixed priority (target < 1).
 
 * ``kernels``: every CPU impl of ``rms_norm`` (``native``, ``cpu_c`` when
   vllm-ir-cpu is installed) across token counts 1..4096, eagerly, with the
@@ -12,28 +18,27 @@ round, the order rotating; ``vllm-ir bench``'s timer; a p10-p90 spread over
   own fused CPU kernel (``torch.rms_norm``, one dispatcher call), registered
   here as a second real CPU impl, and ``inductor``: the native function
   compiled by Inductor (token dim dynamic) behind its Python wrapper, for
-  eager calls, registered for this section only.
+  eager calls, registered for this section only. ``kernels.bucketed``: the
+  per-bucket winners (bounds 16, 256, 1024) as a bucketed ``rms_norm`` table,
+  re-timed through the op's eager dispatch against every impl fixed.
 * ``compiled_decoder``: the compile benchmark's decoder
   (``benchmarks/compiled_priorities.py``) compiled once per fixed priority
   (every op on ``native``, or on ``cpu_c``), the token dim dynamic, at decode
-  and prefill sizes. A *selection* pass picks each bucket's best fixed
-  priority (the lowest geometric-mean time over the bucket's token counts);
-  an independent *evaluation* pass re-times every fixed priority and the
-  bucketed choice (the winner's compiled model at each size: the fixed
-  priority switched per bucket) side by side. Reported per bucket: bucketed /
-  best fixed (target <= 1.03), and over a decode+prefill mix (each decode
-  token count ``--decode-weight`` times per prefill): bucketed vs the best
-  single fixed priority.
+  and prefill sizes. The choice runs as ``bucketed_graph``: ONE compile under
+  the bucketed table (a ``torch.cond`` branch per bucket whose impls differ,
+  recompiles refused across sizes > 1; Dynamo gives size 1 its own graph),
+  and as ``bucketed_switch``: the chosen fixed model per size (the same
+  compiled model as a fixed setting: their difference measures the noise).
+* ``eager_decoder``: the same decoder in eager mode, each fixed priority and
+  the bucketed table (chosen by its own eager selection pass) in a scope.
 * ``plan``: the kernel plan (:func:`vllm_ir.plan`) of a kernelized tiny
   random Hugging Face Llama at a decode and a prefill size: every norm and MLP
   with the impl that ran (needs transformers and vllm-ir-transformers).
 
     python benchmarks/selection.py [--out benchmarks/results/selection.json] [--quick]
-        [--threads 1] [--rounds 10] [--hidden 256] [--layers 4]
+        [--threads 1] [--rounds 10] [--hidden 256] [--layers 4] [--sections ...]
 
-TODO(buckets): once bucketed priorities are in the tree, also compile the
-decoder once under the bucketed table (one graph, a runtime branch per bucket)
-and time that beside the per-bucket switch measured here.
+The JSON holds the load average at start and end (the machine is shared).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ import os
 import platform
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "selection.json"
 BOUNDS = (16, 256)
+KERNEL_BOUNDS = (16, 256, 1024)
+"""The kernels section's buckets: one more bound, where the CPU crossovers measured are."""
 WITHIN = 0.03
 EPSILON = 1e-6
 
@@ -79,10 +86,17 @@ def _register_aten() -> None:
         )(_aten_rms_norm)
 
 
-def _bucket(tokens: int) -> str:
-    from vllm_ir.callsite import bucket_label
+def _label(index: int, bounds: Sequence[int] = BOUNDS) -> str:
+    from vllm_ir.buckets import bucket_label
 
-    return bucket_label(tokens, BOUNDS)
+    return bucket_label(bounds, index)
+
+
+def _bucket(tokens: int, bounds: Sequence[int] = BOUNDS) -> str:
+    """The bucket of ``tokens`` in a table with ``bounds`` (``<=16``, ``<=256``, ``>256``)."""
+    from vllm_ir.buckets import bucket_index
+
+    return _label(bucket_index(bounds, tokens), bounds)
 
 
 def _bound(fn: Callable[..., Any], call: tuple[Any, ...]) -> Callable[[], Any]:
@@ -118,16 +132,17 @@ def _register_inductor() -> Callable[[], None]:
     return lambda: op.unregister_impl("inductor")
 
 
-def kernels(tokens: Sequence[int], hidden: int, rounds: int) -> dict[str, Any]:
-    """rms_norm's CPU impls side by side per token count; winners and crossovers."""
+def kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int) -> dict[str, Any]:
+    """rms_norm's CPU impls side by side per token count; winners and crossovers; the
+    per-bucket winners as a bucketed table against each impl fixed."""
     undo = _register_inductor()
     try:
-        return _kernels(tokens, hidden, rounds)
+        return _kernels(tokens, hidden, rounds, decode_weight)
     finally:
         undo()
 
 
-def _kernels(tokens: Sequence[int], hidden: int, rounds: int) -> dict[str, Any]:
+def _kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int) -> dict[str, Any]:
     import vllm_ir as ir
     from vllm_ir.cli.tune_model import measure_interleaved
 
@@ -155,12 +170,72 @@ def _kernels(tokens: Sequence[int], hidden: int, rounds: int) -> dict[str, Any]:
         )
         line = ", ".join(f"{n} {v.median_us:.1f} us" for n, v in times.items())
         print(f"kernels {t:>5} tokens: {line} -> {best}", flush=True)
+    picked = {
+        r["tokens"]: {n: _Median(v["median_us"]) for n, v in r["times_us"].items()} for r in rows
+    }
     return {
         "op": "rms_norm",
         "hidden": hidden,
         "rows": rows,
         "crossovers": _crossovers(rows),
         "crossovers_by_median": _crossovers(rows, beyond_spread=False),
+        "bucketed": _kernels_bucketed(tokens, hidden, rounds, picked, decode_weight),
+    }
+
+
+@dataclass(frozen=True)
+class _Median:
+    median_us: float
+
+
+def _kernels_bucketed(
+    tokens: Sequence[int], hidden: int, rounds: int, picked: dict[int, Any], decode_weight: int
+) -> dict[str, Any]:
+    """The per-bucket winners of the rows above (the selection pass) as a bucketed
+    table of rms_norm, against every impl fixed, re-timed through the op's eager
+    dispatch (an independent evaluation pass; every call enters its setting's
+    priority scope, the same cost for each setting)."""
+    import vllm_ir as ir
+    from vllm_ir.cli.tune_model import measure_interleaved
+
+    op = ir.ops.rms_norm
+    names = sorted(next(iter(picked.values())))
+    choice = _choose(tokens, picked, names, KERNEL_BOUNDS)
+    labels = [_label(i, KERNEL_BOUNDS) for i in range(len(KERNEL_BOUNDS) + 1)]
+    table = [
+        {"max_tokens": b, "priority": [choice[labels[i]]]} for i, b in enumerate(KERNEL_BOUNDS)
+    ]
+    table.append({"priority": [choice[labels[-1]]]})
+    settings = {n: ir.IrOpPriorityConfig(rms_norm=[n]) for n in names}
+    settings["bucketed_table"] = ir.IrOpPriorityConfig(rms_norm=table)
+    weight = torch.randn(hidden)
+    print(f"kernels: bucketed table {table}", flush=True)
+
+    def step(config: Any, x: Tensor) -> Callable[[], Any]:
+        def run() -> Any:
+            with config.scope():
+                return op(x, weight, EPSILON)
+
+        return run
+
+    evaluated, ran = {}, {}
+    with torch.inference_mode():
+        for t in tokens:
+            x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(t))
+            with settings["bucketed_table"].scope():
+                ran[str(t)] = op.dispatch(x, weight, EPSILON).provider
+            steps = {n: step(c, x) for n, c in settings.items()}
+            evaluated[t] = measure_interleaved(steps, rounds, warmup=3)
+    return {
+        "bucket_bounds": list(KERNEL_BOUNDS),
+        "table": table,
+        "ran_under_table": ran,
+        "evaluation_pass": {
+            str(t): {n: _timing(v) for n, v in evaluated[t].items()} for t in tokens
+        },
+        **_summary(
+            tokens, evaluated, names, ["bucketed_table"], choice, decode_weight, KERNEL_BOUNDS
+        ),
     }
 
 
@@ -188,6 +263,99 @@ def _crossovers(rows: list[dict[str, Any]], *, beyond_spread: bool = True) -> li
     return found
 
 
+def bucketed_table(
+    fixed: dict[str, dict[str, list[str]]], choice: dict[str, str]
+) -> dict[str, list[dict[str, Any]]]:
+    """The bucketed priority table running, in each bucket, that bucket's chosen fixed
+    priority (an op the choice does not pin gets ``[]``: its defaults, as there)."""
+    ops = sorted({op for p in fixed.values() for op in p})
+    labels = [_label(i) for i in range(len(BOUNDS) + 1)]
+    table = {}
+    for op in ops:
+        entries: list[dict[str, Any]] = []
+        for i, label in enumerate(labels):
+            entry: dict[str, Any] = {"priority": list(fixed[choice[label]].get(op, []))}
+            if i < len(BOUNDS):
+                entry = {"max_tokens": BOUNDS[i], **entry}
+            entries.append(entry)
+        table[op] = entries
+    return table
+
+
+def _choose(
+    tokens: Sequence[int],
+    picked: dict[int, Any],
+    names: Sequence[str],
+    bounds: Sequence[int] = BOUNDS,
+) -> dict[str, str]:
+    """Per bucket of ``tokens``: the name with the lowest geometric-mean median there."""
+    choice = {}
+    for i in range(len(bounds) + 1):
+        ts = [t for t in tokens if _bucket(t, bounds) == _label(i, bounds)]
+        if ts:
+            choice[_label(i, bounds)] = min(
+                names, key=lambda n: _geomean([picked[t][n].median_us for t in ts])
+            )
+    # a bucket without a measured size keeps the choice of the bucket below it
+    ordered: dict[str, str] = {}
+    for i in range(len(bounds) + 1):
+        below = ordered[_label(i - 1, bounds)] if i else names[0]
+        ordered[_label(i, bounds)] = choice.get(_label(i, bounds), below)
+    return ordered
+
+
+def _summary(
+    tokens: Sequence[int],
+    evaluated: dict[int, Any],
+    fixed: Sequence[str],
+    bucketed: Sequence[str],
+    choice: dict[str, str],
+    decode_weight: int,
+    bounds: Sequence[int] = BOUNDS,
+) -> dict[str, Any]:
+    """Per bucket, each bucketed setting over the best fixed priority there; over the
+    decode+prefill mix, each bucketed setting over the best single fixed priority."""
+    per_bucket = {}
+    labels = [_label(i, bounds) for i in range(len(bounds) + 1)]
+    for b in labels:
+        ts = [t for t in tokens if _bucket(t, bounds) == b]
+        if not ts:
+            continue
+        score = {n: _geomean([evaluated[t][n].median_us for t in ts]) for n in [*fixed, *bucketed]}
+        best_fixed = min(fixed, key=lambda n: score[n])
+        ratios = {n: round(score[n] / score[best_fixed], 4) for n in bucketed}
+        per_bucket[b] = {
+            "tokens": ts,
+            "choice": choice[b],
+            "best_fixed": best_fixed,
+            "over_best_fixed": ratios,
+            "within_3pct": {n: r <= 1 + WITHIN for n, r in ratios.items()},
+            "noisy": any(evaluated[t][n].noisy for t in ts for n in evaluated[t]),
+        }
+    weights = {t: decode_weight if t <= BOUNDS[0] else 1 for t in tokens}
+    mix = {
+        n: sum(weights[t] * evaluated[t][n].median_us for t in tokens) for n in [*fixed, *bucketed]
+    }
+    best_single = min(fixed, key=lambda n: mix[n])
+    return {
+        "buckets": per_bucket,
+        "mix": {
+            "weights": {str(t): w for t, w in weights.items()},
+            "total_us": {n: round(v, 1) for n, v in mix.items()},
+            "best_single_fixed": best_single,
+            "over_best_single": {n: round(mix[n] / mix[best_single], 4) for n in bucketed},
+            "faster": {n: mix[n] < mix[best_single] for n in bucketed},
+        },
+        "choice_is_a_single_fixed_priority": len(set(choice.values())) == 1,
+    }
+
+
+def _lowered(backend: Any) -> dict[str, list[str]]:
+    """Per op, what the backend's latest compile lowered its nodes to (``<=16:a;b``
+    for a node branched per bucket)."""
+    return {op: sorted(set(n.values())) for op, n in backend.lowering_pass.selected_impls.items()}
+
+
 def compiled_decoder(
     tokens: Sequence[int],
     hidden: int,
@@ -196,7 +364,9 @@ def compiled_decoder(
     rounds: int,
     decode_weight: int,
 ) -> dict[str, Any]:
-    """Fixed priorities vs the per-bucket choice, on the compiled decoder."""
+    """Fixed priorities vs the per-bucket choice on the compiled decoder: the choice run
+    as ONE graph under the bucketed table (a runtime branch per bucket, token dim
+    dynamic, recompiles refused), and as the switch between the fixed models."""
     import vllm_ir as ir
     from compiled_priorities import Decoder, candidates
     from vllm_ir.cli.tune_model import measure_interleaved
@@ -207,80 +377,124 @@ def compiled_decoder(
     inputs = {t: torch.randn(t, hidden, generator=torch.Generator().manual_seed(t)) for t in tokens}
     compiled: dict[str, Any] = {}
     selected: dict[str, Any] = {}
+
+    def compile_with(name: str, priority: dict[str, Any]) -> None:
+        backend = ir.VllmIRBackend(priority=priority)
+        fn = torch.compile(model, backend=backend, dynamic=True)
+        # one graph for every size > 1 (the token dim dynamic); Dynamo specializes
+        # size 1 (its 0/1 rule), so one token gets a second graph of its own
+        many = [x for t, x in inputs.items() if t > 1]
+        fn(many[0])
+        # what the dynamic graph lowered to, before a size-1 graph reuses the node names
+        lowered = {"dynamic": _lowered(backend)}
+        torch.compiler.set_stance("fail_on_recompile")
+        try:
+            for x in many[1:]:
+                fn(x)  # warm-up at every size; a recompile would raise
+        finally:
+            torch.compiler.set_stance("default")
+        for x in (x for t, x in inputs.items() if t == 1):
+            fn(x)
+            lowered["tokens_1"] = _lowered(backend)
+        compiled[name] = fn
+        selected[name] = lowered
+        print(f"compiled decoder: {name} {selected[name]}", flush=True)
+
     with inductor_caches_off(), torch.no_grad():
         for name, priority in fixed.items():
-            backend = ir.VllmIRBackend(priority=priority)
-            fn = torch.compile(model, backend=backend, dynamic=True)
-            for x in inputs.values():
-                fn(x)  # compiles (once: the token dim is dynamic) and warms up
-            compiled[name] = fn
-            selected[name] = {
-                op: sorted(set(nodes.values()))
-                for op, nodes in backend.lowering_pass.selected_impls.items()
-            }
-            print(f"compiled decoder: {name} {selected[name]}", flush=True)
+            compile_with(name, priority)
 
         def steps_for(t: int, choice: dict[str, str] | None) -> dict[str, Callable[[], Any]]:
             x = inputs[t]
             steps = {n: (lambda fn=fn: fn(x)) for n, fn in compiled.items()}
             if choice is not None:
-                steps["bucketed"] = steps[choice[_bucket(t)]]
+                steps["bucketed_switch"] = steps[choice[_bucket(t)]]
             return steps
 
         # selection pass: each bucket's best fixed priority
         picked = {t: measure_interleaved(steps_for(t, None), rounds, warmup=2) for t in tokens}
-        buckets = sorted({_bucket(t) for t in tokens}, key=lambda b: min(
-            t for t in tokens if _bucket(t) == b))  # fmt: skip
-        choice = {}
-        for b in buckets:
-            ts = [t for t in tokens if _bucket(t) == b]
-            choice[b] = min(fixed, key=lambda n: _geomean([picked[t][n].median_us for t in ts]))
+        choice = _choose(tokens, picked, list(fixed))
+        table = bucketed_table(fixed, choice)
         print(f"compiled decoder: bucket choice {choice}", flush=True)
+        compile_with("bucketed_graph", table)
         # evaluation pass: independent timings of every fixed priority and the bucketed choice
         evaluated = {t: measure_interleaved(steps_for(t, choice), rounds, warmup=2) for t in tokens}
-    per_bucket = {}
-    for b in buckets:
-        ts = [t for t in tokens if _bucket(t) == b]
-        score = {n: _geomean([evaluated[t][n].median_us for t in ts]) for n in [*fixed, "bucketed"]}
-        best_fixed = min(fixed, key=lambda n: score[n])
-        ratio = score["bucketed"] / score[best_fixed]
-        per_bucket[b] = {
-            "tokens": ts,
-            "choice": choice[b],
-            "best_fixed": best_fixed,
-            "bucketed_over_best_fixed": round(ratio, 4),
-            "within_3pct": ratio <= 1 + WITHIN,
-            "noisy": any(evaluated[t][n].noisy for t in ts for n in evaluated[t]),
-        }
-    # the bucketed setting runs its choice's very compiled model: their difference is noise
+    # the switch runs its choice's very compiled model: their difference is noise
     same_model = {}
     for t in tokens:
         same = evaluated[t][choice[_bucket(t)]].median_us
-        same_model[str(t)] = round(abs(evaluated[t]["bucketed"].median_us / same - 1), 4)
-    weights = {t: decode_weight if t <= BOUNDS[0] else 1 for t in tokens}
-    mix = {
-        n: sum(weights[t] * evaluated[t][n].median_us for t in tokens) for n in [*fixed, "bucketed"]
-    }
-    best_single = min(fixed, key=lambda n: mix[n])
+        same_model[str(t)] = round(abs(evaluated[t]["bucketed_switch"].median_us / same - 1), 4)
+    bucketed = ["bucketed_graph", "bucketed_switch"]
     return {
         "model": {"hidden": hidden, "intermediate": intermediate, "layers": layers},
         "fixed_priorities": fixed,
+        "bucketed_table": table,
         "selected_by_lowering": selected,
+        "recompiles": (
+            "none across sizes > 1 (fail_on_recompile); size 1 has its own graph "
+            "(Dynamo's 0/1 specialization)"
+        ),
         "bucket_bounds": list(BOUNDS),
         "selection_pass": {str(t): {n: _timing(v) for n, v in picked[t].items()} for t in tokens},
         "evaluation_pass": {
             str(t): {n: _timing(v) for n, v in evaluated[t].items()} for t in tokens
         },
-        "buckets": per_bucket,
-        "mix": {
-            "weights": {str(t): w for t, w in weights.items()},
-            "total_us": {n: round(v, 1) for n, v in mix.items()},
-            "best_single_fixed": best_single,
-            "bucketed_over_best_single": round(mix["bucketed"] / mix[best_single], 4),
-            "bucketed_faster": mix["bucketed"] < mix[best_single],
-        },
-        "bucketed_is_a_single_fixed_priority": len(set(choice.values())) == 1,
+        **_summary(tokens, evaluated, list(fixed), bucketed, choice, decode_weight),
         "same_model_difference": same_model,
+    }
+
+
+def eager_decoder(
+    tokens: Sequence[int],
+    hidden: int,
+    intermediate: int,
+    layers: int,
+    rounds: int,
+    decode_weight: int,
+) -> dict[str, Any]:
+    """The same comparison in eager mode: each fixed priority in a scope, against the
+    bucketed table (chosen by an eager selection pass) in a scope: the bucket is part
+    of the eager selection key."""
+    import vllm_ir as ir
+    from compiled_priorities import Decoder, candidates
+    from vllm_ir.cli.tune_model import measure_interleaved
+
+    model = Decoder(hidden, intermediate, layers).eval()
+    fixed = candidates("cpu")
+    inputs = {t: torch.randn(t, hidden, generator=torch.Generator().manual_seed(t)) for t in tokens}
+
+    def step(priority: dict[str, Any], x: Tensor) -> Callable[[], Any]:
+        config = ir.IrOpPriorityConfig(**priority)
+
+        def run() -> Any:
+            with config.scope():
+                return model(x)
+
+        return run
+
+    with torch.no_grad():
+        picked = {
+            t: measure_interleaved({n: step(p, inputs[t]) for n, p in fixed.items()}, rounds, 2)
+            for t in tokens
+        }
+        choice = _choose(tokens, picked, list(fixed))
+        table = bucketed_table(fixed, choice)
+        print(f"eager decoder: bucket choice {choice}", flush=True)
+        evaluated = {}
+        for t in tokens:
+            steps = {n: step(p, inputs[t]) for n, p in fixed.items()}
+            steps["bucketed_table"] = step(table, inputs[t])
+            evaluated[t] = measure_interleaved(steps, rounds, warmup=2)
+        with ir.IrOpPriorityConfig(**table).scope():
+            ran = {t: ir.plan(model, inputs[t]).by_op() for t in tokens}
+    return {
+        "bucketed_table": table,
+        "ran_under_table": {str(t): r for t, r in ran.items()},
+        "selection_pass": {str(t): {n: _timing(v) for n, v in picked[t].items()} for t in tokens},
+        "evaluation_pass": {
+            str(t): {n: _timing(v) for n, v in evaluated[t].items()} for t in tokens
+        },
+        **_summary(tokens, evaluated, list(fixed), ["bucketed_table"], choice, decode_weight),
     }
 
 
@@ -329,28 +543,38 @@ def plan_of_llama(tokens: Sequence[int]) -> dict[str, Any] | None:
 
 def _verdict(report: dict[str, Any]) -> dict[str, Any]:
     """The issue's targets, each with whether the timings behind it can be trusted."""
-    decoder = report["compiled_decoder"]
-    buckets = decoder["buckets"].values()
-    noisy = any(b["noisy"] for b in buckets)
-    same = decoder["same_model_difference"].values()
-    single = decoder["bucketed_is_a_single_fixed_priority"]
-    return {
+    decoder, eager = report["compiled_decoder"], report.get("eager_decoder")
+    found: dict[str, Any] = {
         "kernel_crossover_found": bool(report["kernels"]["crossovers"]),
-        "bucketed_within_3pct_in_every_bucket": all(b["within_3pct"] for b in buckets),
         "kernel_crossover_by_median": bool(report["kernels"]["crossovers_by_median"]),
-        "bucketed_faster_than_best_single_fixed_over_mix": (
-            decoder["mix"]["bucketed_faster"] and not single
-        ),
-        "bucketed_is_a_single_fixed_priority": single,
-        "timings_noisy": noisy,
-        "max_same_model_difference": max(same) if same else None,
-        "note": (
-            "timings spread over 25 % of their median: the targets above are not established "
-            "by this run; rerun on an idle machine (more --rounds)"
-            if noisy
-            else "timings within the spread limit"
-        ),
     }
+    noisy = False
+    for section, name, key in (
+        (report["kernels"]["bucketed"], "bucketed_table", "kernels_bucketed_table"),
+        (decoder, "bucketed_graph", "decoder_bucketed_graph"),
+        (decoder, "bucketed_switch", "decoder_bucketed_switch"),
+        (eager, "bucketed_table", "eager_decoder_bucketed_table"),
+    ):
+        if section is None:
+            continue
+        buckets = section["buckets"].values()
+        single = section["choice_is_a_single_fixed_priority"]
+        noisy = noisy or any(b["noisy"] for b in buckets)
+        found[key] = {
+            "within_3pct_in_every_bucket": all(b["within_3pct"][name] for b in buckets),
+            "faster_than_best_single_fixed_over_mix": section["mix"]["faster"][name] and not single,
+            "choice_is_a_single_fixed_priority": single,
+        }
+    same = decoder["same_model_difference"].values()
+    found["timings_noisy"] = noisy
+    found["max_same_model_difference"] = max(same) if same else None
+    found["note"] = (
+        "timings spread over 25 % of their median: the targets above are not established "
+        "by this run; rerun on an idle machine (more --rounds)"
+        if noisy
+        else "timings within the spread limit"
+    )
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel-hidden", type=int, default=4096)
     parser.add_argument("--decode-weight", type=int, default=32)
     parser.add_argument(
-        "--sections", default="kernels,decoder,plan", help="comma separated (default all)"
+        "--sections", default="kernels,decoder,eager,plan", help="comma separated (default all)"
     )
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
@@ -387,6 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_ir": ir.__version__,
         "threads": torch.get_num_threads(),
         "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
+        "load_average_at_end": None,
         "cpus": os.cpu_count(),
         "timing": {
             "method": "interleaved rounds (vllm_ir.cli.tune_model.measure_interleaved), "
@@ -394,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": args.rounds,
             "noisy": "p90 - p10 over 25 % of the median",
         },
-        "kernels": kernels(kernel_tokens, args.kernel_hidden, args.rounds)
+        "kernels": kernels(kernel_tokens, args.kernel_hidden, args.rounds, args.decode_weight)
         if "kernels" in sections
         else None,
         "compiled_decoder": compiled_decoder(
@@ -407,23 +632,43 @@ def main(argv: list[str] | None = None) -> int:
         )
         if "decoder" in sections
         else None,
+        "eager_decoder": eager_decoder(
+            decoder_tokens,
+            args.hidden,
+            args.intermediate,
+            args.layers,
+            args.rounds,
+            args.decode_weight,
+        )
+        if "eager" in sections
+        else None,
         "plan": plan_of_llama(plan_tokens) if "plan" in sections else None,
     }
+    report["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]
     both = report["kernels"] is not None and report["compiled_decoder"] is not None
     report["verdict"] = _verdict(report) if both else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    decoder = report["compiled_decoder"]
-    if decoder is not None:
-        for b, r in decoder["buckets"].items():
+    sections_out = {
+        "kernels_bucketed": report["kernels"]["bucketed"] if report["kernels"] else None,
+        "compiled_decoder": report["compiled_decoder"],
+        "eager_decoder": report["eager_decoder"],
+    }
+    for key, section in sections_out.items():
+        if section is None:
+            continue
+        for b, r in section["buckets"].items():
+            ratios = ", ".join(f"{n} {v:.3f}" for n, v in r["over_best_fixed"].items())
+            noisy = " (noisy)" if r["noisy"] else ""
             print(
-                f"bucket {b}: bucketed {r['choice']} / best fixed {r['best_fixed']} = "
-                f"{r['bucketed_over_best_fixed']:.3f}{' (noisy)' if r['noisy'] else ''}"
+                f"{key} bucket {b}: choice {r['choice']}; over best fixed "
+                f"{r['best_fixed']}: {ratios}{noisy}"
             )
-        mix = decoder["mix"]
+        mix = section["mix"]
+        ratios = ", ".join(f"{n} {v:.3f}" for n, v in mix["over_best_single"].items())
         print(
-            f"decode+prefill mix: bucketed / best single fixed ({mix['best_single_fixed']}) = "
-            f"{mix['bucketed_over_best_single']:.3f}"
+            f"{key} decode+prefill mix, over best single fixed "
+            f"({mix['best_single_fixed']}): {ratios}"
         )
     if report["kernels"] is not None:
         print(f"crossovers: {report['kernels']['crossovers'] or 'none'}")

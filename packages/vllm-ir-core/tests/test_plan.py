@@ -9,7 +9,8 @@ import pytest
 import torch
 import vllm_ir as ir
 from torch import Tensor, nn
-from vllm_ir.callsite import bucket_label, module_path_of, token_count
+from vllm_ir.buckets import ALL_SIZES
+from vllm_ir.callsite import bucket_of, module_path_of, token_count
 from vllm_ir.planning import Plan, PlanFormatError
 
 
@@ -72,7 +73,7 @@ def test_eager_plan_lists_every_call_site(model: Model, scale_op: ir.IrOp) -> No
         ("layers.1", "rms_norm", 1),
     ]
     scale = plan.sites[0]
-    assert (scale.tokens, scale.bucket, scale.ran) == (4, "<=16", "native")
+    assert (scale.tokens, scale.bucket, scale.ran) == (4, ALL_SIZES, "native")
     assert scale.args == ("x: float32[4, 8] cpu", "factor=2.0")
     notes = {c.provider: (c.status, c.reason) for c in scale.candidates}
     assert notes["prefill_kernel"] == (
@@ -86,7 +87,7 @@ def test_eager_plan_lists_every_call_site(model: Model, scale_op: ir.IrOp) -> No
 
 def test_the_impl_that_ran_follows_the_size(model: Model, scale_op: ir.IrOp) -> None:
     """Decode and prefill sizes: each site reports what op.dispatch runs for it."""
-    for rows, bucket, ran in [(1, "<=16", "native"), (300, ">256", "prefill_kernel")]:
+    for rows, bucket, ran in [(1, ALL_SIZES, "native"), (300, ALL_SIZES, "prefill_kernel")]:
         x = torch.randn(rows, 8)
         with scale_op.set_priority(["prefill_kernel", "native"]):
             plan = ir.plan(model, x)
@@ -200,16 +201,18 @@ def test_batch_invariance_in_force_is_recorded(
     )
 
 
-def test_token_counts_and_buckets() -> None:
+BUCKETS = [{"max_tokens": 16, "priority": ["native"]}, {"priority": ["unlisted", "native"]}]
+"""A bucketed table for the scale op: native for decode sizes, ``unlisted`` above."""
+
+
+def test_token_counts_and_buckets(scale_op: ir.IrOp) -> None:
+    """Tokens are op.tokens; the bucket is the op's effective table's (none: all sizes)."""
     assert token_count(ir.ops.rms_norm, (torch.ones(3, 5, 8), None, 1e-6, None)) == 15
-    assert [bucket_label(t) for t in (1, 16, 17, 256, 257)] == [
-        "<=16",
-        "<=16",
-        "<=256",
-        "<=256",
-        ">256",
-    ]
-    assert bucket_label("s0") == "dynamic"
+    assert bucket_of(scale_op, (torch.ones(40, 8), 2.0)) == ALL_SIZES
+    three = [{"max_tokens": 16, "priority": []}, {"max_tokens": 256, "priority": []}]
+    with scale_op.set_priority([*three, {"priority": []}]):
+        labels = [bucket_of(scale_op, (torch.ones(t, 8), 2.0)) for t in (1, 16, 17, 256, 257)]
+    assert labels == ["<=16", "<=16", "<=256", "<=256", ">256"]
     stack = {"a": ("L['self'].layers[0]", nn.Module), "b": ("L['self'].layers[0].mlp", nn.Module)}
     meta = {"nn_module_stack": stack}
     assert module_path_of(meta) == "layers.0.mlp"
@@ -227,10 +230,56 @@ def test_compiled_plan_names_the_modules_of_the_nodes(scale_op: ir.IrOp) -> None
     assert {(s.site, s.op, s.count) for s in plan} == {(s.site, s.op, s.count) for s in eager}
     norm = next(s for s in plan if s.op == "rms_norm")
     assert norm.ran == "native"
-    assert norm.bucket == "<=16"
+    assert norm.bucket == ALL_SIZES  # no table of rms_norm has buckets
     assert Plan.from_json(plan.to_json()) == plan
     with torch.no_grad(), pytest.raises(RuntimeError, match="lowered no IR op"):
         ir.plan(compiled, x)  # already compiled for these inputs: nothing to record
+
+
+def test_eager_plan_names_the_bucket_of_the_table(model: Model, scale_op: ir.IrOp) -> None:
+    with scale_op.set_priority(BUCKETS):
+        small, big = ir.plan(model, torch.randn(4, 8)), ir.plan(model, torch.randn(32, 8))
+    for p, bucket, ran in ((small, "<=16", "native"), (big, ">16", "unlisted")):
+        scales = [s for s in p if s.op == scale_op.name]
+        assert {(s.bucket, s.ran) for s in scales} == {(bucket, ran)}
+        assert not p.mismatches
+
+
+def test_compiled_plan_lists_each_bucket_branch(scale_op: ir.IrOp) -> None:
+    """One compile, token dim dynamic: the lowering branches per bucket (torch.cond)
+    and the plan has one site per branch with the impl it runs."""
+    scale_op.register_impl("unlisted")(_times)  # no supports_args: asked on symbolic sizes
+    model = Model(scale_op)
+    torch._dynamo.reset()
+    # rms_norm: buckets that all select native, merged into one impl (no branch)
+    same = [{"max_tokens": 16, "priority": ["native"]}, {"priority": ["native"]}]
+    backend = ir.VllmIRBackend(priority={scale_op.name: BUCKETS, "rms_norm": same})
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    try:
+        with torch.no_grad():
+            plan = ir.plan(compiled, torch.randn(4, 8))
+    finally:
+        torch._dynamo.reset()
+    lowered = {v for c in backend.pass_contexts for v in c.selected_impls[scale_op.name].values()}
+    assert lowered == {"<=16:native;unlisted"}
+    scales = [s for s in plan if s.op == scale_op.name]
+    by_site: dict[str, set[tuple[str, str]]] = {}
+    for s in scales:
+        by_site.setdefault(s.site, set()).add((s.bucket, s.ran))
+        assert isinstance(s.tokens, str)  # the symbolic count
+    assert set(by_site) == {"layers.0.scale", "layers.1.scale"}
+    assert all(v == {("<=16", "native"), (">16", "unlisted")} for v in by_site.values())
+    big = next(s for s in scales if s.bucket == ">16")
+    native = next(c for c in big.candidates if c.provider == "native")
+    assert native.status == "lost"  # candidates answered at the branch's sizes
+    table = plan.table()
+    assert f"layers.0.scale {scale_op.name} [<=16]: ran native" in table
+    assert f"layers.0.scale {scale_op.name} [>16]: ran unlisted" in table
+    norms = [s for s in plan if s.op == "rms_norm"]
+    assert {(s.bucket, s.ran) for s in norms} == {(ALL_SIZES, "native")}
+    # candidates answered at a size, not for the whole (ambiguous) range
+    assert all(c.provider != "?" for s in norms for c in s.candidates)
+    assert Plan.from_json(plan.to_json()) == plan
 
 
 # -- vllm-ir explain --plan ---------------------------------------------------------

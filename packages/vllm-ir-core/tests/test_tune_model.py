@@ -6,8 +6,10 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import vllm_ir as ir
 from vllm_ir.cli.tune_model import DEFAULT, Timing, bucket_table, decide_bucket
 from vllm_ir_cli import main
 
@@ -98,6 +100,22 @@ def test_tune_a_module_callable(
     timed = figures["ops"]["rms_norm"][">256"]["times_us"]["300"]
     assert {"default", "native"} <= set(timed)
     assert "wrote" in capsys.readouterr().out
+    _loads_as_priorities(out, doc, capsys)
+
+
+def _loads_as_priorities(
+    out: Path, doc: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sweep's file is a priority file: from_json, @FILE and explain --tuned read
+    its bucketed ``ir_op_priority`` and accept the ``_measurements`` beside it."""
+    config = ir.IrOpPriorityConfig.from_json(out)
+    assert config.to_dict() == doc["ir_op_priority"]
+    assert ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority=@{out}"]) == config
+    assert main(["explain", "rms_norm", "--tuned", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"tuned in {out} (tune --model" in printed
+    assert "priority: <=16:" in printed
+    assert doc["_measurements"]["ops"]["rms_norm"][">256"]["reason"] in printed
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import vllm_ir as ir
 from conftest import LLAMA
 from vllm_ir_cli import main
 
@@ -38,6 +39,14 @@ def test_tune_a_saved_hugging_face_model(
         assert "native" in times
         assert all(t["rounds"] == 3 for t in times.values())
     assert set(figures["combined"]) == {"1", "300"}
+    # the file is a priority file: the bucketed table loads, _measurements ignored
+    config = ir.IrOpPriorityConfig.from_json(out)
+    assert config.to_dict() == doc["ir_op_priority"]
+    assert ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority=@{out}"]) == config
+    assert main(["explain", "silu_and_mul", "--tuned", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "priority: <=16:" in printed
+    assert figures["ops"]["silu_and_mul"]["<=16"]["reason"] in printed
 
 
 def test_a_directory_without_a_model_is_one_line(

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 __all__ = [
+    "ALL_SIZES",
     "AmbiguousBucket",
     "Bucket",
     "BucketedPriority",
@@ -35,6 +36,7 @@ __all__ = [
     "PriorityTypeError",
     "as_priority",
     "bucket_index",
+    "bucket_label",
     "format_bucket_text",
     "merged_bounds",
     "parse_bucket_text",
@@ -113,6 +115,22 @@ def bucket_index(bounds: Sequence[int], tokens: int) -> int:
     """The index of the bucket ``tokens`` falls into: the first bound ``>= tokens``,
     else ``len(bounds)`` (the catch-all)."""
     return bisect.bisect_left(bounds, tokens)
+
+
+def bucket_label(bounds: Sequence[int], index: int) -> str:
+    """The name of bucket ``index`` of a table with ``bounds``: ``<=16`` for a
+    bounded bucket, ``>256`` for the catch-all above the last bound.
+
+    >>> [bucket_label((16, 256), i) for i in range(3)]
+    ['<=16', '<=256', '>256']
+    """
+    if not bounds:
+        return ALL_SIZES
+    return f"<={bounds[index]}" if index < len(bounds) else f">{bounds[-1]}"
+
+
+ALL_SIZES = "all sizes"
+"""The bucket of a call whose op's effective table has no buckets."""
 
 
 def _where_bucket(where: str, i: int) -> str:

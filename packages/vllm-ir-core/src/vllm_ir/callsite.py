@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -25,64 +24,53 @@ from typing import Any
 
 import torch
 
+from vllm_ir.buckets import ALL_SIZES, bucket_index, bucket_label, symbolic_range
 from vllm_ir.dispatch import Candidates
 
 __all__ = [
-    "DEFAULT_BUCKET_BOUNDS",
     "CallSite",
     "CandidateNote",
-    "bucket_label",
+    "bucket_of",
     "collecting_lowered",
     "compiled_call_site",
     "describe_args",
+    "is_collecting",
     "module_path_of",
     "notes_for",
+    "range_label",
     "record_lowered",
     "token_count",
 ]
 
-DEFAULT_BUCKET_BOUNDS: tuple[int, ...] = (16, 256)
-"""Upper token bounds of the default size buckets: decode (<= 16), <= 256, larger.
 
-TODO(buckets): once bucketed priorities land, read the bounds of the op's
-priority table instead (the buckets branch owns that representation)."""
+def token_count(op: Any, args: Sequence[Any]) -> int | str:
+    """The call's token count as selection sees it (:meth:`vllm_ir.IrOp.tokens`):
+    an ``int`` for concrete sizes, the symbolic expression as a string for a
+    dynamic size under ``torch.compile``."""
+    tokens = op.tokens(*args)
+    return tokens if type(tokens) is int else str(tokens)
 
 
-def token_count(op: Any, args: Sequence[Any]) -> int | str | None:
-    """Product of all but the last dim of the op's first activation.
+def bucket_of(op: Any, args: Sequence[Any]) -> str:
+    """The bucket of the op's effective priority table this call falls into
+    (:func:`vllm_ir.buckets.bucket_label`: ``<=16``, ``>256``), or
+    :data:`~vllm_ir.buckets.ALL_SIZES` when that table has no buckets.
 
-    An ``int`` for concrete sizes, the symbolic expression as a string for a
-    dynamic size under ``torch.compile``, ``None`` when the op has no tensor
-    activation.
+    A symbolic count names its one bucket (from its value range, no guard), or
+    ``all sizes`` when its range spans several that select alike (a range
+    selecting differently is branched and recorded per branch instead).
     """
-    names = list(op.signature.parameters)
-    if not op.activations:
-        return None
-    value = args[names.index(op.activations[0])]
-    if isinstance(value, (list, tuple)):
-        value = value[0] if value else None
-    if not isinstance(value, torch.Tensor):
-        return None
-    dims = list(value.shape[:-1])
-    if all(isinstance(d, int) for d in dims):
-        return math.prod(dims)
-    product: Any = 1
-    for d in dims:
-        product = product * d
-    return str(product)
+    bounds = op.bucket_bounds()
+    tokens = op.tokens(*args)
+    if type(tokens) is int:
+        return bucket_label(bounds, bucket_index(bounds, tokens))
+    return range_label(bounds, *symbolic_range(tokens))
 
 
-def bucket_label(tokens: int | str | None, bounds: Sequence[int] = DEFAULT_BUCKET_BOUNDS) -> str:
-    """The size bucket of ``tokens``: ``<=16``, ``<=256``, ``>256`` for the default bounds;
-    ``dynamic`` for a symbolic size, ``-`` for an op without a tensor activation."""
-    if tokens is None:
-        return "-"
-    if isinstance(tokens, str):
-        return "dynamic"
-    for bound in bounds:
-        if tokens <= bound:
-            return f"<={bound}"
-    return f">{bounds[-1]}" if bounds else "all"
+def range_label(bounds: Sequence[int], low: int, high: int) -> str:
+    """The bucket of every count in ``[low, high]``, or ``all sizes`` if several."""
+    first = bucket_index(bounds, low)
+    return bucket_label(bounds, first) if first == bucket_index(bounds, high) else ALL_SIZES
 
 
 def describe_args(op: Any, args: Sequence[Any]) -> tuple[str, ...]:
@@ -158,7 +146,10 @@ class CallSite:
     overload: str
     args: tuple[str, ...]
     tokens: int | str | None
+    """:meth:`vllm_ir.IrOp.tokens` (a string for a symbolic count; None in older plans)."""
     bucket: str
+    """The bucket of the op's effective table (``<=16``, ``>256``), ``all sizes`` if it
+    has none; for a node the lowering branched per bucket, the branch's bucket."""
     ran: str
     """The provider whose impl ran (eager: ``op.dispatch``; compiled: the lowering's)."""
     batch_invariant: bool
@@ -172,7 +163,15 @@ class CallSite:
 
     def key(self) -> tuple[Any, ...]:
         """What makes two calls the same call site (everything but ``count``)."""
-        return (self.site, self.op, self.overload, self.args, self.ran, self.candidates)
+        return (
+            self.site,
+            self.op,
+            self.overload,
+            self.args,
+            self.bucket,
+            self.ran,
+            self.candidates,
+        )
 
 
 # -- module paths and source lines ---------------------------------------------
@@ -239,18 +238,42 @@ def collecting_lowered() -> Iterator[list[CallSite]]:
         _collector.reset(token)
 
 
-def record_lowered(node: Any, op: Any, fake_args: Sequence[Any], provider: str) -> None:
-    """Called by the lowering pass for each node it lowers; a no-op outside
-    :func:`collecting_lowered`."""
+def is_collecting() -> bool:
+    """Whether a :func:`collecting_lowered` block is open (the lowering skips
+    describing branches otherwise)."""
+    return _collector.get() is not None
+
+
+def record_lowered(
+    node: Any,
+    op: Any,
+    fake_args: Sequence[Any],
+    provider: str,
+    *,
+    branch: tuple[str, int] | None = None,
+) -> None:
+    """Called by the lowering pass for each node it lowers, and for a node it
+    branches per bucket once per branch with ``branch=(bucket label,
+    representative token count)``; a no-op outside :func:`collecting_lowered`."""
     found = _collector.get()
     if found is not None:
-        found.append(compiled_call_site(node, op, fake_args, provider))
+        found.append(compiled_call_site(node, op, fake_args, provider, branch=branch))
 
 
-def compiled_call_site(node: Any, op: Any, fake_args: Sequence[Any], provider: str) -> CallSite:
-    """The call site of one lowered FX node (called inside the lowering's
-    compiled-selection scope, so ``candidates`` answers as the lowering selected)."""
+def compiled_call_site(
+    node: Any,
+    op: Any,
+    fake_args: Sequence[Any],
+    provider: str,
+    *,
+    branch: tuple[str, int] | None = None,
+) -> CallSite:
+    """The call site of one lowered FX node, or of one branch of it (called inside
+    the lowering's compiled-selection scope, so ``candidates`` answers as the
+    lowering selected; a branch's at its representative token count)."""
     from torch._guards import detect_fake_mode
+
+    from vllm_ir.priority import selection_mode
 
     fake_mode = detect_fake_mode([a for a in fake_args if isinstance(a, torch.Tensor)])
     shape_env = getattr(fake_mode, "shape_env", None)
@@ -258,11 +281,16 @@ def compiled_call_site(node: Any, op: Any, fake_args: Sequence[Any], provider: s
     quiet = shape_env.suppress_guards() if shape_env is not None else contextlib.nullcontext()
     with quiet:
         try:
-            notes = notes_for(op.candidates(*fake_args), provider)
+            if branch is None:
+                found = op.candidates(*fake_args)
+            else:
+                found = op._candidates_tokens(tuple(fake_args), branch[1], selection_mode())
+            notes = notes_for(found, provider)
         except Exception as e:  # an impl's supports_args failing on FakeTensors
             notes = (CandidateNote(provider, "ran", "chosen by the lowering", ""),)
             notes += (CandidateNote("?", "rejected", f"candidates() failed: {e}", ""),)
         tokens = token_count(op, fake_args)
+        bucket = bucket_of(op, fake_args) if branch is None else branch[0]
         args = describe_args(op, fake_args)
     source = source_of_stack_trace(node.meta.get("stack_trace"))
     site = module_path_of(node.meta) or source or f"(graph node {node.name})"
@@ -272,7 +300,7 @@ def compiled_call_site(node: Any, op: Any, fake_args: Sequence[Any], provider: s
         overload="default",
         args=args,
         tokens=tokens,
-        bucket=bucket_label(tokens),
+        bucket=bucket,
         ran=provider,
         batch_invariant=op.impls[provider].batch_invariant,
         candidates=notes,

@@ -41,10 +41,11 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from vllm_ir.buckets import ALL_SIZES
 from vllm_ir.callsite import (
     CallSite,
     CandidateNote,
-    bucket_label,
+    bucket_of,
     collecting_lowered,
     describe_args,
     is_internal,
@@ -130,7 +131,9 @@ class Plan:
             lines.append("")
             lines.append("candidates per call site:")
             for s in self.sites:
-                lines.append(f"  {s.site} {s.op}: ran {s.ran}")
+                # a branched node has a site per bucket: say which
+                where = "" if s.bucket == ALL_SIZES else f" [{s.bucket}]"
+                lines.append(f"  {s.site} {s.op}{where}: ran {s.ran}")
                 for c in s.candidates:
                     if c.status != "ran":
                         lines.append(f"    {c.provider}: {c.status}: {c.reason}")
@@ -338,7 +341,7 @@ class _EagerRecorder(TorchDispatchMode):
             overload=func._overloadname,
             args=describe_args(op, call),
             tokens=tokens,
-            bucket=bucket_label(tokens),
+            bucket=bucket_of(op, call),
             ran=impl.provider,
             batch_invariant=impl.batch_invariant,
             candidates=notes_for(found, impl.provider),

@@ -142,7 +142,13 @@ def _number(value: object) -> bool:
 
 def tuned_problem(doc: object, op_name: str) -> str | None:
     """What keeps ``doc`` from being a ``vllm-ir tune`` document with ``op_name``'s
-    results well formed (``None``: nothing)."""
+    results well formed (``None``: nothing). A ``tune --model`` document (its
+    figures under ``_measurements``) is checked as one."""
+    from vllm_ir.cli import tune_model
+
+    if tune_model.is_sweep(doc):
+        assert isinstance(doc, dict)
+        return tune_model.sweep_problem(doc, op_name)
     if not isinstance(doc, dict) or "measured" not in doc:
         return "no 'measured' key"
     measured, priority = doc["measured"], doc.get("ir_op_priority")
@@ -187,7 +193,7 @@ def read_tuned(path: str, op: IrOp) -> dict[str, Any]:
     if problem is not None:
         raise UsageError(
             f"--tuned {path}: not a well-formed vllm-ir tune file ({problem}); "
-            "write one with `vllm-ir tune --out FILE`"
+            "write one with `vllm-ir tune --out FILE` or `vllm-ir tune --model M --out FILE`"
         )
     assert isinstance(doc, dict)
     return doc
@@ -196,7 +202,12 @@ def read_tuned(path: str, op: IrOp) -> dict[str, Any]:
 def explain_tuned(path: str, op: IrOp, doc: dict[str, Any] | None = None) -> None:
     """Print the measurements behind ``op``'s list in a ``vllm-ir tune`` file
     (``doc``: the file's document, already read by :func:`read_tuned`)."""
+    from vllm_ir.cli import tune_model
+
     doc = read_tuned(path, op) if doc is None else doc
+    if tune_model.is_sweep(doc):
+        tune_model.explain_sweep(path, op.name, doc)
+        return
     environment = doc.get("environment")
     device = environment.get("device") if isinstance(environment, dict) else None
     print(f"\ntuned in {path} ({doc.get('dtype')}, {device})")

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from vllm_ir.callsite import bucket_label
+from vllm_ir.buckets import bucket_index, bucket_label
 from vllm_ir.cli.args import UsageError, apply_threads, writable_file, write_atomically
 from vllm_ir.cli.bench import NOISY, is_noisy, spread, time_call
 from vllm_ir.cli.model_source import ModelSource, load_model
@@ -44,11 +44,14 @@ __all__ = [
     "Timing",
     "bucket_table",
     "decide_bucket",
+    "explain_sweep",
+    "is_sweep",
     "measure_interleaved",
     "parse_ints",
     "priority_for",
     "run",
     "sweep",
+    "sweep_problem",
 ]
 
 DEFAULT = "default"
@@ -164,7 +167,7 @@ def bucket_table(lists: Sequence[list[str]], bounds: Sequence[int]) -> list[dict
 
 
 def _bucket_of(tokens: int, bounds: Sequence[int]) -> int:
-    return next((i for i, b in enumerate(bounds) if tokens <= b), len(bounds))
+    return bucket_index(bounds, tokens)
 
 
 def sweep(
@@ -228,7 +231,7 @@ def _sweep(
             per_tokens = {t: _op_timings(timings[t], op, default_ran[op].get(t)) for t in in_bucket}
             first, why = decide_bucket(per_tokens, default_ran[op])
             lists.append(priority_for(op, first))
-            label = bucket_label(bounds[b] if b < len(bounds) else bounds[-1] + 1, bounds)
+            label = bucket_label(bounds, b)
             buckets[label] = {
                 "tokens": in_bucket,
                 "first": first,
@@ -350,3 +353,59 @@ def _print(doc: dict[str, Any]) -> None:
             f"tokens {t}: default {c['default_us']['median_us']:.1f} us, tuned "
             f"{c['tuned_us']['median_us']:.1f} us ({c['speedup']:.2f}x){noisy}"
         )
+
+
+# -- explain --tuned on a sweep's file ---------------------------------------------
+
+
+def is_sweep(doc: object) -> bool:
+    """Whether ``doc`` is a ``tune --model`` document (its figures under ``_measurements``)."""
+    return isinstance(doc, dict) and "_measurements" in doc and "measured" not in doc
+
+
+def sweep_problem(doc: dict[str, Any], op_name: str) -> str | None:
+    """What keeps ``doc`` from being a well-formed sweep document for ``op_name``
+    (``None``: nothing; an op the sweep did not measure is fine)."""
+    from vllm_ir.buckets import as_priority
+
+    figures, priority = doc["_measurements"], doc.get("ir_op_priority")
+    if not isinstance(figures, dict) or not isinstance(figures.get("ops"), dict):
+        return "'_measurements' has no 'ops' object"
+    if not isinstance(priority, dict):
+        return "'ir_op_priority' is missing or not an object"
+    buckets = figures["ops"].get(op_name)
+    if buckets is None:
+        return None
+    try:
+        as_priority(priority.get(op_name), op_name)
+    except (TypeError, ValueError) as e:
+        return f"{op_name} is measured but its 'ir_op_priority' entry is not valid ({e})"
+    if not isinstance(buckets, dict):
+        return f"'_measurements.ops.{op_name}' is not an object"
+    for label, b in buckets.items():
+        where = f"'_measurements.ops.{op_name}.{label}'"
+        if not isinstance(b, dict) or not isinstance(b.get("times_us"), dict):
+            return f"{where} has no 'times_us' object"
+        if not isinstance(b.get("reason"), str):
+            return f"{where} has no 'reason'"
+    return None
+
+
+def explain_sweep(path: str, op_name: str, doc: dict[str, Any]) -> None:
+    """Print a sweep's decision for ``op_name`` per bucket, with the step times behind it."""
+    from vllm_ir.buckets import as_priority, format_bucket_text
+
+    figures = doc["_measurements"]
+    print(f"\ntuned in {path} (tune --model {figures.get('model')}, end-to-end step times)")
+    buckets = figures["ops"].get(op_name)
+    if buckets is None:
+        print(f"  {op_name}: not called by the model (or not swept)")
+        return
+    print(f"  priority: {format_bucket_text(as_priority(doc['ir_op_priority'][op_name], op_name))}")
+    for label, b in buckets.items():
+        print(f"  {label}: {b['reason']}")
+        for tokens, times in b["times_us"].items():
+            each = ", ".join(
+                f"{p} {t['median_us']:.1f} us" for p, t in times.items() if isinstance(t, dict)
+            )
+            print(f"    tokens {tokens}: {each}")

@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from torch import fx
 
-from vllm_ir.buckets import bucket_index, symbolic_range
+from vllm_ir.buckets import bucket_index, bucket_label, symbolic_range
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.op import IrOp
 
-__all__ = ["Branch", "bucket_branches", "describe_branches", "emit_cond"]
+__all__ = ["Branch", "branch_buckets", "bucket_branches", "describe_branches", "emit_cond"]
 
 Branch = tuple[int | None, IrOpImpl]
 """``(max_tokens, impl)``: the impl of calls up to ``max_tokens`` tokens (None: the rest)."""
@@ -68,6 +68,33 @@ def describe_branches(branches: Sequence[Branch]) -> str:
     return ";".join(
         ("" if bound is None else f"<={bound}:") + impl.provider for bound, impl in branches
     )
+
+
+def branch_buckets(
+    op: IrOp, args: Sequence[Any], branches: Sequence[Branch]
+) -> list[tuple[str, int, IrOpImpl]]:
+    """Per branch of a node: its bucket label (``<=16``; ``>256`` for the last),
+    the smallest token count it runs at (its representative), and its impl.
+
+    One branch (every bucket the count can reach selects alike) is labelled
+    with its bucket of the op's table, or ``all sizes`` if it spans several.
+    """
+    from vllm_ir.callsite import range_label
+
+    low, high = symbolic_range(op.tokens(*args))
+    found: list[tuple[str, int, IrOpImpl]] = []
+    below: int | None = None
+    for bound, impl in branches:
+        rep = low if below is None else max(low, below + 1)
+        if bound is not None:
+            label = bucket_label((bound,), 0)
+        elif below is not None:
+            label = bucket_label((below,), 1)
+        else:
+            label = range_label(op.bucket_bounds(), low, high)
+        found.append((label, rep, impl))
+        below = bound
+    return found
 
 
 def _token_count(graph: fx.Graph, act: fx.Node, val: torch.Tensor) -> Any:

@@ -43,10 +43,11 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-from vllm_ir.callsite import record_lowered
+from vllm_ir.callsite import is_collecting, record_lowered
 from vllm_ir.compilation.aliasing import is_write
 from vllm_ir.compilation.bucket_branches import (
     Branch,
+    branch_buckets,
     bucket_branches,
     describe_branches,
     emit_cond,
@@ -191,7 +192,10 @@ class LoweringPass:
             # then address other memory. Lowered after that removal instead.
             return 0
         self.selected_impls.setdefault(op.name, {})[node.name] = impl.provider
-        record_lowered(node, op, fake_args, impl.provider)  # for vllm_ir.plan; else a no-op
+        if branches is None:
+            record_lowered(node, op, fake_args, impl.provider)  # for vllm_ir.plan; else no-op
+        else:
+            _record_branches(node, op, fake_args, branches)
         _inline(graph, node, trace.gm, trace.fresh, args, op, _donations(node, inputs))
         logger.debug("lowered %s to %s", node.name, impl.provider)
         return 1
@@ -247,6 +251,7 @@ class LoweringPass:
                 graph.erase_node(user)
         graph.erase_node(node)
         self.selected_impls.setdefault(op.name, {})[node.name] = describe_branches(branches)
+        _record_branches(node, op, fake_args, branches)
         logger.debug("lowered %s to buckets %s", node.name, describe_branches(branches))
         return 1
 
@@ -342,6 +347,16 @@ class _LoweringStage(VllmIRPass):
 
     def cache_state(self) -> Any:
         return (self.inplace, self.lowering.cache_state())
+
+
+def _record_branches(
+    node: fx.Node, op: IrOp, fake_args: list[Any], branches: Sequence[Branch]
+) -> None:
+    """For :func:`vllm_ir.plan`: one call site per runtime branch (bucket -> impl)."""
+    if not is_collecting():
+        return
+    for label, rep, impl in branch_buckets(op, fake_args, branches):
+        record_lowered(node, op, fake_args, impl.provider, branch=(label, rep))
 
 
 def _returns_one(node: fx.Node) -> bool:
