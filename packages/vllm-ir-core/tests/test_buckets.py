@@ -579,3 +579,13 @@ def test_kernel_config_autotune_buckets_flag() -> None:
         ir.KernelConfig.from_cli_args(["--ir-autotune.buckets=64,8"])
     with pytest.raises(ValueError, match="ascending positive token bounds"):
         ir.KernelConfig(autotune_buckets=(0,))
+
+
+def test_tokens_leave_out_the_feature_dims_an_op_declares() -> None:
+    q = torch.zeros(2, 5, 4, 8)  # (batch, seq, heads, head_size)
+    cos = torch.zeros(2, 5, 8)
+    assert ir.ops.rotary_embedding.feature_dims == 2
+    assert ir.ops.rotary_embedding.tokens(q, q, cos, cos, True) == 10
+    assert ir.ops.rms_norm.tokens(torch.zeros(2, 5, 8), None, 1e-6) == 10
+    with pytest.raises(TypeError, match="feature_dims must be an int of at least 1"):
+        ir.register_op(name="bad_features", feature_dims=0)

@@ -26,10 +26,15 @@ def test_report_plan_lists_every_norm_and_mlp_with_the_impl_that_ran(
     for status in report.current():
         if status.runs.startswith("not called"):  # computed inside its layer's fused op
             continue
+        # 10 tokens everywhere: rotary_embedding counts the query's (feature_dims=2)
         assert ran[status.name] == (status.op, status.impl, 10), status
-    # the replaced norms that are called, both MLPs, both fused decoder layers
+    # the replaced norms that are called, both MLPs, both attention RoPEs, both
+    # fused decoder layers
     assert sorted(op for op, _, _ in ran.values()) == sorted(
-        ["rms_norm"] * 3 + ["silu_and_mul"] * 2 + ["fused_add_rms_norm"] * 2
+        ["rms_norm"] * 3
+        + ["silu_and_mul"] * 2
+        + ["rotary_embedding"] * 2
+        + ["fused_add_rms_norm"] * 2
     )
     # the hint's commands work: save, then print with the CLI
     from vllm_ir_cli import main

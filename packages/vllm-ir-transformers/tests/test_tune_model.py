@@ -21,14 +21,19 @@ def test_tune_a_saved_hugging_face_model(
     argv = ["tune", "--model", str(model_dir), "--tokens", "1,300", "--rounds", "3"]
     assert main([*argv, "--warmup", "1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "kernelized: 9 modules" in printed
+    assert "kernelized: 11 modules" in printed
     doc = json.loads(out.read_text())
     # every op the kernelized model calls, in the bucketed format
-    assert set(doc["ir_op_priority"]) == {"rms_norm", "silu_and_mul", "fused_add_rms_norm"}
+    assert set(doc["ir_op_priority"]) == {
+        "rms_norm",
+        "silu_and_mul",
+        "fused_add_rms_norm",
+        "rotary_embedding",
+    }
     for table in doc["ir_op_priority"].values():
         assert [e.get("max_tokens") for e in table] == [16, 256, None]
     figures = doc["_measurements"]
-    assert figures["kernelized"].startswith("kernelized: 9 modules")
+    assert figures["kernelized"].startswith("kernelized: 11 modules")
     for op, buckets in figures["ops"].items():
         decode = buckets["<=16"]
         assert decode["tokens"] == [1], op

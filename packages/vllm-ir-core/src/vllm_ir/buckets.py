@@ -99,14 +99,14 @@ PrioritySpec = Union[tuple[str, ...], BucketedPriority]  # noqa: UP007 (a runtim
 """One op's priority entry: providers for every size, or per-size buckets."""
 
 
-def tokens_of(activation: Any) -> Any:
-    """The token count of a call: the product of all but the last dim of its
-    first activation (1 for rank 0 and 1). A SymInt for symbolic sizes."""
+def tokens_of(activation: Any, feature_dims: int = 1) -> Any:
+    """The token count of a call: the product of all but the last ``feature_dims``
+    dims of its first activation (1 for smaller ranks). A SymInt for symbolic sizes."""
     shape = getattr(activation, "shape", None)
     if shape is None:
         return 1
     tokens: Any = 1
-    for size in tuple(shape)[:-1]:
+    for size in tuple(shape)[:-feature_dims]:
         tokens = tokens * size
     return tokens
 

@@ -119,6 +119,7 @@ class IrOp:
         native_fn: Callable[..., Any],
         activations: Sequence[str] | None = None,
         allow_inplace: bool = False,
+        feature_dims: int = 1,
     ) -> None:
         check_op_name(
             name,
@@ -138,6 +139,8 @@ class IrOp:
         # where the token count is read (None: no activation, every call is 1 token)
         acts = self.activations
         self._tokens_idx = self._param_names.index(acts[0]) if acts else None
+        self.feature_dims = feature_dims
+        """Trailing dims of the first activation that are not tokens (see :meth:`tokens`)."""
         # (generation, scoped state) -> bucket bounds of the effective table
         self._bounds_cache: dict[tuple[int, Any], tuple[int, ...]] = {}
         # _key: the selection key, safe on FakeTensors (dispatch(), the lowering
@@ -281,12 +284,14 @@ class IrOp:
 
     def tokens(self, *args: Any) -> Any:
         """The call's token count: the product of all but the last dim of the op's
-        first activation (``activations[0]``); 1 for rank 0 or 1, or an op without
-        activations. A SymInt under ``torch.compile`` with dynamic sizes."""
+        first activation (``activations[0]``) — all but the last ``feature_dims``
+        dims for an op declared with them (``rotary_embedding``: heads and head
+        size); 1 for smaller ranks, or an op without activations. A SymInt under
+        ``torch.compile`` with dynamic sizes."""
         idx = self._tokens_idx
         if idx is None or idx >= len(args):
             return 1
-        return tokens_of(args[idx])
+        return tokens_of(args[idx], self.feature_dims)
 
     def bucket_bounds(self, mode: Mode | None = None) -> tuple[int, ...]:
         """The bucket bounds of the effective table in this context: calls of at most
@@ -821,6 +826,7 @@ def register_op(
     name: str | None = None,
     activations: Sequence[str] | None = None,
     allow_inplace: bool = False,
+    feature_dims: int = 1,
 ) -> Callable[[Callable[..., Any]], IrOp]: ...
 
 
@@ -831,6 +837,7 @@ def register_op(
     name: str | None = None,
     activations: Sequence[str] | None = None,
     allow_inplace: bool = False,
+    feature_dims: int = 1,
 ) -> IrOp | Callable[[Callable[..., Any]], IrOp]:
     """Declare an IR op whose semantics are the decorated native function.
 
@@ -844,6 +851,9 @@ def register_op(
             defaults to those whose names start with ``x``.
         allow_inplace: create the ``maybe_inplace`` overload, which lets impls
             registered with ``inplace=True`` write outputs into activations.
+        feature_dims: how many trailing dims of the first activation are not
+            tokens (default 1, the hidden size); size buckets count the tokens
+            in the dims before them (:meth:`IrOp.tokens`).
 
     >>> import torch, vllm_ir as ir
     >>> @ir.register_op(name="doc_double")
@@ -858,6 +868,11 @@ def register_op(
             f"register_op: allow_inplace must be a bool, got {type(allow_inplace).__name__} "
             f"{allow_inplace!r:.60}"
         )
+    if isinstance(feature_dims, bool) or not isinstance(feature_dims, int) or feature_dims < 1:
+        raise TypeError(
+            f"register_op: feature_dims must be an int of at least 1, got "
+            f"{type(feature_dims).__name__} {feature_dims!r:.60}"
+        )
     if name is not None and not isinstance(name, str):
         raise TypeError(f"register_op: name must be a str, got {type(name).__name__} {name!r:.60}")
 
@@ -870,7 +885,7 @@ def register_op(
                 f"register_op: {type(fn).__name__} object {fn!r:.60} has no __name__; "
                 "pass name='my_op', or decorate a function"
             )
-        op = IrOp(op_name, fn, activations, allow_inplace)
+        op = IrOp(op_name, fn, activations, allow_inplace, feature_dims)
         IrOp._registry[op.name] = op
         ops_module = sys.modules.get("vllm_ir.ops")
         if ops_module is not None:

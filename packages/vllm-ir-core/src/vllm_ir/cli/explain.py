@@ -35,7 +35,8 @@ def bucket_lines(op: IrOp, call: tuple[Any, ...], mode: Mode) -> list[str]:
     tokens = op.tokens(*call)
     mine = bucket_index(bounds, tokens)
     act = op.activations[0] if op.activations else "-"
-    lines = [f"size buckets (tokens: all but the last dim of {act}; this call: {tokens}):"]
+    dims = "dim" if op.feature_dims == 1 else f"{op.feature_dims} dims"
+    lines = [f"size buckets (tokens: all but the last {dims} of {act}; this call: {tokens}):"]
     for i, bound in enumerate((*bounds, None)):
         label = f"<= {bound}" if bound is not None else f"> {bounds[-1]}"
         rep = bound if bound is not None else bounds[-1] + 1

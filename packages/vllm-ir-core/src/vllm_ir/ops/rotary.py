@@ -50,7 +50,8 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, is_neox: bool) -> Tensor:
     return torch.cat((out, x[..., rotary_dim:]), dim=-1)
 
 
-@register_op(activations=["query", "key"], allow_inplace=True)
+# tokens for size buckets: the dims before (heads, head_size)
+@register_op(activations=["query", "key"], allow_inplace=True, feature_dims=2)
 def rotary_embedding(
     query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
 ) -> tuple[Tensor, Tensor]:
