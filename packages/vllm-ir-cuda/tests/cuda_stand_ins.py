@@ -94,9 +94,7 @@ class StandInKernels:
                 f"{tuple(cos.shape)} {tuple(sin.shape)}"
             )
         shape = (*tokens, cos.shape[-1])
-        q, k = ir.ops.rotary_embedding.native(
-            query, key, cos.view(shape), sin.view(shape), is_neox
-        )
+        q, k = ir.ops.rotary_embedding.native(query, key, cos.view(shape), sin.view(shape), is_neox)
         query.copy_(q)
         key.copy_(k)
 

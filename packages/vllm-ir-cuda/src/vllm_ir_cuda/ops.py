@@ -80,9 +80,7 @@ for _schema in SCHEMAS.values():
     _lib.define(_schema)
 
 
-def _check(
-    op: str, x: Tensor, others: dict[str, Tensor | None], *, first: str = "x"
-) -> None:
+def _check(op: str, x: Tensor, others: dict[str, Tensor | None], *, first: str = "x") -> None:
     """The binding's dtype and device checks, for FakeTensors at trace time.
 
     ``first`` names ``x`` in the messages (``query`` for rotary_embedding).
@@ -149,8 +147,7 @@ def _gelu_and_mul_fake(out: Tensor, x: Tensor, approximate: str) -> None:
 def _check_approximate(approximate: str) -> None:
     if approximate not in ("none", "tanh"):
         raise RuntimeError(
-            f'vllm_ir_cuda::gelu_and_mul: approximate must be "none" or "tanh", '
-            f'got "{approximate}"'
+            f'vllm_ir_cuda::gelu_and_mul: approximate must be "none" or "tanh", got "{approximate}"'
         )
 
 
@@ -159,10 +156,23 @@ def _rotary_embedding_fake(
     query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool
 ) -> None:
     _check("rotary_embedding", query, {"key": key, "cos": cos, "sin": sin}, first="query")
-    if cos.dim() != 2 or cos.shape != sin.shape:
+    op = "vllm_ir_cuda::rotary_embedding"
+    if query.dim() < 2 or key.dim() < 2 or query.shape[:-2] != key.shape[:-2]:
         raise RuntimeError(
-            "vllm_ir_cuda::rotary_embedding: cos and sin must both have shape "
-            f"[tokens, rotary_dim], got {list(cos.shape)} and {list(sin.shape)}"
+            f"{op}: query {list(query.shape)} and key {list(key.shape)} must have the same "
+            "token dimensions"
+        )
+    tokens = query.shape[:-2].numel()
+    if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[0] != tokens:
+        raise RuntimeError(
+            f"{op}: cos and sin must both have shape [{tokens}, rotary_dim] (one row per "
+            f"token), got {list(cos.shape)} and {list(sin.shape)}"
+        )
+    rot = cos.shape[1]
+    if rot % 2 or rot > query.shape[-1] or rot > key.shape[-1]:
+        raise RuntimeError(
+            f"{op}: rotary_dim (cos.size(-1) = {rot}) must be even and at most the head size "
+            f"of query ({query.shape[-1]}) and key ({key.shape[-1]})"
         )
 
 

@@ -90,7 +90,8 @@ def _rotary_fits(query: Tensor, key: Tensor, cos: Tensor, sin: Tensor) -> bool:
         and rot <= key.shape[-1]
         and sin.shape == cos.shape
         and key.shape[:-2] == tokens
-        and all(c in (1, t) for c, t in zip(reversed(cs_tokens), reversed(tokens)))
+        and len(cs_tokens) <= len(tokens)
+        and all(c in (1, t) for c, t in zip(reversed(cs_tokens), reversed(tokens), strict=False))
     )
 
 
@@ -215,9 +216,7 @@ def supports_args_for(device_type: str) -> dict[str, Callable[..., bool]]:
     def gelu(x: Tensor, approximate: str = "none") -> bool:
         return x_ok(x) and approximate in ("none", "tanh")
 
-    def rotary(
-        query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
-    ) -> bool:
+    def rotary(query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True) -> bool:
         # native promotes mixed dtypes and broadcasts cos/sin of more dims than
         # query[..., 0] into a larger output: neither can be written in place
         return (
