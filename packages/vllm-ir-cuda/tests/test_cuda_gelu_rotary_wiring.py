@@ -117,7 +117,7 @@ _KIT = [
     for op in NAMES
     for check in ("correctness", "supports_args", "mutation", "opcheck")
     for dtype in ops.DTYPES
-]
+] + [(op, "compiled", torch.float32) for op in NAMES]
 
 
 @pytest.mark.parametrize(
