@@ -88,7 +88,13 @@ class StandInKernels:
         self.calls["rotary_embedding"] += 1
         _check_rows("rotary_embedding", query, key, cos, sin)
         tokens = query.shape[:-2]
-        if key.shape[:-2] != tokens or cos.dim() != 2 or cos.shape != sin.shape:
+        if (
+            key.shape[:-2] != tokens
+            or cos.dim() != 2
+            or cos.shape != sin.shape
+            or cos.shape[0] != tokens.numel()
+            or (cos.shape[0] > 1 and cos.stride(0) != sin.stride(0))
+        ):
             raise RuntimeError(
                 f"stand-in rotary_embedding: {tuple(query.shape)} {tuple(key.shape)} "
                 f"{tuple(cos.shape)} {tuple(sin.shape)}"
