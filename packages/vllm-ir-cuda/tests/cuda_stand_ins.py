@@ -51,6 +51,8 @@ class StandInKernels:
         self.lib.impl("rms_norm", self._rms_norm, "CPU")
         self.lib.impl("fused_add_rms_norm", self._fused_add_rms_norm, "CPU")
         self.lib.impl("silu_and_mul", self._silu_and_mul, "CPU")
+        self.lib.impl("gelu_and_mul", self._gelu_and_mul, "CPU")
+        self.lib.impl("rotary_embedding", self._rotary_embedding, "CPU")
         self.lib.impl("static_scaled_fp8_quant", self._static_quant, "CPU")
         self.lib.impl("dynamic_per_token_fp8_quant", self._dynamic_quant, "CPU")
         self.lib.impl("rms_norm_static_fp8_quant", self._rms_quant, "CPU")
@@ -73,6 +75,34 @@ class StandInKernels:
         self.calls["silu_and_mul"] += 1
         _check_rows("silu_and_mul", out, x)
         out.copy_(ir.ops.silu_and_mul.native(x))
+
+    def _gelu_and_mul(self, out: Tensor, x: Tensor, approximate: str) -> None:
+        self.calls["gelu_and_mul"] += 1
+        _check_rows("gelu_and_mul", out, x)
+        out.copy_(ir.ops.gelu_and_mul.native(x, approximate))
+
+    def _rotary_embedding(
+        self, query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool
+    ) -> None:
+        # the binding's contract: one token shape, cos/sin [tokens, rotary_dim] rows
+        self.calls["rotary_embedding"] += 1
+        _check_rows("rotary_embedding", query, key, cos, sin)
+        tokens = query.shape[:-2]
+        if (
+            key.shape[:-2] != tokens
+            or cos.dim() != 2
+            or cos.shape != sin.shape
+            or cos.shape[0] != tokens.numel()
+            or (cos.shape[0] > 1 and cos.stride(0) != sin.stride(0))
+        ):
+            raise RuntimeError(
+                f"stand-in rotary_embedding: {tuple(query.shape)} {tuple(key.shape)} "
+                f"{tuple(cos.shape)} {tuple(sin.shape)}"
+            )
+        shape = (*tokens, cos.shape[-1])
+        q, k = ir.ops.rotary_embedding.native(query, key, cos.view(shape), sin.view(shape), is_neox)
+        query.copy_(q)
+        key.copy_(k)
 
     def _static_quant(self, out: Tensor, x: Tensor, scale: Tensor) -> None:
         self.calls["static_scaled_fp8_quant"] += 1

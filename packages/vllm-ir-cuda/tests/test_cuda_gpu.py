@@ -448,3 +448,88 @@ def test_reduce_overhead_compile_runs_the_kernels() -> None:
             for _ in range(3):  # record, then replay the graph
                 got = compiled(x.clone())
     _close(got, eager, torch.bfloat16)
+
+
+# -- gelu_and_mul and rotary_embedding ---------------------------------------------------
+
+
+def _rope_tables(tokens: int, rot: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    angles = torch.rand(tokens, rot // 2, device=DEVICE) * 100
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat((cos, cos), -1).to(dtype), torch.cat((sin, sin), -1).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", ops.DTYPES, ids=str)
+@pytest.mark.parametrize(("rows", "hidden"), [(1, 128), (7, 96), (33, 16384), (5, 34)])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_and_mul_matches_native(
+    approximate: str, rows: int, hidden: int, dtype: torch.dtype
+) -> None:
+    op = ir.ops.gelu_and_mul
+    x = (torch.randn(rows, hidden, device=DEVICE) * 3).to(dtype)
+    with op.set_priority([PROVIDER]):
+        assert op.dispatch(x, approximate).provider == PROVIDER
+        got = op(x, approximate)
+    tol = op.tolerance(dtype)
+    torch.testing.assert_close(got, op.native(x, approximate), atol=tol.atol, rtol=tol.rtol)
+
+
+@pytest.mark.parametrize("dtype", ops.DTYPES, ids=str)
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize(
+    ("tokens", "heads", "kv_heads", "head_size", "rot"),
+    [(1, 32, 8, 128, 128), (17, 8, 1, 256, 256), (5, 4, 2, 64, 32), (3, 2, 1, 22, 18)],
+)
+def test_rotary_embedding_matches_native_bit_for_bit(
+    tokens: int, heads: int, kv_heads: int, head_size: int, rot: int, is_neox: bool, dtype
+) -> None:  # type: ignore[no-untyped-def]
+    op = ir.ops.rotary_embedding
+    q = torch.randn(tokens, heads, head_size, device=DEVICE).to(dtype)
+    k = torch.randn(tokens, kv_heads, head_size, device=DEVICE).to(dtype)
+    cos, sin = _rope_tables(tokens, rot, dtype)
+    want = op.native(q, k, cos, sin, is_neox)
+    with op.set_priority([PROVIDER]):
+        assert op.dispatch(q, k, cos, sin, is_neox).provider == PROVIDER
+        got = op.maybe_inplace(q, k, cos, sin, is_neox)
+    assert got[0] is q
+    assert got[1] is k
+    torch.testing.assert_close(got, want, atol=0, rtol=0)  # __fmul_rn/__fadd_rn: native's bits
+
+
+def test_rotary_embedding_hugging_face_layout() -> None:
+    # [batch, heads, seq, head] as its transpose(1, 2): token dims that do not collapse
+    op = ir.ops.rotary_embedding
+    q = torch.randn(2, 8, 9, 64, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(2, 2, 9, 64, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2)
+    cos, sin = _rope_tables(9, 64, torch.bfloat16)
+    want = op.native(q, k, cos[None], sin[None])
+    with op.set_priority([PROVIDER]):
+        got = op.maybe_inplace(q, k, cos[None], sin[None])
+    assert got[0] is q
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["gelu_and_mul", "rotary_embedding"])
+def test_gelu_rotary_conformance(name: str) -> None:
+    for check in ("correctness", "supports_args", "mutation", "opcheck"):
+        for dtype in ops.DTYPES:
+            ConformanceCase(ir.get_op(name), PROVIDER, check, dtype, DEVICE).check()
+
+
+def test_gelu_rotary_binding_checks_arguments() -> None:
+    x = torch.randn(4, 256, device=DEVICE, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match='approximate must be "none" or "tanh"'):
+        ops.gelu_and_mul(torch.empty(4, 128, device=DEVICE, dtype=x.dtype), x, "erf")
+    with pytest.raises(RuntimeError, match="must be even"):
+        ops.gelu_and_mul(torch.empty(4, 127, device=DEVICE, dtype=x.dtype), x[:, :255], "none")
+    q = torch.randn(3, 4, 64, device=DEVICE, dtype=torch.bfloat16)
+    k = torch.randn(3, 1, 64, device=DEVICE, dtype=torch.bfloat16)
+    cos, sin = _rope_tables(3, 64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="must be contiguous in its last dimension"):
+        ops.rotary_embedding(q.transpose(1, 2).contiguous().transpose(1, 2), k, cos, sin, True)
+    with pytest.raises(RuntimeError, match="must be even and at most the head size"):
+        ops.rotary_embedding(q, k, cos[:, :63], sin[:, :63], True)
+    with pytest.raises(RuntimeError, match="contiguous rows and one row stride"):
+        ops.rotary_embedding(q, k, cos, sin.contiguous().t().contiguous().t(), True)
+    with pytest.raises(RuntimeError, match="same token dimensions"):
+        ops.rotary_embedding(q, k[:2], cos, sin, True)

@@ -60,11 +60,9 @@ def test_provider_spec() -> None:
     assert defaults.platform == "cuda"
     assert defaults.rank == 100
     core = {op.name for op in ir.ops.__dict__.values() if isinstance(op, ir.IrOp)}
-    # gelu_and_mul and rotary_embedding have kernels (gelu_rotary_kernels.cu) but no
-    # binding or impl yet: no defaults for them, so cuda selects another provider
-    seven = core - {"gelu_and_mul", "rotary_embedding"}
-    assert set(defaults.eager) == set(defaults.compiled) == seven
-    assert len(seven) == 7
+    # every core op, gelu_and_mul and rotary_embedding included, has a vllm_c impl
+    assert set(defaults.eager) == set(defaults.compiled) == core
+    assert len(core) == 9
     assert all(v == ["vllm_c"] for v in defaults.eager.values())
     assert all(v == ["native"] for v in defaults.compiled.values())
 
@@ -74,7 +72,7 @@ def test_every_core_op_has_a_batch_invariant_impl() -> None:
         impl = ir.get_op(name).impls[PROVIDER]
         assert impl.impl_fn is impl_fn
         assert impl.batch_invariant
-        assert impl.inplace == (name == "fused_add_rms_norm_static_fp8_quant")
+        assert impl.inplace == (name in ("fused_add_rms_norm_static_fp8_quant", "rotary_embedding"))
         assert impl.supported is layernorm.platform_supported()
 
 

@@ -1,7 +1,8 @@
 """vllm-ir-cuda: CUDA kernels for vllm-ir, registered as provider ``vllm_c``.
 
-Impls of the seven core ops (``rms_norm``, ``silu_and_mul``, FP8 quantization
-alone and after a norm; ``fused_add_rms_norm`` and its FP8 variant in place), backed by the
+Impls of nine core ops (``rms_norm``, ``silu_and_mul``, ``gelu_and_mul``, FP8
+quantization alone and after a norm; ``fused_add_rms_norm``, its FP8 variant
+and ``rotary_embedding`` in place), backed by the
 CUDA kernels in ``csrc/``. Importing this package only builds
 :data:`provider`: vllm-ir imports the impls through ``provider.register`` when
 it discovers installed providers, and the kernels are compiled on their first
@@ -30,6 +31,8 @@ _OPS = (
     "rms_norm",
     "fused_add_rms_norm",
     "silu_and_mul",
+    "gelu_and_mul",
+    "rotary_embedding",
     "static_scaled_fp8_quant",
     "dynamic_per_token_fp8_quant",
     "rms_norm_static_fp8_quant",

@@ -32,8 +32,10 @@ __all__ = [
     "dynamic_per_token_fp8_quant",
     "fused_add_rms_norm",
     "fused_add_rms_norm_static_fp8_quant",
+    "gelu_and_mul",
     "rms_norm",
     "rms_norm_static_fp8_quant",
+    "rotary_embedding",
     "silu_and_mul",
     "static_scaled_fp8_quant",
 ]
@@ -47,6 +49,11 @@ SCHEMAS = {
         "float epsilon) -> ()"
     ),
     "silu_and_mul": "silu_and_mul(Tensor(a!) out, Tensor x) -> ()",
+    "gelu_and_mul": "gelu_and_mul(Tensor(a!) out, Tensor x, str approximate) -> ()",
+    "rotary_embedding": (
+        "rotary_embedding(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, "
+        "bool is_neox) -> ()"
+    ),
     "static_scaled_fp8_quant": (
         "static_scaled_fp8_quant(Tensor(a!) out, Tensor x, Tensor scale) -> ()"
     ),
@@ -73,11 +80,14 @@ for _schema in SCHEMAS.values():
     _lib.define(_schema)
 
 
-def _check(op: str, x: Tensor, others: dict[str, Tensor | None]) -> None:
-    """The binding's dtype and device checks, for FakeTensors at trace time."""
+def _check(op: str, x: Tensor, others: dict[str, Tensor | None], *, first: str = "x") -> None:
+    """The binding's dtype and device checks, for FakeTensors at trace time.
+
+    ``first`` names ``x`` in the messages (``query`` for rotary_embedding).
+    """
     if x.dtype not in DTYPES:
         raise RuntimeError(
-            f"vllm_ir_cuda::{op}: x has dtype {x.dtype}; the kernels take "
+            f"vllm_ir_cuda::{op}: {first} has dtype {x.dtype}; the kernels take "
             f"{', '.join(str(d) for d in DTYPES)}"
         )
     for name, t in others.items():
@@ -85,11 +95,11 @@ def _check(op: str, x: Tensor, others: dict[str, Tensor | None]) -> None:
             continue
         if t.dtype != x.dtype:
             raise RuntimeError(
-                f"vllm_ir_cuda::{op}: {name} has dtype {t.dtype} but x has dtype {x.dtype}"
+                f"vllm_ir_cuda::{op}: {name} has dtype {t.dtype} but {first} has dtype {x.dtype}"
             )
         if t.device != x.device:
             raise RuntimeError(
-                f"vllm_ir_cuda::{op}: {name} is on {t.device} but x is on {x.device}"
+                f"vllm_ir_cuda::{op}: {name} is on {t.device} but {first} is on {x.device}"
             )
 
 
@@ -126,6 +136,44 @@ def _check_fp8(op: str, x: Tensor, out: Tensor, scales: dict[str, Tensor | None]
 @torch.library.register_fake(f"{NAMESPACE}::silu_and_mul", lib=_lib)
 def _silu_and_mul_fake(out: Tensor, x: Tensor) -> None:
     _check("silu_and_mul", x, {"out": out})
+
+
+@torch.library.register_fake(f"{NAMESPACE}::gelu_and_mul", lib=_lib)
+def _gelu_and_mul_fake(out: Tensor, x: Tensor, approximate: str) -> None:
+    _check("gelu_and_mul", x, {"out": out})
+    _check_approximate(approximate)
+
+
+def _check_approximate(approximate: str) -> None:
+    if approximate not in ("none", "tanh"):
+        raise RuntimeError(
+            f'vllm_ir_cuda::gelu_and_mul: approximate must be "none" or "tanh", got "{approximate}"'
+        )
+
+
+@torch.library.register_fake(f"{NAMESPACE}::rotary_embedding", lib=_lib)
+def _rotary_embedding_fake(
+    query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool
+) -> None:
+    _check("rotary_embedding", query, {"key": key, "cos": cos, "sin": sin}, first="query")
+    op = "vllm_ir_cuda::rotary_embedding"
+    if query.dim() < 2 or key.dim() < 2 or query.shape[:-2] != key.shape[:-2]:
+        raise RuntimeError(
+            f"{op}: query {list(query.shape)} and key {list(key.shape)} must have the same "
+            "token dimensions"
+        )
+    tokens = query.shape[:-2].numel()
+    if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[0] != tokens:
+        raise RuntimeError(
+            f"{op}: cos and sin must both have shape [{tokens}, rotary_dim] (one row per "
+            f"token), got {list(cos.shape)} and {list(sin.shape)}"
+        )
+    rot = cos.shape[1]
+    if rot % 2 or rot > query.shape[-1] or rot > key.shape[-1]:
+        raise RuntimeError(
+            f"{op}: rotary_dim (cos.size(-1) = {rot}) must be even and at most the head size "
+            f"of query ({query.shape[-1]}) and key ({key.shape[-1]})"
+        )
 
 
 @torch.library.register_fake(f"{NAMESPACE}::static_scaled_fp8_quant", lib=_lib)
@@ -196,6 +244,15 @@ fused_add_rms_norm: torch._ops.OpOverload = torch.ops.vllm_ir_cuda.fused_add_rms
 
 silu_and_mul: torch._ops.OpOverload = torch.ops.vllm_ir_cuda.silu_and_mul.default
 """``silu_and_mul(out, x)``: writes ``silu(x[..., :d]) * x[..., d:]`` into ``out``."""
+
+gelu_and_mul: torch._ops.OpOverload = torch.ops.vllm_ir_cuda.gelu_and_mul.default
+"""``gelu_and_mul(out, x, approximate)``: writes ``gelu(x[..., :d], approximate) * x[..., d:]``
+into ``out``."""
+
+rotary_embedding: torch._ops.OpOverload = torch.ops.vllm_ir_cuda.rotary_embedding.default
+"""``rotary_embedding(query, key, cos, sin, is_neox)``: RoPE in place of ``query`` and ``key``
+(``(*tokens, heads, head_size)``, the same token dims) with ``cos``/``sin`` rows
+``[tokens, rotary_dim]``."""
 
 static_scaled_fp8_quant: torch._ops.OpOverload = (
     torch.ops.vllm_ir_cuda.static_scaled_fp8_quant.default

@@ -5,7 +5,8 @@
 //   vllm_ir_cuda::rms_norm(Tensor(a!) out, Tensor x, Tensor? weight, float epsilon) -> ()
 //   vllm_ir_cuda::fused_add_rms_norm(Tensor(a!) x, Tensor(b!) x_residual, Tensor? weight,
 //                                    float epsilon) -> ()
-//   and silu_and_mul, static_scaled_fp8_quant, dynamic_per_token_fp8_quant,
+//   and silu_and_mul, gelu_and_mul, rotary_embedding (in place into query and key),
+//   static_scaled_fp8_quant, dynamic_per_token_fp8_quant,
 //   rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant (ops.SCHEMAS).
 //
 // Every argument is checked (device, dtype, shape, the layout the kernels
@@ -18,6 +19,8 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/accumulate.h>
+#include <c10/util/string_view.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -25,6 +28,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "layernorm.h"
@@ -287,6 +291,141 @@ void silu_and_mul_cuda(at::Tensor& out, const at::Tensor& x) {
   finish_out(out, out_rows);
 }
 
+void gelu_and_mul_cuda(at::Tensor& out, const at::Tensor& x, c10::string_view approximate) {
+  constexpr const char* op = "gelu_and_mul";
+  TORCH_CHECK(approximate == "none" || approximate == "tanh", "vllm_ir_cuda::", op,
+              ": approximate must be \"none\" or \"tanh\", got \"", std::string(approximate),
+              "\"");
+  check_x(op, x);
+  check_last_dim(op, "x", x);
+  TORCH_CHECK(x.size(-1) % 2 == 0, "vllm_ir_cuda::", op, ": x's last dimension (", x.size(-1),
+              ") must be even: it holds the gate and the up projection");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() /= 2;
+  TORCH_CHECK(out.device() == x.device(), "vllm_ir_cuda::", op, ": out is on ", out.device(),
+              " but x is on ", x.device());
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(), "vllm_ir_cuda::", op, ": out has dtype ",
+              out.scalar_type(), " but x has dtype ", x.scalar_type());
+  TORCH_CHECK(out.sizes() == c10::IntArrayRef(shape), "vllm_ir_cuda::", op, ": out has shape ",
+              dims(out.sizes()), " but must have shape ", dims(shape));
+  check_last_dim(op, "out", out);
+  at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, x);
+  if (x.numel() == 0) {
+    return;
+  }
+  const Extent e = extent(op, x);
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const at::Tensor x_rows = as_rows(x);
+  at::Tensor out_rows = out_rows_of(out);
+  check_launch(op, vllm_ir_cuda::gelu_and_mul(out_rows.mutable_data_ptr(), *row_stride(out_rows),
+                                              x_rows.const_data_ptr(), *row_stride(x_rows),
+                                              e.rows, e.hidden / 2, approximate == "tanh",
+                                              kernel_dtype(x.scalar_type()), stream_of(x)));
+  finish_out(out, out_rows);
+}
+
+// The stride, in elements, between consecutive tokens of a (*tokens, heads,
+// head_size) tensor when its token dimensions collapse into one (0 when there
+// are none or all have size 1); nullopt when they do not.
+std::optional<int64_t> token_stride(const at::Tensor& t) {
+  std::optional<int64_t> stride;
+  int64_t expected = 0;
+  for (int64_t d = t.dim() - 3; d >= 0; --d) {
+    if (t.size(d) == 1) {
+      continue;
+    }
+    if (!stride.has_value()) {
+      stride = t.stride(d);
+      expected = t.stride(d) * t.size(d);
+    } else if (t.stride(d) != expected) {
+      return std::nullopt;
+    } else {
+      expected *= t.size(d);
+    }
+  }
+  return stride.has_value() ? *stride : 0;
+}
+
+// RoPE of one (*tokens, heads, head_size) tensor in place; cos/sin are checked
+// [tokens, rotary_dim] rows sharing a stride.
+void rotate_in_place(const char* op, const char* name, at::Tensor& t, const at::Tensor& cos,
+                     const at::Tensor& sin, bool is_neox) {
+  // token dims that do not collapse into one stride (e.g. Hugging Face's
+  // [batch, heads, seq, head] seen as its transpose(1, 2) with batch > 1) go
+  // through a contiguous copy, written back
+  at::Tensor rows = token_stride(t).has_value() ? t : t.contiguous();
+  const int64_t heads = t.size(-2);
+  const int64_t tokens = heads == 0 ? 0 : t.numel() / (heads * t.size(-1));
+  TORCH_CHECK(tokens * heads <= vllm_ir_cuda::kMaxRows, "vllm_ir_cuda::", op, ": ", name,
+              " has ", tokens * heads, " (token, head) rows; the kernel takes at most ",
+              vllm_ir_cuda::kMaxRows);
+  check_launch(op, vllm_ir_cuda::rotary_embedding(
+                       rows.mutable_data_ptr(), *token_stride(rows), rows.stride(-2), tokens,
+                       heads, cos.const_data_ptr(), sin.const_data_ptr(), cos.stride(0),
+                       cos.size(1), is_neox, kernel_dtype(t.scalar_type()), stream_of(t)));
+  if (!rows.is_same(t)) {
+    t.copy_(rows);
+  }
+}
+
+void rotary_embedding_cuda(at::Tensor& query, at::Tensor& key, const at::Tensor& cos,
+                           const at::Tensor& sin, bool is_neox) {
+  constexpr const char* op = "rotary_embedding";
+  TORCH_CHECK(query.is_cuda(), "vllm_ir_cuda::", op, ": query must be a CUDA tensor, got one on ",
+              query.device());
+  TORCH_CHECK(supported_dtype(query.scalar_type()), "vllm_ir_cuda::", op, ": query has dtype ",
+              query.scalar_type(), "; the kernel takes float32, float16 and bfloat16");
+  TORCH_CHECK(query.dim() >= 2 && key.dim() >= 2, "vllm_ir_cuda::", op,
+              ": query and key must be (*tokens, heads, head_size), got shapes ",
+              dims(query.sizes()), " and ", dims(key.sizes()));
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"key", key},
+                                {"cos", cos},
+                                {"sin", sin}}) {
+    TORCH_CHECK(t.device() == query.device(), "vllm_ir_cuda::", op, ": ", name, " is on ",
+                t.device(), " but query is on ", query.device());
+    TORCH_CHECK(t.scalar_type() == query.scalar_type(), "vllm_ir_cuda::", op, ": ", name,
+                " has dtype ", t.scalar_type(), " but query has dtype ", query.scalar_type());
+  }
+  TORCH_CHECK(query.sizes().slice(0, query.dim() - 2) == key.sizes().slice(0, key.dim() - 2),
+              "vllm_ir_cuda::", op, ": query ", dims(query.sizes()), " and key ",
+              dims(key.sizes()), " must have the same token dimensions");
+  const int64_t tokens = c10::multiply_integers(query.sizes().slice(0, query.dim() - 2));
+  TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(0) == tokens,
+              "vllm_ir_cuda::", op, ": cos and sin must both have shape [", tokens,
+              ", rotary_dim] (one row per token), got ", dims(cos.sizes()), " and ",
+              dims(sin.sizes()));
+  const int64_t rot = cos.size(1);
+  TORCH_CHECK(rot % 2 == 0 && rot <= query.size(-1) && rot <= key.size(-1), "vllm_ir_cuda::", op,
+              ": rotary_dim (cos.size(-1) = ", rot,
+              ") must be even and at most the head size of query (", query.size(-1),
+              ") and key (", key.size(-1), ")");
+  TORCH_CHECK((rot <= 1 || (cos.stride(1) == 1 && sin.stride(1) == 1)) &&
+                  (tokens <= 1 || cos.stride(0) == sin.stride(0)),
+              "vllm_ir_cuda::", op,
+              ": cos and sin must have contiguous rows and one row stride, got strides ",
+              dims(cos.strides()), " and ", dims(sin.strides()), "; pass them .contiguous()");
+  check_last_dim(op, "query", query);
+  check_last_dim(op, "key", key);
+  at::assert_no_internal_overlap(query);
+  at::assert_no_internal_overlap(key);
+  at::assert_no_overlap(query, key);
+  for (const at::Tensor* t : {&query, &key}) {
+    at::assert_no_overlap(*t, cos);
+    at::assert_no_overlap(*t, sin);
+  }
+  if (tokens == 0 || rot == 0) {
+    return;
+  }
+  const c10::cuda::CUDAGuard device_guard(query.device());
+  if (query.numel() > 0) {
+    rotate_in_place(op, "query", query, cos, sin, is_neox);
+  }
+  if (key.numel() > 0) {
+    rotate_in_place(op, "key", key, cos, sin, is_neox);
+  }
+}
+
 void static_scaled_fp8_quant_cuda(at::Tensor& out, const at::Tensor& x, const at::Tensor& scale) {
   constexpr const char* op = "static_scaled_fp8_quant";
   check_x(op, x);
@@ -420,6 +559,8 @@ TORCH_LIBRARY_IMPL(vllm_ir_cuda, CUDA, m) {
   m.impl("rms_norm", &rms_norm_cuda);
   m.impl("fused_add_rms_norm", &fused_add_rms_norm_cuda);
   m.impl("silu_and_mul", &silu_and_mul_cuda);
+  m.impl("gelu_and_mul", &gelu_and_mul_cuda);
+  m.impl("rotary_embedding", &rotary_embedding_cuda);
   m.impl("static_scaled_fp8_quant", &static_scaled_fp8_quant_cuda);
   m.impl("dynamic_per_token_fp8_quant", &dynamic_per_token_fp8_quant_cuda);
   m.impl("rms_norm_static_fp8_quant", &rms_norm_static_fp8_quant_cuda);

@@ -1,5 +1,5 @@
-// gelu_and_mul and rotary_embedding: torch-free CUDA kernels (the binding that
-// would call them from torch is not written yet; see the package README).
+// gelu_and_mul and rotary_embedding: torch-free CUDA kernels, called from torch
+// by binding.cpp (torch.ops.vllm_ir_cuda.gelu_and_mul / rotary_embedding).
 //
 // Semantics are those of vllm_ir.ops.activation.gelu_and_mul and
 // vllm_ir.ops.rotary.rotary_embedding (the native functions):

@@ -1,6 +1,6 @@
 // Launchers of the kernels (RMSNorm, alone and with FP8 quantization, in
 // layernorm_kernels.cu; silu_and_mul and FP8 quantization in
-// elementwise_kernels.cu): plain C++ over raw pointers, no torch.
+// elementwise_kernels.cu; gelu_and_mul and RoPE in gelu_rotary_kernels.cu): plain C++ over raw pointers, no torch.
 //
 // Every tensor is seen as `rows` rows of `hidden` contiguous elements; row r
 // of a tensor starts `r * row_stride` elements after its base pointer. All
@@ -86,7 +86,7 @@ cudaError_t dynamic_per_token_fp8_quant(void* out, int64_t out_row_stride, float
                                         DType dtype, cudaStream_t stream);
 
 // -- gelu_rotary_kernels.cu ----------------------------------------------------
-// (kernels only: no binding calls them yet)
+// (called by binding.cpp's gelu_and_mul and rotary_embedding ops)
 
 // out[r, :d] = round(round(gelu(x[r, :d])) * x[r, d:2d]): erf GELU, or the tanh
 // approximation with `tanh_approx`, as torch computes `F.gelu(..., approximate) * up`.
