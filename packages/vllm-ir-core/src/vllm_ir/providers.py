@@ -166,8 +166,9 @@ def _check_defaults_name_known_ops(spec: ProviderSpec, package: str) -> None:
                         f"name unknown IR op {op_name!r}; known ops: "
                         f"{', '.join(sorted(OPS))}"
                     )
-                bucketed = isinstance(providers, BucketedPriority)
-                named = providers.providers() if bucketed else providers
+                named = (
+                    providers.providers() if isinstance(providers, BucketedPriority) else providers
+                )
                 unknown = [p for p in named if p not in op.registered_impls]
                 if unknown:  # another package's provider, maybe not installed: not an error
                     logger.debug(

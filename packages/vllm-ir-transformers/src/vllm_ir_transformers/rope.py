@@ -71,7 +71,8 @@ class RopeSpec:
 
     def __post_init__(self) -> None:
         if self.forward is None:
-            rebound = _rebound_forward(self.module_type.forward, self.is_neox, self.dtypes)
+            forward = self.module_type.forward  # type: ignore[attr-defined]
+            rebound = _rebound_forward(forward, self.is_neox, self.dtypes)
             object.__setattr__(self, "forward", rebound)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ Importing this package does not import vLLM.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from vllm_ir.priority import process_priorities, set_process_priority
 from vllm_ir.provider import get_logger
@@ -22,7 +23,7 @@ __all__ = ["__version__", "register", "unregister"]
 
 logger = get_logger("vllm_ir.vllm")
 
-_saved_priorities: Mapping[str, tuple[str, ...]] | None = None
+_saved_priorities: Mapping[str, Any] | None = None  # op -> providers or size buckets
 """The process-wide priorities before :func:`register` applied the settings."""
 
 

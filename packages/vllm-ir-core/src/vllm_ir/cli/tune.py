@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ def parse_named_shapes(text: str) -> dict[str, tuple[int, ...]]:
 
 def tune(
     ops: list[IrOp],
-    shapes: dict[str, tuple[int, ...]],
+    shapes: Mapping[str, tuple[int, ...]],
     dtype: torch.dtype,
     device: str,
     timer: Any,

@@ -263,7 +263,7 @@ def sizes_for_tokens(op: IrOp, args: Sequence[Any], tokens: int) -> Sizes:
     act = args[idx] if idx is not None and idx < len(args) else None
     if not isinstance(act, torch.Tensor):
         return _hint
-    dims = list(act.shape[:-1])
+    dims: list[Any] = list(act.shape[: -op.feature_dims])
     free = [i for i, d in enumerate(dims) if isinstance(d, torch.SymInt) and d.node.expr.is_symbol]
     if not free:
         return _hint

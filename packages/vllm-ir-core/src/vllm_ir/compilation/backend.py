@@ -40,7 +40,7 @@ from vllm_ir.compilation.upstream_hazards import as_strided_input_mutation, has_
 from vllm_ir.config import IrOpPriorityConfig, IrPassConfig, KernelConfig
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
-from vllm_ir.priority import user_priority
+from vllm_ir.priority import PrioritySpec, user_priority
 from vllm_ir.providers import ensure_loaded
 
 __all__ = ["ComposedPass", "VllmIRBackend", "compile", "vllm_ir_backend"]
@@ -83,7 +83,7 @@ class ComposedPass(CustomGraphPass):
         return h.hexdigest()
 
 
-def _user_priorities() -> dict[str, tuple[str, ...]]:
+def _user_priorities() -> dict[str, PrioritySpec]:
     """Every op's user list now (empty ones too: later changes must not leak in)."""
     ensure_loaded()  # providers may declare ops
     return {name: user_priority(name)[0] for name in IrOp.registry}

@@ -97,10 +97,11 @@ def branch_buckets(
     return found
 
 
-def _token_count(graph: fx.Graph, act: fx.Node, val: torch.Tensor) -> Any:
-    """Nodes computing the token count of activation ``act`` (or an int if static)."""
+def _token_count(graph: fx.Graph, act: fx.Node, val: torch.Tensor, feature_dims: int) -> Any:
+    """Nodes computing the token count of activation ``act`` (or an int if static):
+    the product of its dims but the last ``feature_dims`` (``IrOp.tokens``)."""
     total: Any = 1
-    for dim in range(val.dim() - 1):
+    for dim in range(val.dim() - feature_dims):
         size = val.shape[dim]
         if type(size) is int:
             factor: Any = size
@@ -131,12 +132,13 @@ def emit_cond(
     then_gm: fx.GraphModule,
     else_gm: fx.GraphModule,
     fake_mode: Any,
+    feature_dims: int = 1,
 ) -> list[fx.Node]:
     """Insert ``cond(tokens <= bound, then_gm, else_gm, operands)`` into ``graph``
     (at its insertion point); returns one node per output. Both branches take
     ``operands`` and return a tuple."""
     vals = [o.meta["val"] for o in operands]
-    tokens = _token_count(graph, operands[act_index], vals[act_index])
+    tokens = _token_count(graph, operands[act_index], vals[act_index], feature_dims)
     pred = graph.call_function(operator.le, (tokens, bound))
     pred.meta["val"] = _val(tokens) <= bound
     names = []
@@ -168,12 +170,15 @@ def nested_cond_module(
     bounds: Sequence[int],
     modules: Sequence[fx.GraphModule],
     fake_mode: Any,
+    feature_dims: int = 1,
 ) -> fx.GraphModule:
     """A module of ``operands`` running ``modules[i]`` for calls of at most
     ``bounds[i]`` tokens and ``modules[-1]`` for the rest (one fewer bound)."""
     if not bounds:
         return modules[0]
-    rest = nested_cond_module(operand_vals, act_index, bounds[1:], modules[1:], fake_mode)
+    rest = nested_cond_module(
+        operand_vals, act_index, bounds[1:], modules[1:], fake_mode, feature_dims
+    )
     root = torch.nn.Module()
     graph = fx.Graph(owning_module=None)
     phs = []
@@ -181,6 +186,8 @@ def nested_cond_module(
         ph = graph.placeholder(f"arg{k}")
         ph.meta["val"] = v
         phs.append(ph)
-    outs = emit_cond(graph, root, phs, act_index, bounds[0], modules[0], rest, fake_mode)
+    outs = emit_cond(
+        graph, root, phs, act_index, bounds[0], modules[0], rest, fake_mode, feature_dims
+    )
     graph.output(tuple(outs))
     return fx.GraphModule(root, graph)

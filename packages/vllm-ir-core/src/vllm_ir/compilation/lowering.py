@@ -222,12 +222,14 @@ class LoweringPass:
         vals = [fake_args[i] for i in tensor_pos]
         fake_mode = detect_fake_mode(vals)
         modules = [self._trace(op, impl, args, fake_args, branch=True).gm for _, impl in branches]
-        bounds = [b for b, _ in branches[:-1]]
-        assert all(b is not None for b in bounds)
+        bounds = [b for b, _ in branches[:-1] if b is not None]
+        assert len(bounds) == len(branches) - 1  # only the last branch is unbounded
         owner = graph.owning_module
         if owner is None:
             raise RuntimeError(f"{node.name}: the graph has no owning module to hold branches")
-        rest = nested_cond_module(vals, act_index, bounds[1:], modules[1:], fake_mode)  # type: ignore[arg-type]
+        rest = nested_cond_module(
+            vals, act_index, bounds[1:], modules[1:], fake_mode, op.feature_dims
+        )
         with graph.inserting_before(node):
             outs = emit_cond(
                 graph,
@@ -237,7 +239,8 @@ class LoweringPass:
                 bounds[0],
                 modules[0],
                 rest,
-                fake_mode,  # type: ignore[arg-type]
+                fake_mode,
+                op.feature_dims,
             )
         if _returns_one(node):
             node.replace_all_uses_with(outs[0])
