@@ -40,7 +40,7 @@ import torch.nn.functional as F
 import vllm_ir as ir
 from torch import Tensor
 from vllm_ir.compilation.autotune import Autotuner, WallClockTimer
-from vllm_ir.dispatch import invalidate_caches
+from vllm_ir.selection import invalidate_caches
 from vllm_ir.testing import inductor_caches_off
 
 COLS = 6

@@ -20,8 +20,8 @@ from torch import Tensor
 from vllm_ir.compilation import LoweringPass, VllmIRBackend, pass_context
 from vllm_ir.compilation.autotune import Autotuner, candidates, decide
 from vllm_ir.compilation.tuning_cache import TuningCache
-from vllm_ir.dispatch import invalidate_caches
 from vllm_ir.priority import compiled_selection
+from vllm_ir.selection import invalidate_caches
 
 X = torch.randn(4, 8)
 

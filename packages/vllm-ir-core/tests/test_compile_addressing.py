@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir.dispatch import NO_DATA_POINTER
+from vllm_ir.selection import NO_DATA_POINTER
 from vllm_ir.testing import inductor_caches_off
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir import dispatch
+from vllm_ir import selection as dispatch
 
 
 def _register(op: ir.IrOp, provider: str, result: float, **kwargs) -> None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir import dispatch
+from vllm_ir import selection as dispatch
 
 ROOT = Path(__file__).resolve().parents[3]
 CORE_SRC = ROOT / "packages" / "vllm-ir-core" / "src"

@@ -13,7 +13,8 @@ import torch
 import vllm_ir as ir
 import vllm_ir_cuda
 from torch._subclasses.fake_tensor import FakeTensorMode
-from vllm_ir import dispatch, priority
+from vllm_ir import priority
+from vllm_ir import selection as dispatch
 from vllm_ir_cuda import layernorm, quant
 
 RMS = ir.ops.rms_norm

@@ -22,13 +22,13 @@ from vllm_ir.config import (
     clear_process_priority,
     parse_ir_op_priority_args,
 )
-from vllm_ir.dispatch import invalidate_caches
 from vllm_ir.impl import NATIVE as NATIVE  # provider authors: vllm_ir.provider
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.namespace import NAMESPACE
 from vllm_ir.op import IrOp, get_op, register_op
 from vllm_ir.providers import load_errors, loaded_providers
 from vllm_ir.samples import SampleInput as SampleInput  # likewise
+from vllm_ir.selection import invalidate_caches
 from vllm_ir.tolerances import Tolerance
 from vllm_ir.torch_wrap import enable_torch_wrap, torch_wrap_enabled
 
@@ -56,7 +56,7 @@ _MOVED = {
     # selection internals
     "IrOpInplaceOverload": "vllm_ir.op",
     "PriorityEntry": "vllm_ir.priority",
-    "Selection": "vllm_ir.dispatch",
+    "Selection": "vllm_ir.selection",
     "compiled_selection": "vllm_ir.priority",
 }
 """Names that left the top level: still served here, with a DeprecationWarning, for one release."""

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from vllm_ir.buckets import ALL_SIZES, bucket_index, bucket_label, symbolic_range
-from vllm_ir.dispatch import Candidates
+from vllm_ir.selection import Candidates
 
 __all__ = [
     "CallSite",

@@ -38,10 +38,10 @@ from vllm_ir import envs, torch_wrap
 from vllm_ir._hotpath import _FORWARD_AD, make_eager_call
 from vllm_ir.cache import generation, holds, register_cache, settled_generation, store
 from vllm_ir.compiled_eager import compiled_fn_for
-from vllm_ir.dispatch import describe
 from vllm_ir.dispatch_key import key_is_cacheable
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.layout import may_overlap_itself
+from vllm_ir.selection import describe
 
 __all__ = ["DispatchMismatch", "EagerCall", "dispatch_check_enabled", "set_dispatch_check"]
 

@@ -42,7 +42,6 @@ from vllm_ir.cache import (
     release_cache,
     store,
 )
-from vllm_ir.dispatch import Candidates, Selection, candidates, describe, select
 from vllm_ir.dispatch_key import key_is_cacheable, make_key_fn
 from vllm_ir.eager import EagerCall
 from vllm_ir.impl import (
@@ -71,6 +70,7 @@ from vllm_ir.registration import (
     record,
 )
 from vllm_ir.samples import SampleInput, SampleInputGenerator
+from vllm_ir.selection import Candidates, Selection, candidates, describe, select
 from vllm_ir.signature import (
     check_native_signature,
     check_op_name,

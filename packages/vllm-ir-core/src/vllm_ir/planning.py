@@ -53,9 +53,9 @@ from vllm_ir.callsite import (
     source_line,
     token_count,
 )
-from vllm_ir.dispatch import selection_env
 from vllm_ir.namespace import NAMESPACE
 from vllm_ir.op import get_op
+from vllm_ir.selection import selection_env
 
 __all__ = ["FORMAT", "Plan", "PlanFormatError", "plan"]
 

@@ -16,11 +16,11 @@ from vllm_ir.cli.args import (
     parse_op,
     parse_shape,
 )
-from vllm_ir.dispatch import describe
 from vllm_ir.op import IrOp
 from vllm_ir.platform import current_platform
 from vllm_ir.platform import describe as describe_platform
 from vllm_ir.priority import MODES, Mode
+from vllm_ir.selection import describe
 from vllm_ir.torch_wrap import torch_wrap_enabled
 
 __all__ = ["bucket_lines", "candidate_lines", "run"]

@@ -58,7 +58,6 @@ from vllm_ir.compilation.fingerprint import code_fingerprint
 from vllm_ir.compilation.functionalize import input_signature
 from vllm_ir.compilation.ir_nodes import call_args, ir_op_of, is_ir_node
 from vllm_ir.compilation.pass_base import VllmIRPass
-from vllm_ir.dispatch import selection_env
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
@@ -68,6 +67,7 @@ from vllm_ir.priority import (
     freeze_priority,
     scoped_priority,
 )
+from vllm_ir.selection import selection_env
 
 __all__ = ["ACTIVATION_CLONE_META", "LoweringPass"]
 

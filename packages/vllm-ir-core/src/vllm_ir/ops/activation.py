@@ -42,7 +42,7 @@ def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
 # two, which moves the rounded GELU by at most one ulp of the dtype where it
 # is that close to a midpoint; the product then lands at most two ulps away
 # (the argument of vllm_ir.tolerances for norms). fp32: a few ulps of erf.
-gelu_and_mul.tolerances.update(
+gelu_and_mul.register_tolerances(
     {
         torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
         torch.float16: Tolerance(atol=1e-3, rtol=2.5e-3),
