@@ -25,59 +25,20 @@ import contextlib
 import json
 import os
 import platform
-import random
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import vllm_ir as ir
+from _round_robin import clock, time_round_robin
 
 TOKENS = (1, 16, 64, 256, 1024)
 HIDDEN = (1024, 4096)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul")
 EPS = 1e-6
-
-Variant = tuple[Callable[[], contextlib.AbstractContextManager[Any]], Callable[[], object]]
-
-
-def _clock() -> Callable[[], float]:
-    """Thread CPU time with one intra-op thread (other load on the machine is not counted)."""
-    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
-
-
-def _time_round_robin(
-    variants: dict[str, Variant], rounds: int, min_sample_s: float
-) -> dict[str, float]:
-    """Median seconds per call of each variant, timed interleaved; each sample runs
-    inside its variant's context (a priority scope, entered once per sample)."""
-    clock = _clock()
-    number = {}
-    for name, (scope, fn) in variants.items():
-        with scope():
-            for _ in range(3):
-                fn()
-            start = clock()
-            fn()
-            once = max(clock() - start, 1e-7)
-        number[name] = max(1, int(min_sample_s / once))
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    order = list(variants)
-    rng = random.Random(0)
-    for _ in range(rounds):
-        rng.shuffle(order)
-        for name in order:
-            (scope, fn), n = variants[name], number[name]
-            with scope():
-                fn()  # the scope's first call selects (and misses) once: untimed
-                start = clock()
-                for _ in range(n):
-                    fn()
-                samples[name].append((clock() - start) / n)
-    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def _inputs(op: str, tokens: int, hidden: int, dtype: torch.dtype) -> tuple[Any, ...]:
@@ -118,11 +79,10 @@ def bench(tokens: tuple[int, ...], hidden: tuple[int, ...], rounds: int) -> list
                             torch.testing.assert_close(
                                 op(*args), op.native(*args), **_tol(op, dtype)
                             )
-                        variants: dict[str, Variant] = {
-                            "native": (plain, lambda a=args, f=op: f(*a)),
-                            "native_compiled": (compiled, lambda a=args, f=op: f(*a)),
-                        }
-                        med = _time_round_robin(variants, rounds, min_sample_s=0.01)
+                        call = lambda a=args, f=op: f(*a)  # noqa: E731
+                        variants = {"native": call, "native_compiled": call}
+                        scopes = {"native": plain, "native_compiled": compiled}
+                        med = time_round_robin(variants, rounds, 0.01, scopes)
                         row = {
                             "op": op_name,
                             "dtype": dtype_name,
@@ -184,7 +144,7 @@ def main() -> None:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "threads": torch.get_num_threads(),
-        "clock": _clock().__name__,
+        "clock": clock().__name__,
         "python": platform.python_version(),
         "load_average_at_start": load_at_start,
         "load_average_at_end": [round(v, 2) for v in os.getloadavg()],

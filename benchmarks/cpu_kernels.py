@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from typing import Any
 import torch
 import vllm_ir as ir
 import vllm_ir_cpu
+from _round_robin import clock, time_round_robin
 from vllm_ir_cpu import build, impls
 
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
@@ -54,40 +54,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 EPS = 1e-6
 BUDGET_S = 300.0
 """The whole run should fit in about five minutes on the 2-core reference machine."""
-
-
-def _clock() -> Callable[[], float]:
-    """CPU time of this thread when it does all the work (one intra-op thread):
-    time the machine's other load takes from the process is not counted.
-    Wall time otherwise."""
-    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
-
-
-def _time_round_robin(
-    variants: dict[str, Callable[[], object]], rounds: int, min_sample_s: float
-) -> dict[str, float]:
-    """Median seconds per call of each variant, timed interleaved."""
-    clock = _clock()
-    number = {}
-    for name, fn in variants.items():  # warm-up, and a call count per sample
-        for _ in range(3):
-            fn()
-        start = clock()
-        fn()
-        once = max(clock() - start, 1e-7)
-        number[name] = max(1, int(min_sample_s / once))
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    order = list(variants)
-    rng = random.Random(0)
-    for _ in range(rounds):
-        rng.shuffle(order)
-        for name in order:
-            fn, n = variants[name], number[name]
-            start = clock()
-            for _ in range(n):
-                fn()
-            samples[name].append((clock() - start) / n)
-    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def _inputs(op: str, tokens: int, hidden: int, dtype: torch.dtype) -> tuple[Any, ...]:
@@ -124,7 +90,7 @@ def bench_ops(
                         "native": lambda a=args, f=op.native: f(*a),
                         "native_compiled": lambda a=args, c=compiled: c(*a),
                     }
-                    med = _time_round_robin(variants, rounds, min_sample_s=0.01)
+                    med = time_round_robin(variants, rounds, min_sample_s=0.01)
                     row = {
                         "op": op_name,
                         "dtype": dtype_name,
@@ -199,7 +165,7 @@ def bench_new_ops(tokens: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
                     "native": lambda a=args, f=op.native: f(*a),
                     "native_compiled": lambda a=args, c=compiled: c(*a),
                 }
-                med = _time_round_robin(variants, rounds, min_sample_s=0.01)
+                med = time_round_robin(variants, rounds, min_sample_s=0.01)
                 row = {
                     "op": op_name,
                     "dtype": dtype_name,
@@ -268,7 +234,7 @@ def bench_model(
             # each call gets a fresh copy: the compiled graph donates its input
             variants = {p: lambda f=fn, x=x: f(x.clone()) for p, fn in compiled.items()}
             variants["copy_only"] = lambda x=x: x.clone()
-            med = _time_round_robin(variants, rounds, min_sample_s=0.01)
+            med = time_round_robin(variants, rounds, min_sample_s=0.01)
             copy = med.pop("copy_only")
             net = {k: max(v - copy, 1e-9) for k, v in med.items()}
             row = {
@@ -357,7 +323,7 @@ def main() -> None:
         "cpu_capability": build.cpu_capability(),
         "cpus": os.cpu_count(),
         "threads": torch.get_num_threads(),
-        "clock": _clock().__name__,
+        "clock": clock().__name__,
         "python": platform.python_version(),
         "load_average_at_start": load_at_start,
         "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
@@ -406,7 +372,7 @@ def _only_new_ops(args: argparse.Namespace, start: float, load_at_start: list[fl
         "rows": rows,
         "measured_alone": {
             "threads": torch.get_num_threads(),
-            "clock": _clock().__name__,
+            "clock": clock().__name__,
             "rounds": args.rounds,
             "seconds": round(time.perf_counter() - start, 1),
             "load_average_at_start": load_at_start,
