@@ -38,15 +38,21 @@ def test_no_crossover_when_one_impl_wins_everywhere_or_within_the_spread() -> No
 
 
 def test_verdict_reports_noise_instead_of_a_result() -> None:
-    bucket = {"within_3pct": True, "noisy": True, "choice": "a", "best_fixed": "a"}
+    names = ("bucketed_graph", "bucketed_switch", "bucketed_table")
+    bucket = {"within_3pct": dict.fromkeys(names, True), "noisy": True}
+    faster = {"faster": dict.fromkeys(names, True)}
+    table = {
+        "buckets": {"<=16": bucket},
+        "mix": faster,
+        "choice_is_a_single_fixed_priority": True,
+    }
     report = {
-        "kernels": {"crossovers": [], "crossovers_by_median": [{"faster_small": "a"}]},
-        "compiled_decoder": {
-            "buckets": {"<=16": {**bucket, "bucketed_over_best_fixed": 1.02}},
-            "mix": {"bucketed_faster": True},
-            "bucketed_is_a_single_fixed_priority": True,
-            "same_model_difference": {"1": 0.02, "300": 0.11},
+        "kernels": {
+            "crossovers": [],
+            "crossovers_by_median": [{"faster_small": "a"}],
+            "bucketed": table,
         },
+        "compiled_decoder": {**table, "same_model_difference": {"1": 0.02, "300": 0.11}},
     }
     verdict = selection._verdict(report)
     assert verdict["timings_noisy"]
@@ -54,5 +60,6 @@ def test_verdict_reports_noise_instead_of_a_result() -> None:
     assert verdict["kernel_crossover_by_median"]
     assert not verdict["kernel_crossover_found"]
     # one fixed priority in every bucket: "faster over the mix" would be noise
-    assert not verdict["bucketed_faster_than_best_single_fixed_over_mix"]
+    for key in ("decoder_bucketed_graph", "decoder_bucketed_switch", "kernels_bucketed_table"):
+        assert not verdict[key]["faster_than_best_single_fixed_over_mix"]
     assert "not established" in verdict["note"]
