@@ -62,7 +62,7 @@ def measure(shape: tuple[int, int], rounds: int, number: int) -> dict[str, objec
     x = torch.randn(*shape)
     w = torch.randn(shape[-1])
     eps = 1e-6
-    selected = ir.ops.rms_norm.dispatch(x, w, eps)
+    selected = ir.ops.rms_norm.selected_impl(x, w, eps)
     impl = selected.impl_fn
     _SELECTED.append(impl)
     variants = {
@@ -153,8 +153,8 @@ def measure_key_parts(rounds: int, number: int) -> dict[str, object]:
         "old key: is_contiguous()": lambda: x.is_contiguous(),
         "selection key: shape[1:]": lambda: x.shape[x.dim() > 1 :],
         "selection key: batch class": lambda: BATCH_CLASS.get(x.shape[:1], 2),
-        "fast key of (x, weight, eps)": lambda: op._fast_key(x, w, eps),
-        "selection key of (x, weight, eps)": lambda: op._key(x, w, eps),
+        "fast key of (x, weight, eps)": lambda: op.selector.fast_key(x, w, eps),
+        "selection key of (x, weight, eps)": lambda: op.selection_key(x, w, eps),
     }
     best = {
         name: min(timeit.repeat(fn, number=number, repeat=rounds)) / number * 1e9

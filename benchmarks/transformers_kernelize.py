@@ -212,13 +212,13 @@ def _run(arch: str, args: argparse.Namespace) -> dict[str, Any]:
 
     probe = torch.randn(1, args.hidden)
     eager_impls = {
-        "rms_norm": ir.ops.rms_norm.dispatch(probe, probe[0], 1e-6).provider,
-        "fused_add_rms_norm": ir.ops.fused_add_rms_norm.dispatch(
+        "rms_norm": ir.ops.rms_norm.selected_impl(probe, probe[0], 1e-6).provider,
+        "fused_add_rms_norm": ir.ops.fused_add_rms_norm.selected_impl(
             probe, probe, probe[0], 1e-6
         ).provider,
-        "silu_and_mul": ir.ops.silu_and_mul.dispatch(torch.randn(1, 64)).provider,
-        "gelu_and_mul": ir.ops.gelu_and_mul.dispatch(torch.randn(1, 64), "tanh").provider,
-        "rotary_embedding": ir.ops.rotary_embedding.dispatch(
+        "silu_and_mul": ir.ops.silu_and_mul.selected_impl(torch.randn(1, 64)).provider,
+        "gelu_and_mul": ir.ops.gelu_and_mul.selected_impl(torch.randn(1, 64), "tanh").provider,
+        "rotary_embedding": ir.ops.rotary_embedding.selected_impl(
             torch.randn(1, 8, 64), torch.randn(1, 1, 64), probe[:, :64], probe[:, :64], True
         ).provider,
     }

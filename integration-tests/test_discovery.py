@@ -111,12 +111,12 @@ def test_platform_defaults_are_applied() -> None:
 
 
 def test_eager_dispatch_picks_example() -> None:
-    assert ir.ops.rms_norm.dispatch(*rms_args()).provider == "example"
+    assert ir.ops.rms_norm.selected_impl(*rms_args()).provider == "example"
 
 
 def test_declined_arguments_fall_back_to_native() -> None:
     args = rms_args(variance_size=64)
-    assert ir.ops.rms_norm.dispatch(*args).provider == "native"
+    assert ir.ops.rms_norm.selected_impl(*args).provider == "native"
     first, *_, chosen = ir.ops.rms_norm.select(*args).decisions
     assert (first.entry.provider, first.accepted) == ("example", False)
     assert "supports_args" in first.reason
@@ -128,7 +128,7 @@ def test_maybe_inplace_reuses_the_donated_storage() -> None:
     op = ir.ops.fused_add_rms_norm
     x, residual, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
     expected = op.native(x.clone(), residual.clone(), w, EPS)
-    assert op.dispatch(x, residual, w, EPS).inplace
+    assert op.selected_impl(x, residual, w, EPS).inplace
     out, new_residual = op.maybe_inplace(x, residual, w, EPS)
     assert out.data_ptr() == x.data_ptr()
     assert new_residual.data_ptr() == residual.data_ptr()
@@ -139,7 +139,7 @@ def test_default_overload_leaves_inputs_untouched() -> None:
     op = ir.ops.fused_add_rms_norm
     x, residual, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
     x0, residual0 = x.clone(), residual.clone()
-    assert op.dispatch(x, residual, w, EPS).inplace  # the impl that would mutate them
+    assert op.selected_impl(x, residual, w, EPS).inplace  # the impl that would mutate them
     out, new_residual = op(x, residual, w, EPS)
     assert torch.equal(x, x0)
     assert torch.equal(residual, residual0)
@@ -157,7 +157,7 @@ def test_example_matches_native_on_sample_inputs(op_name: str, dtype: torch.dtyp
     for sample in op.sample_inputs(dtype):
         bound = op.signature.bind(*sample.args)
         declined = bound.arguments.get("variance_size") is not None
-        provider = op.dispatch(*sample.args).provider
+        provider = op.selected_impl(*sample.args).provider
         assert provider == ("native" if declined else "example"), sample.name
         ran_example += provider == "example"
         expected = op.native(*sample.clone().args)
@@ -216,8 +216,8 @@ print(json.dumps({
     ),
     "eager": {op: ir.get_op(op).get_priority() for op in ("rms_norm", "fused_add_rms_norm")},
     "compiled": ir.ops.rms_norm.get_priority("compiled"),
-    "selected": ir.ops.rms_norm.dispatch(x, w, 1e-6).provider,
-    "selected_variance": ir.ops.rms_norm.dispatch(x, w, 1e-6, 32).provider,
+    "selected": ir.ops.rms_norm.selected_impl(x, w, 1e-6).provider,
+    "selected_variance": ir.ops.rms_norm.selected_impl(x, w, 1e-6, 32).provider,
 }))
 """
 

@@ -47,7 +47,7 @@ def test_env_override_accepts_the_installed_platform_and_refuses_unknown_ones() 
     code = (
         "import torch, vllm_ir as ir\n"
         "x, w = torch.randn(4, 64), torch.ones(64)\n"
-        "print(ir.ops.rms_norm.dispatch(x, w, 1e-6).provider)\n"
+        "print(ir.ops.rms_norm.selected_impl(x, w, 1e-6).provider)\n"
     )
     out = run([code], code=True, VLLM_IR_PLATFORM="nova")
     assert out.returncode == 0, out.stderr

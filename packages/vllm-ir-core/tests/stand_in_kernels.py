@@ -61,11 +61,11 @@ def rms_norm_opaque(
 
 def register() -> None:
     """Register both stand-ins (idempotent)."""
-    if INPLACE not in ir.ops.fused_add_rms_norm._impls:
+    if INPLACE not in ir.ops.fused_add_rms_norm.registered_impls:
         ir.ops.fused_add_rms_norm.register_impl(
             INPLACE, inplace=True, supports_args=_no_variance_size
         )(fused_add_rms_norm_inplace)
-    if OPAQUE not in ir.ops.rms_norm._impls:
+    if OPAQUE not in ir.ops.rms_norm.registered_impls:
         ir.ops.rms_norm.register_impl(OPAQUE, supports_args=_rms_no_variance_size)(rms_norm_opaque)
 
 

@@ -220,7 +220,7 @@ def test_scope_apply_and_platform_defaults_resolve_per_bucket(tagged: ir.IrOp) -
 
 def test_eager_differential_random_tables(tagged: ir.IrOp) -> None:
     """Random tables and sizes: the fast path (checked against select() on every call by
-    the suite's VLLM_IR_CHECK_DISPATCH), dispatch() and select() agree with the table."""
+    the suite's VLLM_IR_CHECK_DISPATCH), selected_impl() and select() agree with the table."""
     rng = random.Random(23)
     for _ in range(25):
         table = _random_table(rng)
@@ -230,7 +230,7 @@ def test_eager_differential_random_tables(tagged: ir.IrOp) -> None:
                 x = _ints(rows, 8) if rng.random() < 0.7 else _ints(2, max(1, rows // 2), 8)
                 want = _expected(table, tagged.tokens(x, 2.0), x.dim())
                 assert tagged.select(x, 2.0).impl.provider == want, (table, x.shape)
-                assert tagged.dispatch(x, 2.0).provider == want
+                assert tagged.selected_impl(x, 2.0).provider == want
                 if x.numel():
                     assert _tag_of(tagged(x, 2.0), x, 2.0) == want
                 # twice: the second call is a fast-path hit
@@ -243,8 +243,8 @@ def test_selection_key_holds_the_bucket(tagged: ir.IrOp) -> None:
     with tagged.set_priority(table):
         a, b = _ints(3, 8), _ints(4, 8)
         assert tagged.selection_key(a, 1.0) != tagged.selection_key(b, 1.0)
-        assert tagged.dispatch(a, 1.0).provider == "t1"
-        assert tagged.dispatch(b, 1.0).provider == "t2"  # same batch class, other bucket
+        assert tagged.selected_impl(a, 1.0).provider == "t1"
+        assert tagged.selected_impl(b, 1.0).provider == "t2"  # same batch class, other bucket
     assert tagged.selection_key(a, 1.0) == tagged.selection_key(b, 1.0)
 
 
@@ -563,10 +563,10 @@ def test_symbolic_tokens_select_without_guards(tagged: ir.IrOp) -> None:
     x = mode.from_tensor(torch.randn(4, 8), symbolic_context=context, source=ConstantSource("x"))
     # a dynamic dim ranges over [2, inf): a bound of 1 leaves one reachable bucket
     with tagged.set_priority([{"max_tokens": 1, "priority": ["t1"]}, {"priority": ["t2"]}]):
-        assert tagged.dispatch(x, 2.0).provider == "t2"
+        assert tagged.selected_impl(x, 2.0).provider == "t2"
     table = [{"max_tokens": 16, "priority": ["t1"]}, {"priority": ["t2"]}]
     with tagged.set_priority(table), pytest.raises(AmbiguousBucket, match=r"ranges over \[2, "):
-        tagged.dispatch(x, 2.0)
+        tagged.selected_impl(x, 2.0)
     assert not mode.shape_env.guards
 
 

@@ -226,7 +226,7 @@ def test_a_data_pointer_predicate_declines_when_compiling() -> None:
     prio = {double.name: ["addressing_aligned"]}
     x = torch.arange(32.0)
     with double.set_priority(prio[double.name]):
-        assert double.dispatch(x).provider == "addressing_aligned"
+        assert double.selected_impl(x).provider == "addressing_aligned"
         want = double(x) + 1
         fake_mode = torch._subclasses.FakeTensorMode()
         with fake_mode:  # as compiled selection runs

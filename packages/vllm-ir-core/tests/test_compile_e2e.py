@@ -203,7 +203,7 @@ def test_uuid_covers_priorities_and_impl_sources() -> None:
     c = ir.VllmIRBackend(priority={"rms_norm": [kernels.OPAQUE]}).lowering_pass.pre.uuid()
     assert a == b != c
     # a changed impl source changes the key too
-    impl = ir.ops.rms_norm._impls[kernels.OPAQUE]
+    impl = ir.ops.rms_norm.registered_impls[kernels.OPAQUE]
     original = impl.impl_fn
     object.__setattr__(impl, "impl_fn", kernels.fused_add_rms_norm_inplace)
     try:

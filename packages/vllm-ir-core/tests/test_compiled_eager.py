@@ -31,7 +31,7 @@ def row_op(make_op: Callable[..., ir.IrOp]) -> ir.IrOp:
 
 
 def _cached_fn(op: ir.IrOp, *args: Any) -> Any:
-    return op._eager.calls[op._fast_key(*args)]
+    return op._eager.calls[op.selector.fast_key(*args)]
 
 
 def _refuse(*args: Any) -> Any:

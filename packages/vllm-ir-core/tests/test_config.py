@@ -12,7 +12,7 @@ from torch import Tensor
 @pytest.fixture
 def with_kernel() -> ir.IrOp:
     op = ir.ops.rms_norm
-    if "cfg_kernel" not in op._impls:
+    if "cfg_kernel" not in op.registered_impls:
 
         @op.register_impl("cfg_kernel")
         def cfg_kernel(

@@ -18,7 +18,7 @@ def _register(op: ir.IrOp, provider: str, result: float, **kwargs) -> None:  # t
 
 def test_native_is_the_default(scale_op: ir.IrOp) -> None:
     x = torch.ones(2)
-    assert scale_op.dispatch(x, 3.0).provider == "native"
+    assert scale_op.selected_impl(x, 3.0).provider == "native"
     assert scale_op(x, 3.0).tolist() == [3.0, 3.0]
 
 
@@ -38,7 +38,7 @@ def test_unsupported_impl_is_skipped(scale_op: ir.IrOp) -> None:
     _register(scale_op, "absent", 1.0, supported=False)
     _register(scale_op, "present", 2.0)
     with scale_op.set_priority(["absent", "present"]):
-        assert scale_op.dispatch(torch.ones(1), 1.0).provider == "present"
+        assert scale_op.selected_impl(torch.ones(1), 1.0).provider == "present"
         decisions = scale_op.select(torch.ones(1), 1.0).decisions
     assert [(d.entry.provider, d.accepted, d.reason) for d in decisions] == [
         ("absent", False, "not supported on this platform"),
@@ -50,11 +50,11 @@ def test_supports_args_falls_back_per_call(scale_op: ir.IrOp) -> None:
     _register(scale_op, "positive", 1.0, supports_args=lambda x, factor: factor > 0)
     _register(scale_op, "fp32", 2.0, supports_args=lambda x, factor: x.dtype == torch.float32)
     with scale_op.set_priority(["positive", "fp32"]):
-        assert scale_op.dispatch(torch.ones(1), 1.0).provider == "positive"
-        assert scale_op.dispatch(torch.ones(1), -1.0).provider == "fp32"
-        assert scale_op.dispatch(torch.ones(1, dtype=torch.half), -1.0).provider == "native"
+        assert scale_op.selected_impl(torch.ones(1), 1.0).provider == "positive"
+        assert scale_op.selected_impl(torch.ones(1), -1.0).provider == "fp32"
+        assert scale_op.selected_impl(torch.ones(1, dtype=torch.half), -1.0).provider == "native"
         # cached answers stay per metadata
-        assert scale_op.dispatch(torch.ones(1), 1.0).provider == "positive"
+        assert scale_op.selected_impl(torch.ones(1), 1.0).provider == "positive"
 
 
 @pytest.mark.usefixtures("dispatch_check_off")  # counts supports_args calls
@@ -121,9 +121,9 @@ def test_new_registration_invalidates_cache(scale_op: ir.IrOp) -> None:
     try:
         selection = scale_op.select(x, 1.0)
         assert selection.decisions[0].reason.startswith("not registered")
-        assert scale_op.dispatch(x, 1.0).provider == "native"  # now cached
+        assert scale_op.selected_impl(x, 1.0).provider == "native"  # now cached
         _register(scale_op, "late", 1.0)
-        assert scale_op.dispatch(x, 1.0).provider == "late"
+        assert scale_op.selected_impl(x, 1.0).provider == "late"
     finally:
         ir.priority.remove_platform_defaults("late-pkg")
 
@@ -133,10 +133,10 @@ def test_batch_invariant_mode(scale_op: ir.IrOp, monkeypatch: pytest.MonkeyPatch
     _register(scale_op, "stable", 2.0, batch_invariant=True)
     x = torch.ones(1)
     with scale_op.set_priority(["fast", "stable"]):
-        assert scale_op.dispatch(x, 1.0).provider == "fast"
+        assert scale_op.selected_impl(x, 1.0).provider == "fast"
         monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
         ir.invalidate_caches()
-        assert scale_op.dispatch(x, 1.0).provider == "stable"
+        assert scale_op.selected_impl(x, 1.0).provider == "stable"
         reasons = [d.reason for d in scale_op.select(x, 1.0).decisions]
     assert reasons == ["not batch invariant (VLLM_BATCH_INVARIANT=1)", "selected"]
 
@@ -145,7 +145,7 @@ def test_batch_invariant_falls_back_to_native(scale_op: ir.IrOp, monkeypatch) ->
     _register(scale_op, "fast", 1.0)
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     with scale_op.set_priority(["fast"]):
-        assert scale_op.dispatch(torch.ones(1), 1.0).provider == "native"
+        assert scale_op.selected_impl(torch.ones(1), 1.0).provider == "native"
 
 
 def test_unhashable_arguments_select_uncached(make_op) -> None:  # type: ignore[no-untyped-def]
@@ -154,7 +154,7 @@ def test_unhashable_arguments_select_uncached(make_op) -> None:  # type: ignore[
 
     op = make_op(sizes_op)
     assert op(torch.ones(4), [2, 2]).shape == (2, 2)
-    assert op.dispatch(torch.ones(4), [4]).provider == "native"
+    assert op.selected_impl(torch.ones(4), [4]).provider == "native"
 
 
 def test_compiled_mode_uses_compiled_defaults(scale_op: ir.IrOp) -> None:
@@ -171,9 +171,9 @@ def test_compiled_mode_uses_compiled_defaults(scale_op: ir.IrOp) -> None:
     )
     try:
         x = torch.ones(1)
-        assert scale_op.dispatch(x, 1.0).provider == "kernel"
+        assert scale_op.selected_impl(x, 1.0).provider == "kernel"
         with ir.compiled_selection():
-            assert scale_op.dispatch(x, 1.0).provider == "native"
+            assert scale_op.selected_impl(x, 1.0).provider == "native"
         assert scale_op.select(x, 1.0, mode="compiled").impl.provider == "native"
     finally:
         ir.priority.remove_platform_defaults("test-defaults")
@@ -187,15 +187,15 @@ def test_describe_is_data_free() -> None:
 def test_device_type_is_part_of_the_key(scale_op: ir.IrOp) -> None:
     _register(scale_op, "cpu_only", 1.0, supports_args=lambda x, factor: x.device.type == "cpu")
     with scale_op.set_priority(["cpu_only"]):
-        assert scale_op.dispatch(torch.ones(2), 1.0).provider == "cpu_only"
-        assert scale_op.dispatch(torch.ones(2, device="meta"), 1.0).provider == "native"
+        assert scale_op.selected_impl(torch.ones(2), 1.0).provider == "cpu_only"
+        assert scale_op.selected_impl(torch.ones(2, device="meta"), 1.0).provider == "native"
 
 
 def test_wrong_arity_names_the_op(scale_op: ir.IrOp) -> None:
     with pytest.raises(TypeError, match=rf"{scale_op.name}\(\) missing 1 required"):
         scale_op(torch.ones(1))
     with pytest.raises(TypeError, match=rf"{scale_op.name}\(x: torch.Tensor, factor: float\)"):
-        scale_op.dispatch(torch.ones(1))
+        scale_op.selected_impl(torch.ones(1))
     with pytest.raises(TypeError, match="missing a required argument: 'factor'"):
         scale_op.select(torch.ones(1))
 

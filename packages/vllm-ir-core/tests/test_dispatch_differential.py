@@ -1,4 +1,4 @@
-"""Differential tests: the eager fast path, ``dispatch()`` and ``select()`` always agree.
+"""Differential tests: the eager fast path, ``selected_impl()`` and ``select()`` always agree.
 
 Thousands of random calls — devices (``cpu``, and ``meta`` standing in for an
 accelerator), dtypes, ranks, sizes, strides, storage offsets, optional
@@ -132,7 +132,7 @@ def test_fast_path_dispatch_and_select_agree(make_op, seed: int) -> None:  # typ
         compiled = rng.random() < 0.15
         with scope or _nothing(), ir.compiled_selection() if compiled else _nothing():
             want = op.select(*args).impl.provider
-            assert op.dispatch(*args).provider == want, args
+            assert op.selected_impl(*args).provider == want, args
             ran.clear()
             op(*args)
             assert (ran[-1] if ran else "native") == want, (args, want, ran)
@@ -217,7 +217,7 @@ def test_scoped_calls_race_process_wide_apply(make_op) -> None:  # type: ignore[
                 ir.IrOpPriorityConfig(**{op.name: ["p5" if k % 2 else "p6"]}).apply()
             final = op.select(x, None, 1e-6).impl.provider
             time.sleep(0.002)  # let in-flight selections finish
-            if which(x) != final or op.dispatch(x, None, 1e-6).provider != final:
+            if which(x) != final or op.selected_impl(x, None, 1e-6).provider != final:
                 stale += 1
     finally:
         stop.set()

@@ -106,7 +106,7 @@ def _same_as_select(op: ir.IrOp, ran: Ran, provider: str, first: tuple, second: 
         want = op.select(*second).impl.provider
         assert want == "native"
         assert _ran(op, ran, *second) == want
-        assert op.dispatch(*second).provider == want
+        assert op.selected_impl(*second).provider == want
 
 
 def test_hidden_size_is_in_the_key(make_op) -> None:  # type: ignore[no-untyped-def]
@@ -204,7 +204,7 @@ def test_a_selection_in_flight_during_apply_is_not_stored(make_op) -> None:  # t
     thread.join()
     assert op.select(x).impl.provider == "other"
     assert _ran(op, ran, x) == "other"
-    assert op.dispatch(x).provider == "other"
+    assert op.selected_impl(x).provider == "other"
 
 
 def test_store_refuses_a_stale_generation() -> None:
@@ -234,7 +234,7 @@ def test_the_fast_path_honours_compiled_selection(make_op) -> None:  # type: ign
         x = torch.ones(4, 8)
         assert _ran(op, ran, x) == "fast"
         with ir.compiled_selection():
-            assert op.dispatch(x).provider == "native"
+            assert op.selected_impl(x).provider == "native"
             assert _ran(op, ran, x) == "native"
             with op.set_priority(["fast"]):  # scopes inside keep the mode
                 assert _ran(op, ran, x) == "fast"
@@ -269,7 +269,7 @@ def test_wrong_argument_types_raise_a_clear_type_error() -> None:
     with pytest.raises(TypeError, match="argument 'epsilon' but instead found type 'str'"):
         ir.ops.rms_norm(torch.ones(2, 8), None, "1e-6")
     with pytest.raises(TypeError, match="argument 'weight'"):
-        ir.ops.rms_norm.dispatch(torch.ones(2, 8), 3, 1e-6)
+        ir.ops.rms_norm.selected_impl(torch.ones(2, 8), 3, 1e-6)
 
 
 def test_tensor_scalars_go_through_the_torch_op_uncached() -> None:
@@ -291,14 +291,14 @@ def test_caches_are_bounded_and_nan_is_not_cached() -> None:
     ir.invalidate_caches()
     for i in range(cache.MAX_ENTRIES + 50):
         op(x, None, 1e-6 + i * 1e-12)
-        op.dispatch(x, None, 1e-6 + i * 1e-12)
+        op.selected_impl(x, None, 1e-6 + i * 1e-12)
     assert len(op._calls) == cache.MAX_ENTRIES
-    assert len(op._caches["eager"]) == cache.MAX_ENTRIES
+    assert len(op.selector.cache_of("eager")) == cache.MAX_ENTRIES
     ir.invalidate_caches()
     for _ in range(20):
         op(x, None, float("nan"))
-        op.dispatch(x, None, float("nan"))
-    assert len(op._calls) == len(op._caches["eager"]) == 0
+        op.selected_impl(x, None, float("nan"))
+    assert len(op._calls) == len(op.selector.cache_of("eager")) == 0
 
 
 def test_the_key_adds_no_guards_on_symbolic_shapes() -> None:
@@ -318,8 +318,8 @@ def test_the_key_adds_no_guards_on_symbolic_shapes() -> None:
         assert isinstance(sliced.stride(0), torch.SymInt)
         w = mode.from_tensor(torch.randn(32))
         before = len(env.guards)
-        ir.ops.rms_norm._key(sliced, w, 1e-6)
-        assert ir.ops.rms_norm.dispatch(sliced, w, 1e-6).provider in ir.ops.rms_norm.impls
+        ir.ops.rms_norm.selection_key(sliced, w, 1e-6)
+        assert ir.ops.rms_norm.selected_impl(sliced, w, 1e-6).provider in ir.ops.rms_norm.impls
         assert len(env.guards) == before
 
 

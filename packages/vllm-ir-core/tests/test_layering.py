@@ -65,7 +65,7 @@ def test_candidates_honour_batch_invariance(
     with scale_op.set_priority(["fast", "stable"]):
         found = scale_op.candidates(x, 2.0)
         assert found["fast"].reason == "not batch invariant (VLLM_BATCH_INVARIANT=1)"
-        assert found.selected.provider == "stable" == scale_op.dispatch(x, 2.0).provider
+        assert found.selected.provider == "stable" == scale_op.selected_impl(x, 2.0).provider
 
 
 def test_bench_times_only_what_selection_accepts(

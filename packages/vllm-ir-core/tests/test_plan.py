@@ -86,12 +86,12 @@ def test_eager_plan_lists_every_call_site(model: Model, scale_op: ir.IrOp) -> No
 
 
 def test_the_impl_that_ran_follows_the_size(model: Model, scale_op: ir.IrOp) -> None:
-    """Decode and prefill sizes: each site reports what op.dispatch runs for it."""
+    """Decode and prefill sizes: each site reports what op.selected_impl runs for it."""
     for rows, bucket, ran in [(1, ALL_SIZES, "native"), (300, ALL_SIZES, "prefill_kernel")]:
         x = torch.randn(rows, 8)
         with scale_op.set_priority(["prefill_kernel", "native"]):
             plan = ir.plan(model, x)
-            assert ran == scale_op.dispatch(x, 2.0).provider
+            assert ran == scale_op.selected_impl(x, 2.0).provider
         scale = plan.sites[0]
         assert (scale.bucket, scale.ran) == (bucket, ran)
         native = next(c for c in scale.candidates if c.provider == "native")

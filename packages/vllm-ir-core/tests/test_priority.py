@@ -118,7 +118,7 @@ def test_scopes_are_isolated_between_threads(defaults: ir.IrOp) -> None:
     def worker(provider: str) -> None:
         with op.set_priority([provider]):
             barrier.wait()  # both scopes are open at once
-            picked = [op.dispatch(x, 1.0).provider for _ in range(50)]
+            picked = [op.selected_impl(x, 1.0).provider for _ in range(50)]
             barrier.wait()
         results[provider] = picked
 
@@ -129,7 +129,7 @@ def test_scopes_are_isolated_between_threads(defaults: ir.IrOp) -> None:
         t.join()
     assert set(results["triton"]) == {"triton"}
     assert set(results["other"]) == {"other"}
-    assert op.dispatch(x, 1.0).provider == "vendor"
+    assert op.selected_impl(x, 1.0).provider == "vendor"
 
 
 def test_scopes_are_isolated_between_tasks(defaults: ir.IrOp) -> None:
@@ -138,7 +138,7 @@ def test_scopes_are_isolated_between_tasks(defaults: ir.IrOp) -> None:
     async def task(provider: str) -> str:
         with op.set_priority([provider]):
             await asyncio.sleep(0)
-            return op.dispatch(torch.ones(1), 1.0).provider
+            return op.selected_impl(torch.ones(1), 1.0).provider
 
     async def main() -> list[str]:
         return list(await asyncio.gather(task("triton"), task("other")))
@@ -185,7 +185,7 @@ def test_process_wide_change_reaches_ops_a_scope_does_not_name(defaults: ir.IrOp
         ir.IrOpPriorityConfig(**{defaults.name: ["other"]}).apply()
         entry = defaults.get_priority_entries()[0]
         assert (entry.provider, entry.source) == ("other", "user (process-wide)")
-        assert defaults.dispatch(torch.ones(1), 1.0).provider == "other"
+        assert defaults.selected_impl(torch.ones(1), 1.0).provider == "other"
     ir.clear_process_priority()
     assert defaults.get_priority()[0] == "vendor"
 
@@ -218,7 +218,7 @@ x = torch.ones(2)
 def stream(providers):
     with op.set_priority(providers):
         for _ in range(3):
-            yield op.get_priority()[0], op.dispatch(x).provider
+            yield op.get_priority()[0], op.selected_impl(x).provider
 
 def interleaved():
     base = op.get_priority()
@@ -226,7 +226,7 @@ def interleaved():
     b = stream(["native"]); assert next(b) == ("native", "native")
     a.close(); b.close()  # opened a, b; closed a, b
     assert op.get_priority() == base, op.get_priority()
-    assert op.dispatch(x).provider == "native"
+    assert op.selected_impl(x).provider == "native"
 
 def nested_inside():
     base = op.get_priority()
@@ -241,7 +241,7 @@ def closed_elsewhere(close):
     g = stream(["alt"]); next(g)
     close(g)
     assert op.get_priority() == base, op.get_priority()
-    assert op.dispatch(x).provider == "native"
+    assert op.selected_impl(x).provider == "native"
     assert op(x).tolist() == [1.0, 1.0]
 
 def in_thread(g):

@@ -157,7 +157,7 @@ def test_keyboard_interrupt_propagates_after_rollback(fresh_discovery) -> None: 
     fresh_discovery["interrupted"] = ir.ProviderSpec("interrupted", ir.API_VERSION, register)
     with pytest.raises(KeyboardInterrupt):
         providers.ensure_loaded()
-    assert name not in ir.ops.rms_norm._impls
+    assert name not in ir.ops.rms_norm.registered_impls
 
 
 # -- defect 3: full rollback, handles, unregister_impl ---------------------------

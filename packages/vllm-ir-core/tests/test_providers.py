@@ -44,7 +44,7 @@ def test_provider_loads_with_defaults_and_attribution(fresh_discovery) -> None: 
         impl = ir.ops.rms_norm.impls[name]
         assert impl.package == f"fake_provider_{name}"
         assert ir.ops.rms_norm.get_priority() == [name, "native"]
-        assert ir.ops.rms_norm.dispatch(torch.ones(2, 4), None, 1e-6).provider == name
+        assert ir.ops.rms_norm.selected_impl(torch.ones(2, 4), None, 1e-6).provider == name
     finally:
         ir.ops.rms_norm.unregister_impl(name)
 

@@ -124,7 +124,7 @@ def test_fast_path_is_unchanged(marked_op: ir.IrOp) -> None:
     x = torch.randn(4, 8)
     with marked_op.set_priority(["negating"]), ir.enable_torch_wrap(False):
         # the dispatch check (conftest) re-validates every cached call against select()
-        assert marked_op.dispatch(x, 2.0).provider == "negating"
+        assert marked_op.selected_impl(x, 2.0).provider == "negating"
         torch.testing.assert_close(marked_op(x, 2.0), x * 2.0)
 
 

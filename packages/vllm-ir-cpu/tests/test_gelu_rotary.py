@@ -27,7 +27,7 @@ def test_conformance(kernels: Path, case: ConformanceCase) -> None:
 
 def _results(op: ir.IrOp, sample: ir.SampleInput) -> dict[str, object]:
     with op.set_priority([PROVIDER]):
-        assert op.dispatch(*sample.args).provider == PROVIDER, sample.name
+        assert op.selected_impl(*sample.args).provider == PROVIDER, sample.name
         got = {"op": op(*sample.clone().args)}
         if op.allow_inplace:
             got["maybe_inplace"] = op.maybe_inplace(*sample.clone().args)
@@ -128,7 +128,7 @@ def test_rotary_declined_arguments_fall_back_to_native(
     kernels: Path, args: tuple[object, ...], why: str
 ) -> None:
     with ROPE.set_priority([PROVIDER]):
-        assert ROPE.dispatch(*args).provider == "native", why
+        assert ROPE.selected_impl(*args).provider == "native", why
         got = ROPE(*args)
     want = ROPE.native(*args)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), why
@@ -147,7 +147,7 @@ def test_gelu_within_tolerance_far_out(kernels: Path, approximate: str) -> None:
 def test_gelu_unknown_approximate_is_natives_error(kernels: Path) -> None:
     x = torch.randn(2, 8)
     with GELU.set_priority([PROVIDER]):
-        assert GELU.dispatch(x, "fast").provider == "native"
+        assert GELU.selected_impl(x, "fast").provider == "native"
         with pytest.raises(RuntimeError, match="approximate"):
             GELU(x, "fast")
     with pytest.raises(RuntimeError, match="approximate must be 'none' or 'tanh', got 'fast'"):

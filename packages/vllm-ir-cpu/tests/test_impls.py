@@ -61,7 +61,7 @@ def test_matches_native_on_every_sample(kernels: Path, op: ir.IrOp, dtype: torch
     with op.set_priority([PROVIDER]):
         for sample in _samples(op, dtype):
             args = sample.clone().args
-            assert op.dispatch(*args).provider == _expected_provider(sample), sample.name
+            assert op.selected_impl(*args).provider == _expected_provider(sample), sample.name
             want = op.native(*sample.clone().args)
             _close(op(*args), want, op, dtype, sample.name)
             if op.allow_inplace:
@@ -118,7 +118,7 @@ def test_default_overload_leaves_inputs_untouched(kernels: Path) -> None:
     x, r, w = torch.randn(4, 64), torch.randn(4, 64), torch.rand(64)
     x0, r0 = x.clone(), r.clone()
     with FUSED.set_priority([PROVIDER]):
-        assert FUSED.dispatch(x, r, w, EPS).provider == PROVIDER
+        assert FUSED.selected_impl(x, r, w, EPS).provider == PROVIDER
         h, res = FUSED(x, r, w, EPS)
         # through torch.ops too (the path tracers and autograd take)
         h2, res2 = FUSED.torch_op(x, r, w, EPS)
@@ -156,8 +156,8 @@ def test_missing_toolchain_declines_instead_of_failing(
     monkeypatch.setattr(impls, "_warned_toolchain", False)
     x = torch.randn(2, 8)
     with caplog.at_level(logging.WARNING, logger="vllm_ir"), RMS.set_priority([PROVIDER]):
-        assert RMS.dispatch(x, None, EPS).provider == "native"
-        assert FUSED.dispatch(x, x.clone(), None, EPS).provider == "native"
+        assert RMS.selected_impl(x, None, EPS).provider == "native"
+        assert FUSED.selected_impl(x, x.clone(), None, EPS).provider == "native"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         "cpu_c kernels cannot be built, so they are skipped: no C++ compiler ('c++' not found)"

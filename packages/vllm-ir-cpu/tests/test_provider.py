@@ -54,7 +54,7 @@ def test_batch_invariant_mode_keeps_cpu_c(monkeypatch) -> None:  # type: ignore[
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     ir.invalidate_caches()
     x = torch.randn(2, 8)
-    assert ir.ops.rms_norm.dispatch(x, None, 1e-6).provider == PROVIDER
+    assert ir.ops.rms_norm.selected_impl(x, None, 1e-6).provider == PROVIDER
 
 
 def test_discovery_and_selection_do_not_build(tmp_path: Path) -> None:
@@ -66,7 +66,7 @@ def test_discovery_and_selection_do_not_build(tmp_path: Path) -> None:
         "elapsed = time.perf_counter() - start\n"
         "from vllm_ir_cpu import build\n"
         "x = torch.randn(2, 8)\n"
-        "provider = ir.ops.rms_norm.dispatch(x, None, 1e-6).provider\n"
+        "provider = ir.ops.rms_norm.selected_impl(x, None, 1e-6).provider\n"
         "print(json.dumps({'providers': sorted(providers), 'loaded': build.is_loaded(),\n"
         "                  'provider': provider, 'seconds': elapsed}))\n"
     )

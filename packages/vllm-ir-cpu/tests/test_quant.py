@@ -65,7 +65,7 @@ def test_bitwise_native_on_every_sample(kernels: Path, op: ir.IrOp, dtype: torch
     impl = op.impls[PROVIDER]
     with op.set_priority([PROVIDER]):
         for sample in op.sample_inputs(dtype):
-            assert op.dispatch(*sample.args).provider == PROVIDER, sample.name
+            assert op.selected_impl(*sample.args).provider == PROVIDER, sample.name
             want = op.native(*sample.clone().args)
             assert_bitwise(impl.impl_fn(*sample.clone().args), want, f"{sample.name} impl")
             assert_bitwise(op(*sample.clone().args), want, f"{sample.name} op")
@@ -210,7 +210,7 @@ def test_fused_quant_default_overload_leaves_inputs_untouched(kernels: Path) -> 
     x, r, w, eps, s = _fused_args()
     x0, r0 = x.clone(), r.clone()
     with FUSED_QUANT.set_priority([PROVIDER]):
-        assert FUSED_QUANT.dispatch(x, r, w, eps, s).provider == PROVIDER
+        assert FUSED_QUANT.selected_impl(x, r, w, eps, s).provider == PROVIDER
         q, residual = FUSED_QUANT(x, r, w, eps, s)
         q2, residual2 = FUSED_QUANT.torch_op(x, r, w, eps, s)  # through the dispatcher
     assert torch.equal(x, x0)

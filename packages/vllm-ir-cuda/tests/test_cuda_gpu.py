@@ -49,12 +49,12 @@ def test_dispatch_selects_vllm_c_on_cuda() -> None:
     x = torch.randn(4, 64, device=DEVICE, dtype=torch.float16)
     w = torch.ones(64, device=DEVICE, dtype=torch.float16)
     assert RMS.impls[PROVIDER].supported
-    assert RMS.dispatch(x, w, 1e-6).provider == PROVIDER
-    assert FUSED.dispatch(x, x.clone(), w, 1e-6).provider == PROVIDER
+    assert RMS.selected_impl(x, w, 1e-6).provider == PROVIDER
+    assert FUSED.selected_impl(x, x.clone(), w, 1e-6).provider == PROVIDER
     # native named next: other providers' CUDA defaults (e.g. triton) come after it
     with RMS.set_priority([PROVIDER, "native"]):
-        assert RMS.dispatch(x, w, 1e-6, 32).provider == "native"  # variance_size declined
-        assert RMS.dispatch(x.double(), None, 1e-6).provider == "native"
+        assert RMS.selected_impl(x, w, 1e-6, 32).provider == "native"  # variance_size declined
+        assert RMS.selected_impl(x.double(), None, 1e-6).provider == "native"
 
 
 _KIT = [
@@ -271,7 +271,7 @@ def test_eager_equals_compiled_with_zero_clones() -> None:
     with torch.no_grad():
         eager = model(x.clone())
         got = compiled(x.clone())
-    assert RMS.dispatch(x, model.weight, 1e-6).provider == PROVIDER
+    assert RMS.selected_impl(x, model.weight, 1e-6).provider == PROVIDER
     _close(got, eager, torch.bfloat16)
     assert set(backend.lowering_pass.selected_impls["fused_add_rms_norm"].values()) == {PROVIDER}
     ctx = backend.pass_contexts[0]
@@ -373,7 +373,7 @@ def test_new_ops_match_native(name: str, rows: int, hidden: int, dtype: torch.dt
     op = ir.get_op(name)
     args = _quant_args(name, rows, hidden, dtype)
     with op.set_priority([PROVIDER]):
-        assert op.dispatch(*args).provider == PROVIDER
+        assert op.selected_impl(*args).provider == PROVIDER
         got = op(*args)
     _compare(name, got, op.native(*args), dtype)
 
@@ -468,7 +468,7 @@ def test_gelu_and_mul_matches_native(
     op = ir.ops.gelu_and_mul
     x = (torch.randn(rows, hidden, device=DEVICE) * 3).to(dtype)
     with op.set_priority([PROVIDER]):
-        assert op.dispatch(x, approximate).provider == PROVIDER
+        assert op.selected_impl(x, approximate).provider == PROVIDER
         got = op(x, approximate)
     tol = op.tolerance(dtype)
     torch.testing.assert_close(got, op.native(x, approximate), atol=tol.atol, rtol=tol.rtol)
@@ -489,7 +489,7 @@ def test_rotary_embedding_matches_native_bit_for_bit(
     cos, sin = _rope_tables(tokens, rot, dtype)
     want = op.native(q, k, cos, sin, is_neox)
     with op.set_priority([PROVIDER]):
-        assert op.dispatch(q, k, cos, sin, is_neox).provider == PROVIDER
+        assert op.selected_impl(q, k, cos, sin, is_neox).provider == PROVIDER
         got = op.maybe_inplace(q, k, cos, sin, is_neox)
     assert got[0] is q
     assert got[1] is k

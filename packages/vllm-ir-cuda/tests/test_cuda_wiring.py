@@ -90,7 +90,7 @@ def test_default_overload_keeps_inputs_and_maybe_inplace_reuses_them(
     x0, r0 = x.clone(), r.clone()
     want = FUSED.native(x, r, w, 1e-6)
     with FUSED.set_priority([STANDIN]):
-        assert FUSED.dispatch(x, r, w, 1e-6).provider == STANDIN
+        assert FUSED.selected_impl(x, r, w, 1e-6).provider == STANDIN
         out = FUSED(x, r, w, 1e-6)
         assert torch.equal(x, x0)
         assert torch.equal(r, r0)

@@ -65,7 +65,7 @@ def test_row_strided_rms_norm_on_gpu() -> None:
     wide = torch.randn(64, 2 * 4096, dtype=torch.bfloat16, device="cuda")
     x, w = wide[:, :4096], torch.randn(4096, dtype=torch.bfloat16, device="cuda")
     with ir.ops.rms_norm.set_priority([PROVIDER]):
-        assert ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == PROVIDER
+        assert ir.ops.rms_norm.selected_impl(x, w, 1e-6).provider == PROVIDER
         got = ir.ops.rms_norm(x, w, 1e-6)
     tol = ir.ops.rms_norm.tolerance(torch.bfloat16)
     torch.testing.assert_close(

@@ -30,7 +30,7 @@ def test_rocm_platform_defaults_select_aiter(
     monkeypatch.setenv("VLLM_IR_PLATFORM", "rocm")
     ir.invalidate_caches()
     x, w = _rows(4, 64), _rows(64)
-    assert ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == PROVIDER
+    assert ir.ops.rms_norm.selected_impl(x, w, 1e-6).provider == PROVIDER
     out = ir.ops.rms_norm(x, w, 1e-6)
     assert len(aiter.named("rmsnorm2d_fwd")) == 1
     _assert_close(out, ir.ops.rms_norm.native(x, w, 1e-6))
@@ -38,7 +38,7 @@ def test_rocm_platform_defaults_select_aiter(
 
 def test_other_platforms_do_not_default_to_aiter(aiter: StandInAiter) -> None:
     x, w = _rows(4, 64), _rows(64)
-    assert ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == "native"
+    assert ir.ops.rms_norm.selected_impl(x, w, 1e-6).provider == "native"
     ir.ops.rms_norm(x, w, 1e-6)
     assert aiter.calls == []
 
@@ -69,7 +69,7 @@ def test_rms_norm_reads_row_strided_slices_in_place(aiter: StandInAiter) -> None
     assert layernorm.rows_flatten_free(x)
     assert not x.is_contiguous()
     with ir.ops.rms_norm.set_priority([PROVIDER]):
-        assert ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == PROVIDER
+        assert ir.ops.rms_norm.selected_impl(x, w, 1e-6).provider == PROVIDER
         out = ir.ops.rms_norm(x, w, 1e-6)
     got = aiter.calls[0].args["input"]
     assert got.data_ptr() == x.data_ptr()

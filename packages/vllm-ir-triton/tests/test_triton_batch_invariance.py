@@ -33,7 +33,7 @@ def test_rms_norm_row_alone_equals_row_in_batch(dtype: torch.dtype, hidden: int)
     x = _batch(dtype, hidden, 0)
     w = (1 + 0.1 * torch.randn(hidden)).to(dtype=dtype, device=DEVICE)
     with op.set_priority([BATCH_INVARIANT_PROVIDER]):
-        assert op.dispatch(x, w, 1e-6).provider == BATCH_INVARIANT_PROVIDER
+        assert op.selected_impl(x, w, 1e-6).provider == BATCH_INVARIANT_PROVIDER
         batched = op(x, w, 1e-6)
         for i in ROWS:
             alone = op(x[i : i + 1].clone(), w, 1e-6)
@@ -68,7 +68,7 @@ def test_elementwise_and_quant_ops_row_alone_equals_row_in_batch(dtype: torch.dt
     for op, rest in others.items():
         assert op.impls[PROVIDER].batch_invariant
         with op.set_priority([PROVIDER]):
-            assert op.dispatch(x, *rest).provider == PROVIDER
+            assert op.selected_impl(x, *rest).provider == PROVIDER
             batched = _outputs(op(x, *rest))
             for i in ROWS:
                 alone = _outputs(op(x[i : i + 1].clone(), *rest))

@@ -23,7 +23,7 @@ def test_rotary_is_bit_exact_in_16_bit_dtypes(dtype: torch.dtype) -> None:
     for sample in ROPE.sample_inputs(dtype, DEVICE):
         want = ROPE.native(*sample.clone().args)
         with ROPE.set_priority([PROVIDER]):
-            assert ROPE.dispatch(*sample.args).provider == PROVIDER
+            assert ROPE.selected_impl(*sample.args).provider == PROVIDER
             got = ROPE.maybe_inplace(*sample.clone().args)
         for g, w in zip(got, want, strict=True):
             assert torch.equal(g, w), sample.name
@@ -51,7 +51,7 @@ def test_odd_rotary_dim_and_unknown_approximate_go_to_native() -> None:
         assert torch.equal(g, w)
     x = torch.randn(2, 8, device=DEVICE)
     with GELU.set_priority([PROVIDER]):
-        assert GELU.dispatch(x, "fast").provider == "native"
+        assert GELU.selected_impl(x, "fast").provider == "native"
     with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh'"):
         launch.gelu_and_mul(x, "fast")
 

@@ -68,7 +68,7 @@ def test_cuda_graph_replays_equal_eager(name: str, provider: str) -> None:
     op = ir.get_op(name)
     args = _args(name, 16, 4096, torch.bfloat16)
     with op.set_priority([provider]):
-        assert op.dispatch(*args).provider == provider
+        assert op.selected_impl(*args).provider == provider
         want = [t.clone() for t in _flat(op(*args))]  # default overload: inputs untouched
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -155,7 +155,7 @@ def test_scale_on_the_cpu_matches_native_whatever_ran_before(name: str) -> None:
                     else:
                         assert torch.equal(g, w), (name, scale.device)
                 if scale.device.type == "cpu":
-                    assert op.dispatch(x, scale).provider == "native"
+                    assert op.selected_impl(x, scale).provider == "native"
 
 
 # -- a user Triton kernel traced into the compiled graph (wrap_triton) -----------------

@@ -64,7 +64,7 @@ def test_matches_native_on_every_layout(op: ir.IrOp, dtype: torch.dtype, provide
     samples = _rms_samples(dtype) if op is RMS else _fused_samples(dtype)
     with op.set_priority([provider]):
         for sample in samples:
-            assert op.dispatch(*sample.args).provider == provider, sample.name
+            assert op.selected_impl(*sample.args).provider == provider, sample.name
             want = op.native(*sample.clone().args)
             _close(op(*sample.clone().args), want, op, dtype, sample.name)
             if op.allow_inplace:
@@ -86,7 +86,7 @@ def test_large_norms_are_within_the_stated_ulps(
     x, r = _randn(g, dtype, rows, hidden), _randn(g, dtype, rows, hidden)
     w = _weight(hidden).to(dtype)
     with RMS.set_priority([provider]), FUSED.set_priority([provider]):
-        assert RMS.dispatch(x, w, EPS).provider == provider
+        assert RMS.selected_impl(x, w, EPS).provider == provider
         _close(RMS(x, w, EPS), RMS.native(x, w, EPS), RMS, dtype, f"{rows}x{hidden}")
         got = FUSED(x, r, w, EPS)
     want = FUSED.native(x, r, w, EPS)
@@ -180,7 +180,7 @@ def test_declined_arguments_fall_back_to_native(
 @pytest.mark.parametrize("x", [torch.empty(4, 8, device="meta"), torch.randn(4, 8).to_sparse()])
 def test_other_devices_and_layouts_are_declined(x: torch.Tensor) -> None:
     with RMS.set_priority([PROVIDER, "native"]):
-        assert RMS.dispatch(x, None, EPS).provider == "native"
+        assert RMS.selected_impl(x, None, EPS).provider == "native"
 
 
 @pytest.mark.parametrize(
@@ -197,7 +197,7 @@ def test_size_mismatches_are_computed_by_native(op: ir.IrOp, args: tuple[Any, ..
     """What supports_args cannot see (sizes), the impl handles: no launch, native result."""
     args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
     with op.set_priority([PROVIDER]):
-        assert op.dispatch(*args).provider == PROVIDER
+        assert op.selected_impl(*args).provider == PROVIDER
         got = op(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
     torch.testing.assert_close(got, op.native(*args))
 
@@ -238,7 +238,7 @@ def test_default_overload_leaves_inputs_untouched() -> None:
     x, r, w = torch.randn(4, 64, device=DEVICE), torch.randn(4, 64, device=DEVICE), _weight(64)
     x0, r0 = x.clone(), r.clone()
     with FUSED.set_priority([PROVIDER]):
-        assert FUSED.dispatch(x, r, w, EPS).provider == PROVIDER
+        assert FUSED.selected_impl(x, r, w, EPS).provider == PROVIDER
         h, res = FUSED(x, r, w, EPS)
         h2, res2 = FUSED.torch_op(x, r, w, EPS)  # through the dispatcher, as tracers call it
     assert torch.equal(x, x0)

@@ -214,9 +214,9 @@ def test_batch_invariant_mode_selects_the_invariant_impl(
         pytest.skip("another provider comes first in the cuda defaults of this environment")
     x = torch.randn(2, 64, device=DEVICE)
     ir.invalidate_caches()
-    assert ir.ops.rms_norm.dispatch(x, None, 1e-6).provider == PROVIDER
+    assert ir.ops.rms_norm.selected_impl(x, None, 1e-6).provider == PROVIDER
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     ir.invalidate_caches()
-    assert ir.ops.rms_norm.dispatch(x, None, 1e-6).provider == BATCH_INVARIANT_PROVIDER
+    assert ir.ops.rms_norm.selected_impl(x, None, 1e-6).provider == BATCH_INVARIANT_PROVIDER
     fused = ir.ops.fused_add_rms_norm
-    assert fused.dispatch(x, x.clone(), None, 1e-6).provider == BATCH_INVARIANT_PROVIDER
+    assert fused.selected_impl(x, x.clone(), None, 1e-6).provider == BATCH_INVARIANT_PROVIDER

@@ -91,10 +91,10 @@ def test_fp8_rounding_is_torchs_bit_for_bit() -> None:
 def test_quant_ops_are_bit_exact_on_their_samples(dtype: torch.dtype) -> None:
     with STATIC.set_priority([PROVIDER]), DYNAMIC.set_priority([PROVIDER]):
         for sample in STATIC.sample_inputs(dtype, DEVICE):
-            assert STATIC.dispatch(*sample.args).provider == PROVIDER
+            assert STATIC.selected_impl(*sample.args).provider == PROVIDER
             _assert_bits_equal(STATIC(*sample.args), STATIC.native(*sample.args), sample.name)
         for sample in DYNAMIC.sample_inputs(dtype, DEVICE):
-            assert DYNAMIC.dispatch(*sample.args).provider == PROVIDER
+            assert DYNAMIC.selected_impl(*sample.args).provider == PROVIDER
             q, scales = DYNAMIC(*sample.args)
             want_q, want_scales = DYNAMIC.native(*sample.args)
             _assert_bits_equal(q, want_q, sample.name)
@@ -202,7 +202,7 @@ def test_every_layout(dtype: torch.dtype) -> None:
     w = (1 + 0.1 * torch.randn(48)).to(dtype=dtype, device=DEVICE)
     with ir.IrOpPriorityConfig(**{op.name: [PROVIDER] for op in NEW_OPS}).scope():
         for name, x in _layouts(dtype, 96):
-            assert SILU.dispatch(x).provider == PROVIDER
+            assert SILU.selected_impl(x).provider == PROVIDER
             _close(SILU(x), SILU.native(x), SILU, dtype, name)
         for name, x in _layouts(dtype, 48):
             _assert_bits_equal(STATIC(x, scale), STATIC.native(x, scale), name)
@@ -237,7 +237,7 @@ def test_fused_quant_maybe_inplace_writes_only_the_residual() -> None:
     assert impl.inplace
     xs, rs = x.clone(), r.clone()
     with FUSED_QUANT.set_priority([PROVIDER]):
-        assert FUSED_QUANT.dispatch(xs, rs, w, EPS, scale).provider == PROVIDER
+        assert FUSED_QUANT.selected_impl(xs, rs, w, EPS, scale).provider == PROVIDER
         q, res = FUSED_QUANT.maybe_inplace(xs, rs, w, EPS, scale)
     assert res.data_ptr() == rs.data_ptr()
     assert torch.equal(rs, want_r)
@@ -329,7 +329,7 @@ def test_size_mismatches_are_computed_by_native(op: ir.IrOp, args: tuple[Any, ..
     """What supports_args cannot see (sizes), the impl hands to native: no launch."""
     args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
     with op.set_priority([PROVIDER]):
-        assert op.dispatch(*args).provider == PROVIDER
+        assert op.selected_impl(*args).provider == PROVIDER
         got = op(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
     want = op.native(*args)
     for g, w in zip(got, want, strict=True) if isinstance(want, tuple) else [(got, want)]:

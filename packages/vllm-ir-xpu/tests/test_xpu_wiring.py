@@ -31,7 +31,7 @@ def test_xpu_platform_defaults_select_xpu_kernels(
     monkeypatch.setenv("VLLM_IR_PLATFORM", "xpu")
     ir.invalidate_caches()
     x, w = _rows(4, 64, dtype=dtype), _rows(64, dtype=dtype)
-    assert ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == PROVIDER
+    assert ir.ops.rms_norm.selected_impl(x, w, 1e-6).provider == PROVIDER
     out = ir.ops.rms_norm(x, w, 1e-6)
     assert len(kernels.named("rms_norm")) == 1
     _assert_close(out, ir.ops.rms_norm.native(x, w, 1e-6))
@@ -39,7 +39,7 @@ def test_xpu_platform_defaults_select_xpu_kernels(
 
 def test_other_platforms_do_not_default_to_xpu_kernels(kernels: StandInXpuKernels) -> None:
     x, w = _rows(4, 64), _rows(64)
-    assert ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == "native"
+    assert ir.ops.rms_norm.selected_impl(x, w, 1e-6).provider == "native"
     ir.ops.rms_norm(x, w, 1e-6)
     assert kernels.calls == []
 
@@ -70,7 +70,7 @@ def test_rms_norm_reads_row_strided_slices_in_place(kernels: StandInXpuKernels) 
     wide = _rows(4, 256)
     x, w = wide[:, :128], _rows(128)
     with ir.ops.rms_norm.set_priority([PROVIDER]):
-        assert ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == PROVIDER
+        assert ir.ops.rms_norm.selected_impl(x, w, 1e-6).provider == PROVIDER
         out = ir.ops.rms_norm(x, w, 1e-6)
     given = kernels.calls[0].args["input"]
     assert given.data_ptr() == x.data_ptr()
@@ -112,7 +112,7 @@ def test_fused_add_reads_a_row_strided_x_in_place(kernels: StandInXpuKernels) ->
     x, r, w = _rows(4, 128)[:, :64], _rows(4, 64), _rows(64)
     want = ir.ops.fused_add_rms_norm.native(x.clone(), r.clone(), w, 1e-6)
     with ir.ops.fused_add_rms_norm.set_priority([PROVIDER]):
-        assert ir.ops.fused_add_rms_norm.dispatch(x, r, w, 1e-6).provider == PROVIDER
+        assert ir.ops.fused_add_rms_norm.selected_impl(x, r, w, 1e-6).provider == PROVIDER
         out, residual = ir.ops.fused_add_rms_norm.maybe_inplace(x, r, w, 1e-6)
     given = kernels.calls[0].args["input"]
     assert given.data_ptr() == x.data_ptr()

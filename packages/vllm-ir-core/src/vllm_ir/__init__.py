@@ -7,7 +7,7 @@ eager mode and under ``torch.compile``.
 >>> x, w = torch.randn(4, 64), torch.ones(64)
 >>> y = ir.ops.rms_norm(x, w, 1e-6)
 >>> with ir.ops.rms_norm.set_priority(["native"]):
-...     ir.ops.rms_norm.dispatch(x, w, 1e-6).provider
+...     ir.ops.rms_norm.selected_impl(x, w, 1e-6).provider
 'native'
 """
 

@@ -151,7 +151,7 @@ class CallSite:
     """The bucket of the op's effective table (``<=16``, ``>256``), ``all sizes`` if it
     has none; for a node the lowering branched per bucket, the branch's bucket."""
     ran: str
-    """The provider whose impl ran (eager: ``op.dispatch``; compiled: the lowering's)."""
+    """The provider whose impl ran (eager: ``op.selected_impl``; compiled: the lowering's)."""
     batch_invariant: bool
     """Whether the impl that ran is batch invariant."""
     candidates: tuple[CandidateNote, ...]
@@ -273,8 +273,6 @@ def compiled_call_site(
     lowering selected; a branch's at its representative token count)."""
     from torch._guards import detect_fake_mode
 
-    from vllm_ir.priority import selection_mode
-
     fake_mode = detect_fake_mode([a for a in fake_args if isinstance(a, torch.Tensor)])
     shape_env = getattr(fake_mode, "shape_env", None)
     # asking every impl must not add a guard to the graph being compiled
@@ -284,7 +282,7 @@ def compiled_call_site(
             if branch is None:
                 found = op.candidates(*fake_args)
             else:
-                found = op._candidates_tokens(tuple(fake_args), branch[1], selection_mode())
+                found = op.selector.candidates(tuple(fake_args), tokens=branch[1])
             notes = notes_for(found, provider)
         except Exception as e:  # an impl's supports_args failing on FakeTensors
             notes = (CandidateNote(provider, "ran", "chosen by the lowering", ""),)

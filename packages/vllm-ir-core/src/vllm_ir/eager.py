@@ -3,10 +3,11 @@
 ``op(...)`` and ``op.maybe_inplace(...)`` run code generated per op
 (:mod:`vllm_ir._hotpath`) that looks the arguments' dispatch key up in a
 bounded cache (:mod:`vllm_ir.cache`). On a miss, :meth:`EagerCall.miss`
-checks the argument types against the schema, selects with
-:meth:`IrOp.select`'s rules, and stores the result unless the priorities
-changed meanwhile. The rule: **for any arguments, the fast path runs exactly
-the impl ``select()`` returns, once.**
+checks the argument types against the schema, selects through the op's
+:class:`~vllm_ir.selector.Selector` (its cache, or its one miss path), and
+stores the result unless the priorities changed meanwhile. The rule: **for
+any arguments, the fast path runs exactly the impl ``select()`` returns,
+once.**
 
 Donation (``maybe_inplace`` with an inplace impl) happens only when it cannot
 change the result: an activation whose elements overlap in memory (rows from
@@ -36,12 +37,12 @@ import torch
 
 from vllm_ir import envs, torch_wrap
 from vllm_ir._hotpath import _FORWARD_AD, make_eager_call
-from vllm_ir.cache import generation, holds, register_cache, settled_generation, store
+from vllm_ir.cache import generation, holds, register_cache, settled_generation
 from vllm_ir.compiled_eager import compiled_fn_for
-from vllm_ir.dispatch_key import key_is_cacheable
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.layout import may_overlap_itself
 from vllm_ir.selection import describe
+from vllm_ir.selector import Selector, store_if_cacheable
 
 __all__ = ["DispatchMismatch", "EagerCall", "dispatch_check_enabled", "set_dispatch_check"]
 
@@ -60,16 +61,12 @@ class SelectingOp(Protocol):
     @property
     def activation_indices(self) -> frozenset[int]: ...
 
-    def _check_args(self, args: tuple[Any, ...]) -> str: ...
+    @property
+    def selector(self) -> Selector: ...
+
     def _needs_grad(self, *args: Any) -> bool: ...
     def _route(self, *args: Any) -> bool: ...
-    def _fast_key(self, *args: Any) -> Any: ...
-    def _select_impl(self, args: tuple[Any, ...]) -> IrOpImpl: ...
-    def _cached_select(self, args: tuple[Any, ...]) -> IrOpImpl: ...
     def _clone_activations(self, args: tuple[Any, ...]) -> tuple[Any, ...]: ...
-
-    @property
-    def _impls(self) -> dict[str, IrOpImpl]: ...
 
 
 _check: list[bool | None] = [None]  # None: follow VLLM_IR_CHECK_DISPATCH
@@ -118,6 +115,7 @@ class EagerCall:
         copy_activations: bool,
     ) -> None:
         self.op = op
+        self.selector = op.selector
         self.owner = owner
         self.torch_op = torch_op
         self.scoped_get = scoped_get
@@ -249,9 +247,9 @@ class EagerCall:
         tensor for a float) keep the torch op, which converts them.
         """
         op = self.op
-        if op._check_args(args) != "plain":
+        if self.selector.check_args(args) != "plain":
             return self.torch_op(*args)
-        impl = op._cached_select(args)
+        impl = self.selector.impl_for(args)
         if not impl.inplace:  # never the compiled callable: this call is being traced
             return impl.impl_fn(*args)
         if _is_compiling():
@@ -261,23 +259,18 @@ class EagerCall:
     def miss(self, *args: Any) -> Callable[..., Any]:
         """The function to run for ``args`` (all parameters, positionally); caches it."""
         op = self.op
-        if op._check_args(args) == "convert" or op._route(*args) or _functorch_active():
+        if self.selector.check_args(args) == "convert" or op._route(*args) or _functorch_active():
             # a value torch converts (e.g. a 0-d tensor for a float): torch's
             # semantics, uncached, so no key keeps it alive; functorch's wrapper
             # tensors (vmap) have no data pointer, so they always miss
             return self.routed
         since = generation()
         # through the selection cache: a new batch size selects nothing anew
-        impl = op._cached_select(args)
+        impl = self.selector.impl_for(args)
         if self.checking:  # a selection-cache hit is a cached call too: re-check it
             impl = self._verify_selection(impl, args, since)
         fn = self.fn_for(impl, args)
-        try:
-            key = op._fast_key(*args)
-        except Exception:  # e.g. a tensor without strides: not cached
-            return fn
-        if key_is_cacheable(key):
-            store(self.calls, key, fn, since)
+        store_if_cacheable(self.calls, self.selector.fast_key, args, fn, since)
         return fn
 
     def _fns_of(self, impl: IrOpImpl) -> tuple[Callable[..., Any] | None, ...]:
@@ -289,25 +282,25 @@ class EagerCall:
 
     def verify(self, fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
         """Check mode: ``fn`` (a cache hit) must be what an uncached selection runs."""
-        op = self.op
         since = generation()
-        expected_impl = op._select_impl(args)
+        expected_impl = self.selector.select(args).impl
         expected = self.fn_for(expected_impl, args)
         if fn is expected:
             return fn
         try:
-            key = op._fast_key(*args)
+            key = self.selector.fast_key(*args)
         except Exception:
             return expected  # such a call is never cached: fn came from a concurrent change
         if not holds(self.calls, key, fn, since):
             return expected  # the priorities changed concurrently: not a mismatch
-        cached = next((p for p, i in op._impls.items() if self.is_fn_of(i, fn)), repr(fn))
+        impls = self.selector.impls.items()
+        cached = next((p for p, i in impls if self.is_fn_of(i, fn)), repr(fn))
         raise self._mismatch(cached, args, expected_impl)
 
     def _verify_selection(self, impl: IrOpImpl, args: tuple[Any, ...], since: int) -> IrOpImpl:
         """Check mode, on a miss: the selection cache's ``impl`` (found through the
         coarser selection key, e.g. for a new batch size) must be ``select()``'s."""
-        expected = self.op._select_impl(args)
+        expected = self.selector.select(args).impl
         # inputs changed meanwhile (their change and the generation's advance are
         # atomic, so wait for one in progress): not a mismatch
         if impl is expected or settled_generation() != since:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar, overload
@@ -23,26 +24,18 @@ import torch
 from torch.library import Library, infer_schema
 
 from vllm_ir import compiled_eager
-from vllm_ir._hotpath import compile_source, make_needs_grad_fn, make_route_fn
+from vllm_ir._hotpath import make_needs_grad_fn, make_route_fn
 from vllm_ir._torch_private import destroy_library
-from vllm_ir.arguments import make_argument_check
 from vllm_ir.autograd import NativeGradient
 from vllm_ir.buckets import (
     BucketedPriority,
     as_priority,
-    bucket_index,
-    static_bucket_tokens,
-    tokens_of,
 )
 from vllm_ir.cache import (
     before_selection,
-    generation,
     invalidating,
-    register_cache,
     release_cache,
-    store,
 )
-from vllm_ir.dispatch_key import key_is_cacheable, make_key_fn
 from vllm_ir.eager import EagerCall
 from vllm_ir.impl import (
     NATIVE,
@@ -57,7 +50,6 @@ from vllm_ir.op_registry import OPS
 from vllm_ir.priority import (
     Mode,
     PriorityEntry,
-    bucket_bounds,
     effective_priority,
     scoped_priority,
     scoped_state_var,
@@ -70,7 +62,8 @@ from vllm_ir.registration import (
     record,
 )
 from vllm_ir.samples import SampleInput, SampleInputGenerator
-from vllm_ir.selection import Candidates, Selection, candidates, describe, select
+from vllm_ir.selection import Candidates, Selection
+from vllm_ir.selector import Selector
 from vllm_ir.signature import (
     check_native_signature,
     check_op_name,
@@ -106,7 +99,7 @@ class IrOp:
     >>> x = torch.ones(2, 8)
     >>> ir.ops.rms_norm(x, None, 1e-6).shape
     torch.Size([2, 8])
-    >>> ir.ops.rms_norm.dispatch(x, None, 1e-6).provider in ir.ops.rms_norm.impls
+    >>> ir.ops.rms_norm.selected_impl(x, None, 1e-6).provider in ir.ops.rms_norm.impls
     True
     """
 
@@ -136,27 +129,14 @@ class IrOp:
             name, self.signature, activations, allow_inplace
         )
         self._activation_idx = frozenset(self._param_names.index(a) for a in self.activations)
-        # where the token count is read (None: no activation, every call is 1 token)
-        acts = self.activations
-        self._tokens_idx = self._param_names.index(acts[0]) if acts else None
         self.feature_dims = feature_dims
         """Trailing dims of the first activation that are not tokens (see :meth:`tokens`)."""
-        # (generation, scoped state) -> bucket bounds of the effective table
-        self._bounds_cache: dict[tuple[int, Any], tuple[int, ...]] = {}
-        # _key: the selection key, safe on FakeTensors (dispatch(), the lowering
-        # pass), with the bucket index when the table has buckets (_key);
-        # _fast_key: the eager fast path's exact key, for its miss path
-        self._base_key = make_key_fn(self.signature, _scoped_get, compile_source, fast=False)
-        self._fast_key = make_key_fn(self.signature, _scoped_get, compile_source, fast=True)
         self._route = make_route_fn(self.signature)
-        self._check_args = make_argument_check(name, self.signature)
         self._needs_grad = make_needs_grad_fn(self.signature)
-        self._caches: dict[Mode, dict[Any, IrOpImpl]] = {
-            "eager": register_cache(),
-            "compiled": register_cache(),
-        }
-        self._impls: dict[str, IrOpImpl] = {
-            NATIVE: IrOpImpl(
+        self._selector = Selector(
+            name,
+            self.signature,
+            IrOpImpl(
                 name,
                 NATIVE,
                 native_fn,
@@ -165,8 +145,10 @@ class IrOp:
                 batch_invariant=True,
                 source_module=getattr(native_fn, "__module__", "") or "",
                 compiled=True,  # plain torch: torch.compile can always take it
-            )
-        }
+            ),
+            tokens_at=self._param_names.index(self.activations[0]) if self.activations else None,
+            feature_dims=feature_dims,
+        )
         self._input_generator: SampleInputGenerator | None = None
         # provider -> its extra conformance samples, on top of the op's own
         self._extra_samples: dict[str, list[SampleInputGenerator]] = {}
@@ -193,8 +175,7 @@ class IrOp:
         except BaseException:
             # nothing half-declared: the torch library and the caches go with the op
             self._destroy_library()
-            for cache in self._all_caches():
-                release_cache(cache)
+            self._release_caches()
             raise
 
     # -- torch library ----------------------------------------------------
@@ -229,7 +210,7 @@ class IrOp:
             torch.library.register_fake(f"{qualname}.maybe_inplace", self.native, lib=self._lib)
 
     def _kernel_default(self, *args: Any) -> Any:
-        impl = self.dispatch(*args)
+        impl = self.selected_impl(*args)
         if impl.inplace:
             args = self._clone_activations(args)
         return impl.impl_fn(*args)
@@ -252,35 +233,33 @@ class IrOp:
         """
         raise TypeError(f"op {self.name!r} is not fully constructed")
 
-    def dispatch(self, *args: Any, **kwargs: Any) -> IrOpImpl:
-        """The impl that a call with these arguments runs.
+    def selected_impl(self, *args: Any, **kwargs: Any) -> IrOpImpl:
+        """The impl that a call with these arguments runs: ``select(...).impl``, cached.
 
         Uses the eager priorities, or the compiled ones inside
         :func:`vllm_ir.priority.compiled_selection` (as the lowering pass does).
         Works on real tensors and on FakeTensors alike (building the key adds
         no guard; a key with symbolic sizes is not cached).
+
+        >>> import torch, vllm_ir as ir
+        >>> x = torch.randn(2, 8)
+        >>> op = ir.ops.rms_norm
+        >>> op.selected_impl(x, None, 1e-6) is op.select(x, None, 1e-6).impl
+        True
         """
-        if kwargs:
+        if kwargs or len(args) != len(self._param_names):
             args = self._bind(args, kwargs)
-        return self._cached_select(args)
+        return self._selector.impl_for(args)
 
-    def _cached_select(self, args: tuple[Any, ...]) -> IrOpImpl:
-        """:meth:`dispatch` for positional ``args``: the selection cache, or a selection."""
-        try:
-            return self._caches[selection_mode()][self._key(*args)]
-        except Exception:  # a miss, an unhashable key, or arguments of the wrong shape
-            return self._dispatch_miss(args)
-
-    def _key(self, *args: Any) -> Any:
-        """The selection key: the argument facts, and the bucket index when the
-        effective table has buckets (the batch class alone does not fix it)."""
-        key = self._base_key(*args)
-        bounds = self.bucket_bounds()
-        if not bounds:
-            return key
-        tokens = self.tokens(*args)
-        # a symbolic count stays in the key: unhashable, so never cached (no guard)
-        return (*key, bucket_index(bounds, tokens) if type(tokens) is int else tokens)
+    def dispatch(self, *args: Any, **kwargs: Any) -> IrOpImpl:
+        """Deprecated name of :meth:`selected_impl` (kept for one release)."""
+        warnings.warn(
+            f"{self.name}.dispatch() is now {self.name}.selected_impl(); dispatch() "
+            "goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.selected_impl(*args, **kwargs)
 
     def tokens(self, *args: Any) -> Any:
         """The call's token count: the product of all but the last dim of the op's
@@ -288,61 +267,24 @@ class IrOp:
         dims for an op declared with them (``rotary_embedding``: heads and head
         size); 1 for smaller ranks, or an op without activations. A SymInt under
         ``torch.compile`` with dynamic sizes."""
-        idx = self._tokens_idx
-        if idx is None or idx >= len(args):
-            return 1
-        return tokens_of(args[idx], self.feature_dims)
+        return self._selector.tokens(*args)
 
     def bucket_bounds(self, mode: Mode | None = None) -> tuple[int, ...]:
         """The bucket bounds of the effective table in this context: calls of at most
         ``bounds[i]`` tokens (and more than ``bounds[i - 1]``) share bucket ``i``;
         empty when no source is bucketed. Cached per cache generation and scope."""
-        scope = _scoped_get()
-        state = None if scope is None else scope.state
-        if mode is not None and mode != (state.mode if state is not None else "eager"):
-            with selection_mode_scope(mode):
-                return self.bucket_bounds()
-        key = (generation(), state)
-        try:
-            return self._bounds_cache[key]
-        except KeyError:
-            pass
-        before_selection()
-        bounds = bucket_bounds(self.name)
-        if len(self._bounds_cache) > 64:  # states of old generations and closed scopes
-            self._bounds_cache.clear()
-        self._bounds_cache[key] = bounds
-        return bounds
-
-    def _selection_tokens(self, args: tuple[Any, ...]) -> int | None:
-        """The token count selection resolves buckets with (None: no buckets)."""
-        bounds = self.bucket_bounds()
-        if not bounds:
-            return None
-        tokens = self.tokens(*args)
-        if type(tokens) is int:
-            return tokens
-        return static_bucket_tokens(self.name, bounds, tokens)
+        if mode is None:
+            return self._selector.bucket_bounds()
+        with selection_mode_scope(mode):
+            return self._selector.bucket_bounds()
 
     def select(self, *args: Any, mode: Mode | None = None, **kwargs: Any) -> Selection:
-        """Like :meth:`dispatch`, uncached, with the decision on every candidate."""
+        """The impl a call with these arguments runs, uncached, with the decision
+        on each priority entry tried (:meth:`selected_impl` is its cached ``.impl``)."""
         args = self._bind(args, kwargs)
-        self._check_args(args)
-        before_selection()
+        self._selector.check_args(args)
         with selection_mode_scope(mode or selection_mode()):
-            return self._select_tokens(args, self._selection_tokens(args))
-
-    def _select_tokens(self, args: tuple[Any, ...], tokens: int | None) -> Selection:
-        """:func:`select` for complete ``args`` as a call of ``tokens`` tokens (the
-        lowering selects each bucket of a dynamic token count so)."""
-        return select(
-            self.name,
-            self._impls,
-            args,
-            selection_mode(),
-            lambda: describe(args),
-            tokens=tokens,
-        )
+            return self._selector.select(args)
 
     def candidates(self, *args: Any, mode: Mode | None = None, **kwargs: Any) -> Candidates:
         """The decision on every registered impl for this call: accepted, or rejected and why.
@@ -359,39 +301,9 @@ class IrOp:
         ('native', True)
         """
         args = self._bind(args, kwargs)
-        self._check_args(args)
-        before_selection()
+        self._selector.check_args(args)
         with selection_mode_scope(mode or selection_mode()):
-            tokens = self._selection_tokens(args)
-            return candidates(self.name, self._impls, args, selection_mode(), tokens=tokens)
-
-    def _candidates_tokens(self, args: tuple[Any, ...], tokens: int, mode: Mode) -> Candidates:
-        """:meth:`candidates` for complete ``args`` as a call of ``tokens`` tokens
-        (autotuning one bucket of a symbolic token count)."""
-        before_selection()
-        with selection_mode_scope(mode):
-            return candidates(self.name, self._impls, args, mode, tokens=tokens)
-
-    def _select_impl(self, args: tuple[Any, ...]) -> IrOpImpl:
-        """The uncached selection for complete positional ``args`` (the rule the caches hold)."""
-        before_selection()
-        return self._select_tokens(args, self._selection_tokens(args)).impl
-
-    def _dispatch_miss(self, args: tuple[Any, ...]) -> IrOpImpl:
-        args = self._bind(args, {})
-        cacheable = self._check_args(args) == "plain"
-        before_selection()  # may invalidate: before reading the generation
-        since = generation()
-        mode = selection_mode()
-        impl = self._select_impl(args)
-        if cacheable:
-            try:
-                key = self._key(*args)
-            except Exception:  # e.g. a tensor without strides: not cached
-                return impl
-            if key_is_cacheable(key):
-                store(self._caches[mode], key, impl, since)
-        return impl
+            return self._selector.candidates(args)
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         try:
@@ -413,7 +325,16 @@ class IrOp:
     def impls(self) -> Mapping[str, IrOpImpl]:
         """Provider name -> impl, always including ``native`` (loads providers)."""
         before_selection()
-        return MappingProxyType(self._impls)
+        return self._selector.impls
+
+    @property
+    def selector(self) -> Selector:
+        """The op's selection state and rule: impls, keys, caches (:mod:`vllm_ir.selector`).
+
+        For compiler passes and tools that select as a given token count
+        (``op.selector.select(args, tokens=n)``); registration goes through the op.
+        """
+        return self._selector
 
     @property
     def activation_indices(self) -> frozenset[int]:
@@ -431,12 +352,12 @@ class IrOp:
         Two calls with equal keys get the same selection; the conformance kit
         checks that ``supports_args`` agrees with that.
         """
-        return self._key(*args)
+        return self._selector.key(*args)
 
     @property
     def registered_impls(self) -> Mapping[str, IrOpImpl]:
         """Like :attr:`impls`, without loading providers: what is registered so far."""
-        return MappingProxyType(self._impls)
+        return self._selector.impls
 
     def register_impl(
         self,
@@ -478,8 +399,8 @@ class IrOp:
         ['doc_provider', 'native']
         """
         check_provider_name(self.name, provider)
-        if provider in self._impls:
-            existing = self._impls[provider]
+        if provider in self._selector.impls:
+            existing = self._selector.impls[provider]
             raise ValueError(
                 f"op {self.name!r} already has an impl from provider {provider!r} "
                 f"(registered by {existing.package or existing.source_module}); "
@@ -518,7 +439,7 @@ class IrOp:
 
         def decorator(impl_fn: Callable[..., Any]) -> Callable[..., Any]:
             check_impl_signature(self.name, provider, self.signature, impl_fn)
-            if provider in self._impls:  # registered between call and decoration
+            if provider in self._selector.impls:  # registered between call and decoration
                 raise ValueError(f"op {self.name!r} already has an impl from {provider!r}")
             load = current_registration_log()
             impl = IrOpImpl(
@@ -535,7 +456,7 @@ class IrOp:
                 compiled=compiled,
             )
             with invalidating():
-                self._impls[provider] = impl
+                self._selector.add(impl)
             record(
                 RegistrationHandle(
                     f"impl {provider!r} of op {self.name!r}",
@@ -563,20 +484,20 @@ class IrOp:
         """
         if provider == NATIVE:
             raise ValueError(f"the {NATIVE!r} impl of op {self.name!r} cannot be unregistered")
-        if provider not in self._impls:
+        if provider not in self._selector.impls:
             raise KeyError(
                 f"op {self.name!r} has no impl from provider {provider!r}; registered: "
-                f"{', '.join(sorted(self._impls))}"
+                f"{', '.join(sorted(self._selector.impls))}"
             )
         self._unregister_impl(provider)
 
     def _unregister_impl(self, provider: str, impl: IrOpImpl | None = None) -> None:
         # ``impl``: remove only that registration, not a later one under the same name
-        current = self._impls.get(provider)
+        current = self._selector.impls.get(provider)
         if provider == NATIVE or current is None or (impl is not None and current is not impl):
             return
         with invalidating():
-            del self._impls[provider]
+            self._selector.remove(provider)
             # the wrappers hold the impl's function (and all it closes over)
             for eager in self._eager_calls():
                 eager.forget(current)
@@ -590,18 +511,18 @@ class IrOp:
             if ops_module is not None and getattr(ops_module, self.name, None) is self:
                 delattr(ops_module, self.name)
         self._destroy_library()
-        for cache in self._all_caches():
-            release_cache(cache)
+        self._release_caches()
 
     def _destroy_library(self) -> None:
         """Undefine the op's torch ops, so its name can be declared again."""
         destroy_library(self._lib)
 
-    def _all_caches(self) -> list[dict[Any, Any]]:
-        caches: list[dict[Any, Any]] = list(self._caches.values())
+    def _release_caches(self) -> None:
+        """Stop tracking the op's caches: the selector's and its overloads' calls."""
+        if "_selector" in self.__dict__:  # a failed declaration may have none
+            self._selector.release()
         for eager in self._eager_calls():
-            caches.append(eager.calls)
-        return caches
+            release_cache(eager.calls)
 
     def _eager_calls(self) -> list[EagerCall]:
         """The eager calls built so far (a failed declaration may have none)."""

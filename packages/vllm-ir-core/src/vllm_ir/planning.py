@@ -7,8 +7,8 @@ impl (:class:`~vllm_ir.callsite.CallSite`).
 
 * Eager: a ``TorchDispatchMode`` sees every ``torch.ops.<NAMESPACE>.*`` call
   (under a dispatch mode IR ops leave the fast path for the torch op, whose
-  kernel runs ``op.dispatch(...)``: the selection cache the fast path runs
-  too). The impl that ran is ``op.dispatch(...)``; it is cross-checked
+  kernel runs ``op.selected_impl(...)``: the selection cache the fast path runs
+  too). The impl that ran is ``op.selected_impl(...)``; it is cross-checked
   against ``op.candidates(...)`` (the one selection rule) and a difference is
   reported as a mismatch, never hidden. Global module forward hooks keep the
   stack of modules being run, for the module path. Outside ``plan()``
@@ -324,7 +324,7 @@ class _EagerRecorder(TorchDispatchMode):
         bound.apply_defaults()
         call = bound.args
         # what the torch op's kernel runs (the selection cache, as the fast path) ...
-        impl = op.dispatch(*call)
+        impl = op.selected_impl(*call)
         # ... against the one selection rule
         found = op.candidates(*call)
         rule = found.selected.provider

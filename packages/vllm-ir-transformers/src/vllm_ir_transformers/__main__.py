@@ -52,7 +52,7 @@ def demo(args: argparse.Namespace) -> int:
             ("silu_and_mul", (torch.randn(1, 2 * args.hidden),)),
         ):
             op = getattr(ir.ops, name)
-            print(f"  {name}: priority {op.get_priority()} -> {op.dispatch(*call).provider}")
+            print(f"  {name}: priority {op.get_priority()} -> {op.selected_impl(*call).provider}")
         print(f"  max |logits - unmodified| = {(got - want).abs().max().item():.3e}")
         want_tokens = reference.generate(ids, max_new_tokens=args.new_tokens, do_sample=False)
         got_tokens = model.generate(ids, max_new_tokens=args.new_tokens, do_sample=False)

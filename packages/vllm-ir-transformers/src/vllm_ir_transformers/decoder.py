@@ -283,7 +283,7 @@ def _forward(self: Any, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Ten
         return type(self).forward(self, hidden_states, *args, **kwargs)
     if fwd.debug_enabled():
         weight = norm_weight(self.post_attention_layernorm, spec.norm)
-        impl = ir.ops.fused_add_rms_norm.dispatch(
+        impl = ir.ops.fused_add_rms_norm.selected_impl(
             hidden_states, hidden_states, weight, spec.norm.eps
         ).provider
         fwd.log_use(self, spec.name, "fused_add_rms_norm", dtype, f"impl {impl}")

@@ -264,7 +264,7 @@ def _forward(self: Any, x: Tensor) -> Tensor:
     op = _GATED[spec.op]
     args = spec.args(gate_up)
     if fwd.debug_enabled():
-        impl = op.dispatch(*args).provider
+        impl = op.selected_impl(*args).provider
         fwd.log_use(self, spec.name, spec.op, dtype, f"impl {impl}")
     return self.down_proj(op(*args))
 

@@ -175,7 +175,7 @@ def _forward(self: Any, hidden_states: Tensor) -> Tensor:
         # computed on every call so the layer follows changes of its weight
         weight = weight + spec.offset
     if fwd.debug_enabled():
-        impl = ir.ops.rms_norm.dispatch(hidden_states, weight, spec.eps).provider
+        impl = ir.ops.rms_norm.selected_impl(hidden_states, weight, spec.eps).provider
         fwd.log_use(self, spec.name, "rms_norm", dtype, f"impl {impl}")
     return ir.ops.rms_norm(hidden_states, weight, spec.eps)
 

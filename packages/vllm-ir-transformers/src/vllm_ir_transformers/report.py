@@ -220,7 +220,7 @@ def _status(target: _Target, report: Report) -> Status:
     if reason is not None:
         return status(None, f"{prefix} its own forward: {reason}")
     try:
-        impl = getattr(ir.ops, op).dispatch(*args).provider
+        impl = getattr(ir.ops, op).selected_impl(*args).provider
     except Exception as e:  # the report must print whatever the selection does
         return status(None, f"selection failed ({type(e).__name__}: {e})")
     return status(impl, f"{prefix} {op}, eager impl {impl}")

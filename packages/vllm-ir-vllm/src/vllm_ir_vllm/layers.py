@@ -93,8 +93,8 @@ class IrRMSNorm(_Routed, RMSNorm):
         weight = self.weight if self.has_weight else None
         eps, size = self.variance_epsilon, self.variance_size_override
         if residual is None:
-            return ir.ops.rms_norm.dispatch(x, weight, eps, size).provider
-        return ir.ops.fused_add_rms_norm.dispatch(x, residual, weight, eps, size).provider
+            return ir.ops.rms_norm.selected_impl(x, weight, eps, size).provider
+        return ir.ops.fused_add_rms_norm.selected_impl(x, residual, weight, eps, size).provider
 
 
 class IrSiluAndMul(_Routed, SiluAndMul):
@@ -107,7 +107,7 @@ class IrSiluAndMul(_Routed, SiluAndMul):
         """Which kernel a call with ``x`` runs: a provider, or vLLM's native."""
         if not self.routes_to_ir():
             return "vllm native (custom op silu_and_mul disabled)"
-        return ir.ops.silu_and_mul.dispatch(x).provider
+        return ir.ops.silu_and_mul.selected_impl(x).provider
 
 
 REPLACED: dict[str, type[CustomOp]] = {"RMSNorm": IrRMSNorm, "SiluAndMul": IrSiluAndMul}

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         }
         print("\neager:")
         for op in ops:
-            chosen = op.dispatch(*probe[op.name]).provider
+            chosen = op.selected_impl(*probe[op.name]).provider
             print(f"  {op.name}: priority {op.get_priority('eager')} -> {chosen}")
         eager = model(x.clone())
         with IrOpPriorityConfig(**{op.name: ["native"] for op in ops}).scope():

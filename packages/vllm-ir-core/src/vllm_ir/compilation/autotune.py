@@ -68,7 +68,7 @@ from vllm_ir.compilation.tuning_cache import TuningCache, record_problem
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.logger import get_logger
 from vllm_ir.op import IrOp
-from vllm_ir.priority import Mode, user_priority
+from vllm_ir.priority import Mode, selection_mode_scope, user_priority
 from vllm_ir.timing import Timing, decide_or_refuse
 
 __all__ = [
@@ -196,11 +196,11 @@ def candidates(
     if mode == "compiled" and not user_priority(op.name)[0]:
         providers += [p for p in op.get_priority("eager", tokens=tokens) if p not in providers]
     # the one rule of selection, on every impl
-    found = (
-        op.candidates(*args, mode=mode)
-        if tokens is None
-        else op._candidates_tokens(tuple(args), tokens, mode)
-    )
+    if tokens is None:
+        found = op.candidates(*args, mode=mode)
+    else:
+        with selection_mode_scope(mode):
+            found = op.selector.candidates(tuple(args), tokens=tokens)
     accepted = []
     for provider in providers:
         if provider not in op.impls:
@@ -259,7 +259,7 @@ def sizes_for_tokens(op: IrOp, args: Sequence[Any], tokens: int) -> Sizes:
     """Concrete sizes with the call's token count near ``tokens``: the first symbolic
     token dim of the first activation is set so the product reaches ``tokens``
     (other symbols at their hints; tensors sharing the symbol follow it)."""
-    idx = op._tokens_idx
+    idx = op.selector.tokens_at
     act = args[idx] if idx is not None and idx < len(args) else None
     if not isinstance(act, torch.Tensor):
         return _hint

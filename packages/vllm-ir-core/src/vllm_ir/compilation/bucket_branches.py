@@ -46,7 +46,7 @@ def bucket_branches(
         full = tuple(args)
 
         def select(n: int) -> IrOpImpl:
-            return op._select_tokens(full, n).impl
+            return op.selector.select(full, tokens=n).impl
 
     low, high = symbolic_range(tokens)
     first, last = bucket_index(bounds, low), bucket_index(bounds, high)

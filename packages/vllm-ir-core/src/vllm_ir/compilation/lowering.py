@@ -101,7 +101,7 @@ class LoweringPass:
     def __init__(self, priorities: Mapping[str, Any]) -> None:
         self.priorities = {op: freeze_priority(p) for op, p in priorities.items()}
         self.autotuner: Any = None
-        """An ``Autotuner`` choosing impls by measurement, or None: ``op.dispatch``."""
+        """An ``Autotuner`` choosing impls by measurement, or None: ``op.selected_impl``."""
         self.selected_impls: dict[str, dict[str, str]] = {}
         self._traced: dict[tuple[Any, ...], _Trace] = {}
         self._traced_env: weakref.ref[Any] | None = None
@@ -179,7 +179,7 @@ class LoweringPass:
         if branches is not None:
             impl = branches[0][1]  # every bucket the token count can reach selects it
         elif self.autotuner is None:
-            impl = op.dispatch(*fake_args)
+            impl = op.selected_impl(*fake_args)
         else:
             impl = self.autotuner.choose(op, node.name, fake_args)
         if impl.inplace and not inplace:
@@ -214,7 +214,7 @@ class LoweringPass:
         if not inplace and any(impl.inplace for _, impl in branches):
             return 0  # an inplace branch: with the inplace impls, after Inductor's passes
         tensor_pos = [i for i, a in enumerate(args) if isinstance(a, fx.Node)]
-        act = op._tokens_idx
+        act = op.selector.tokens_at
         if act not in tensor_pos:
             raise RuntimeError(f"{node.name}: the token count's activation is not a tensor node")
         act_index = tensor_pos.index(act)
