@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import vllm_ir as ir
@@ -12,7 +10,7 @@ from vllm_ir.selector import Selector
 
 
 @pytest.fixture
-def counted(scale_op: ir.IrOp, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+def counted(scale_op: ir.IrOp, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How often the op's selector missed (selected anew)."""
     misses: list[int] = [0]
     real = Selector.miss
@@ -23,7 +21,7 @@ def counted(scale_op: ir.IrOp, monkeypatch: pytest.MonkeyPatch) -> Iterator[list
         return real(self, args)
 
     monkeypatch.setattr(Selector, "miss", miss)
-    yield misses
+    return misses
 
 
 def test_every_path_shares_one_selection_cache(
