@@ -15,6 +15,7 @@ import vllm_ir as ir
 from torch import Tensor
 from vllm_ir import priority, providers
 from vllm_ir.eager import set_dispatch_check
+from vllm_ir.runtime import RUNTIME
 from vllm_ir.testing import isolated
 
 _counter = itertools.count()
@@ -113,10 +114,10 @@ def fresh_discovery(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, objec
         return eps
 
     monkeypatch.setattr(providers.metadata, "entry_points", entry_points)
-    monkeypatch.setattr(providers, "_loaded_once", False)
-    monkeypatch.setattr(providers, "_loaded", {})
-    monkeypatch.setattr(providers, "_errors", {})
-    monkeypatch.setattr(providers, "_registrations", {})
+    monkeypatch.setattr(RUNTIME.discovery, "loaded_once", False)
+    monkeypatch.setattr(RUNTIME.discovery, "loaded", {})
+    monkeypatch.setattr(RUNTIME.discovery, "errors", {})
+    monkeypatch.setattr(RUNTIME.discovery, "registrations", {})
     yield table
     for name in table:
         priority.remove_platform_defaults(f"fake_provider_{name}")

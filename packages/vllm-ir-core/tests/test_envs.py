@@ -131,16 +131,17 @@ def test_a_bad_platform_fails_the_call_before_discovery_runs() -> None:
     script = """
 import os, torch, vllm_ir as ir
 from vllm_ir import providers
+from vllm_ir.runtime import RUNTIME
 try:
     ir.ops.rms_norm(torch.ones(2, 8), None, 1e-6)
     print("NO ERROR")
 except ValueError as e:
     print("ERROR", e)
-print("DISCOVERED", providers._loaded_once)
+print("DISCOVERED", RUNTIME.discovery.loaded_once)
 del os.environ["VLLM_IR_PLATFORM"]
 ir.invalidate_caches()
 ir.ops.rms_norm(torch.ones(2, 8), None, 1e-6)
-print("AFTER", providers._loaded_once)
+print("AFTER", RUNTIME.discovery.loaded_once)
 """
     out = _run(script, VLLM_IR_PLATFORM="junk", VLLM_IR_PROVIDERS="none").stdout
     assert "ERROR VLLM_IR_PLATFORM='junk' is not accepted" in out, out

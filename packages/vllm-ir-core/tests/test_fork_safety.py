@@ -94,13 +94,14 @@ def test_child_forked_while_another_thread_holds_the_cache_lock() -> None:
         """
         import os, threading, torch, vllm_ir as ir
         from vllm_ir import cache
+        from vllm_ir.runtime import RUNTIME
 
         op = ir.ops.rms_norm
         op(torch.ones(2, 8), None, 1e-6)
         held, release = threading.Event(), threading.Event()
 
         def hold():
-            with cache._lock:
+            with RUNTIME.caches.lock:
                 held.set()
                 release.wait(30)
 

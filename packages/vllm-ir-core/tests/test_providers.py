@@ -11,6 +11,7 @@ import vllm_ir as ir
 from conftest import unique
 from torch import Tensor
 from vllm_ir import providers
+from vllm_ir.runtime import RUNTIME
 
 
 def _rms_impl(
@@ -182,8 +183,8 @@ def test_an_entry_point_name_claimed_by_two_distributions_is_a_load_error(
         _claimed_by(name, "other-kernels", f"clash_b_{name}"),
     ]
     for order in (eps, eps[::-1]):
-        monkeypatch.setattr(providers, "_loaded_once", False)
-        monkeypatch.setattr(providers, "_errors", {})
+        monkeypatch.setattr(RUNTIME.discovery, "loaded_once", False)
+        monkeypatch.setattr(RUNTIME.discovery, "errors", {})
         monkeypatch.setattr(providers.metadata, "entry_points", lambda group, o=order: list(o))
         with caplog.at_level("WARNING", logger="vllm_ir"):
             errors = ir.load_errors()
@@ -219,7 +220,7 @@ def test_conformance_cases_load_the_providers_first(fresh_discovery) -> None:  #
     fresh_discovery[name] = ir.ProviderSpec(
         name=name, api_version=ir.API_VERSION, register=register
     )
-    registrations = providers._registrations
+    registrations = RUNTIME.discovery.registrations
     try:
         cases = conformance_cases(name, checks=["correctness"], dtypes=[torch.float32])
         assert [c.op.name for c in cases] == [op_name]

@@ -37,6 +37,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from vllm_ir.runtime import RUNTIME
+
 __all__ = [
     "MAX_ENTRIES",
     "before_selection",
@@ -53,58 +55,53 @@ __all__ = [
 MAX_ENTRIES = 1024
 """Most keys one cache holds; the oldest is evicted first beyond that."""
 
-_lock = threading.Lock()
-_caches: list[dict[Any, Any]] = []
-# a one-element list: read without the lock on the miss path (an int read is atomic)
-_generation = [0]
-
-
-_before: list[Callable[[], None]] = []
+# the data lives on the runtime (vllm_ir.runtime); this module holds the rules
+_state = RUNTIME.caches
 
 
 def on_before_selection(hook: Callable[[], None]) -> None:
     """Run ``hook`` before every selection (it must return at once after its first run)."""
-    if hook not in _before:
-        _before.append(hook)
+    if hook not in _state.before_selection:
+        _state.before_selection.append(hook)
 
 
 def before_selection() -> None:
     """Run the hooks of :func:`on_before_selection` (provider discovery, once)."""
-    for hook in _before:
+    for hook in _state.before_selection:
         hook()
 
 
 def register_cache() -> dict[Any, Any]:
     """A new selection cache that :func:`invalidate_caches` will clear."""
     cache: dict[Any, Any] = {}
-    with _lock:
-        _caches.append(cache)
+    with _state.lock:
+        _state.caches.append(cache)
     return cache
 
 
 def release_cache(cache: dict[Any, Any]) -> None:
     """Stop tracking ``cache`` (its op was unregistered)."""
-    with _lock:
-        _caches[:] = [c for c in _caches if c is not cache]
+    with _state.lock:
+        _state.caches[:] = [c for c in _state.caches if c is not cache]
         cache.clear()
 
 
 def generation() -> int:
     """The current generation; read it before selecting, pass it to :func:`store`."""
-    return _generation[0]
+    return _state.generation
 
 
 def settled_generation() -> int:
     """The generation once any invalidation in progress has finished: a selection
     that saw new inputs compares this with the generation it started under."""
-    with _lock:
-        return _generation[0]
+    with _state.lock:
+        return _state.generation
 
 
 def invalidate_caches() -> None:
     """Forget every cached selection, and re-read ``VLLM_BATCH_INVARIANT`` and
     ``VLLM_IR_PLATFORM`` at the next selection (call after changing them)."""
-    with _lock:
+    with _state.lock:
         _clear_then_advance()
 
 
@@ -113,14 +110,13 @@ def invalidating() -> Iterator[None]:
     """Change selection inputs (priorities, registrations) in the block, then
     invalidate: atomic with respect to :func:`store`, so no thread sees the
     new inputs under the old generation."""
-    with _lock:
+    with _state.lock:
         yield
         _clear_then_advance()
 
 
 def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()  # the parent's may be held by a thread the child lacks
+    _state.lock = threading.Lock()  # the parent's may be held by a thread the child lacks
     _clear_then_advance()
 
 
@@ -131,16 +127,16 @@ def _clear_then_advance() -> None:
     # Clear first, then advance (under the lock): a lock-free reader that sees
     # the new generation must not find a previous generation's entry still in
     # a cache and store it again as current.
-    for cache in _caches:
+    for cache in _state.caches:
         cache.clear()
-    _generation[0] += 1
+    _state.generation += 1
 
 
 def store(cache: dict[Any, Any], key: Any, value: Any, since: int) -> bool:
     """Cache ``value`` under ``key`` unless the caches were invalidated after
     generation ``since`` (the selection may be stale); returns whether it stored."""
-    with _lock:
-        if _generation[0] != since:
+    with _state.lock:
+        if _state.generation != since:
             return False
         if len(cache) >= MAX_ENTRIES and key not in cache:
             del cache[next(iter(cache))]
@@ -151,5 +147,5 @@ def store(cache: dict[Any, Any], key: Any, value: Any, since: int) -> bool:
 def holds(cache: dict[Any, Any], key: Any, value: Any, since: int) -> bool:
     """Whether ``cache`` still maps ``key`` to ``value`` in generation ``since``
     (waits for a change in progress, so it never sees its inputs half-updated)."""
-    with _lock:
-        return _generation[0] == since and key in cache and cache[key] is value
+    with _state.lock:
+        return _state.generation == since and key in cache and cache[key] is value

@@ -46,7 +46,6 @@ from vllm_ir.impl import (
     resolved_signature,
 )
 from vllm_ir.namespace import NAMESPACE
-from vllm_ir.op_registry import OPS
 from vllm_ir.priority import (
     Mode,
     PriorityEntry,
@@ -61,6 +60,7 @@ from vllm_ir.registration import (
     current_registration_log,
     record,
 )
+from vllm_ir.runtime import RUNTIME
 from vllm_ir.samples import SampleInput, SampleInputGenerator
 from vllm_ir.selection import Candidates, Selection
 from vllm_ir.selector import Selector
@@ -104,7 +104,7 @@ class IrOp:
     """
 
     registry: ClassVar[Mapping[str, IrOp]]
-    _registry: ClassVar[dict[str, IrOp]] = OPS
+    _registry: ClassVar[dict[str, IrOp]] = RUNTIME.ops
 
     def __init__(
         self,

@@ -46,6 +46,7 @@ from vllm_ir.cache import invalidating
 from vllm_ir.impl import NATIVE
 from vllm_ir.platform import current_platform, platform_problem
 from vllm_ir.registration import RegistrationHandle, on_snapshot, record
+from vllm_ir.runtime import RUNTIME
 
 __all__ = [
     "Mode",
@@ -187,8 +188,9 @@ _frozen = freeze_priority
 
 _EMPTY_PROCESS = PriorityState({}, "user (process-wide)")
 _EMPTY_SCOPE = PriorityState({}, "user (scoped)")
-_process_state: PriorityState = _EMPTY_PROCESS
-_defaults: dict[str, tuple[PlatformDefaults, ...]] = {}
+# the data lives on the runtime (vllm_ir.runtime); this module holds the rules
+_store = RUNTIME.priorities
+_store.process = _EMPTY_PROCESS
 
 
 class Scope:
@@ -291,7 +293,7 @@ def user_priority(op_name: str) -> tuple[PrioritySpec, str]:
     scoped = scoped_state()
     if scoped is not None and op_name in scoped.priorities:
         return scoped.priorities[op_name], scoped.origin
-    return _process_state.priorities.get(op_name, ()), _process_state.origin
+    return _store.process.priorities.get(op_name, ()), _store.process.origin
 
 
 @contextlib.contextmanager
@@ -352,19 +354,18 @@ def set_process_priority(
     ``replace=True`` drops the lists of ops not in ``priorities``;
     ``set_process_priority({}, replace=True)`` clears them all.
     """
-    global _process_state
-    base = {} if replace else dict(_process_state.priorities)
+    base = {} if replace else dict(_store.process.priorities)
     base.update({op: _frozen(p) for op, p in priorities.items()})
     state = PriorityState(base, "user (process-wide)")
     # a selection that read the generation before this may see either state;
     # store() refuses it either way
     with invalidating():
-        _process_state = state
+        _store.process = state
 
 
 def process_priorities() -> Mapping[str, PrioritySpec]:
     """The process-wide user lists (op name -> providers) set with ``apply()``."""
-    return _process_state.priorities
+    return _store.process.priorities
 
 
 def selection_mode() -> Mode:
@@ -406,17 +407,17 @@ def add_platform_defaults(source: str, defaults: Sequence[PlatformDefaults]) -> 
             raise TypeError(
                 f"platform defaults of {source!r} must be vllm_ir.PlatformDefaults, got {_short(d)}"
             )
-    previous = _defaults.get(source)
+    previous = _store.platform_defaults.get(source)
     with invalidating():
-        _defaults[source] = defaults
+        _store.platform_defaults[source] = defaults
 
     def undo() -> None:
-        if _defaults.get(source) is defaults:
+        if _store.platform_defaults.get(source) is defaults:
             if previous is None:
                 remove_platform_defaults(source)
             else:
                 with invalidating():
-                    _defaults[source] = previous
+                    _store.platform_defaults[source] = previous
 
     record(RegistrationHandle(f"platform defaults of {source!r}", undo))
 
@@ -430,9 +431,9 @@ def _short(value: object, limit: int = 80) -> str:
 
 
 def remove_platform_defaults(source: str) -> None:
-    if source in _defaults:
+    if source in _store.platform_defaults:
         with invalidating():
-            _defaults.pop(source, None)
+            _store.platform_defaults.pop(source, None)
 
 
 def platform_default_contributions(
@@ -442,7 +443,7 @@ def platform_default_contributions(
     platform = platform or current_platform()
     found = [
         (source, _frozen(d.for_mode(mode)[op_name]), d.rank)
-        for source, contributions in _defaults.items()
+        for source, contributions in _store.platform_defaults.items()
         for d in contributions
         if d.platform == platform and op_name in d.for_mode(mode)
     ]

@@ -44,7 +44,6 @@ from vllm_ir._version import API_VERSION, __version__
 from vllm_ir.buckets import BucketedPriority
 from vllm_ir.cache import invalidate_caches, on_before_selection
 from vllm_ir.logger import get_logger
-from vllm_ir.op_registry import OPS
 from vllm_ir.platform import ENTRY_POINT_GROUP as PLATFORM_GROUP
 from vllm_ir.platform import Platform, RegisteredPlatform, add_platform, platforms
 from vllm_ir.priority import (
@@ -55,11 +54,11 @@ from vllm_ir.priority import (
 )
 from vllm_ir.registration import (
     RegistrationHandle,
-    RegistrationLog,
     current_registration_log,
     record,
     recording_registrations,
 )
+from vllm_ir.runtime import RUNTIME
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -159,12 +158,12 @@ def _check_defaults_name_known_ops(spec: ProviderSpec, package: str) -> None:
     for d in spec.defaults:
         for mode in MODES:
             for op_name, providers in d.for_mode(mode).items():
-                op = OPS.get(op_name)
+                op = RUNTIME.ops.get(op_name)
                 if op is None:
                     raise ValueError(
                         f"ProviderSpec {spec.name!r} ({package}): {d.platform} {mode} defaults "
                         f"name unknown IR op {op_name!r}; known ops: "
-                        f"{', '.join(sorted(OPS))}"
+                        f"{', '.join(sorted(RUNTIME.ops))}"
                     )
                 named = (
                     providers.providers() if isinstance(providers, BucketedPriority) else providers
@@ -203,32 +202,25 @@ class ProviderLoadError:
     details: str = field(repr=False, default="")
 
 
-_lock = threading.RLock()
-_loaded_once = False
-_loading = False
-_loaded: dict[str, LoadedProvider] = {}
-_errors: dict[str, ProviderLoadError] = {}
-_registrations: dict[str, RegistrationLog] = {}
-_in_progress: tuple[str, str, float] | None = None  # entry point, package, start time
-_current_log: RegistrationLog | None = None  # the registrations of the provider loading now
+# the data lives on the runtime (vllm_ir.runtime); this module holds the rules
+_state = RUNTIME.discovery
 
 
 def _after_fork_in_child() -> None:
     """Make discovery usable in a child forked while another thread ran it."""
-    global _lock, _loading, _loaded_once, _in_progress, _current_log
-    if _lock._is_owned():  # type: ignore[attr-defined]
+    if _state.lock._is_owned():  # type: ignore[attr-defined]
         return  # this thread was discovering: it carries on in the child
-    _lock = threading.RLock()
-    if not _loading:
+    _state.lock = threading.RLock()
+    if not _state.loading:
         return
     # the discovering thread does not exist here: undo its half-made provider
     # and let the child's first call discover again
-    log, _current_log = _current_log, None
+    log, _state.current_log = _state.current_log, None
     if log is not None:
         log.remove()
-    _loading = False
-    _loaded_once = False
-    _in_progress = None
+    _state.loading = False
+    _state.loaded_once = False
+    _state.in_progress = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -249,10 +241,9 @@ def _warn_if_slow(entry_point: str, package: str) -> Iterator[None]:
     Python cannot interrupt a thread, so a hanging provider still blocks
     discovery; the warning says which one it is and how to skip it.
     """
-    global _in_progress
     delay = envs.provider_load_warn_s()
     start = time.monotonic()
-    _in_progress = (entry_point, package, start)
+    _state.in_progress = (entry_point, package, start)
     timer = None
     if delay > 0:
         timer = threading.Timer(
@@ -271,7 +262,7 @@ def _warn_if_slow(entry_point: str, package: str) -> Iterator[None]:
     try:
         yield
     finally:
-        _in_progress = None
+        _state.in_progress = None
         if timer is not None:
             timer.cancel()
         elapsed = time.monotonic() - start
@@ -305,15 +296,14 @@ def load_provider(entry_point: str, package: str, obj: object) -> LoadedProvider
     imported are attributed and rolled back like those of its ``register``.
     Exposed for tests and for embedding a provider without installing it.
     """
-    global _current_log
     with recording_registrations(package) as log:
-        _current_log = log
+        _state.current_log = log
         try:
             loaded = _load_and_register(entry_point, package, obj)
         finally:
-            _current_log = None
-    _loaded[entry_point] = loaded
-    _registrations[entry_point] = log
+            _state.current_log = None
+    _state.loaded[entry_point] = loaded
+    _state.registrations[entry_point] = log
     return loaded
 
 
@@ -431,7 +421,7 @@ def _discover_platforms(allow: frozenset[str] | None) -> None:
     twice = _claimed_twice(eps, PLATFORM_GROUP, "platform")
     for name, error in twice.items():
         if (allow is None or name in allow) and name not in platforms():
-            _errors[_platform_key(name)] = error
+            _state.errors[_platform_key(name)] = error
             logger.warning("platform %r is skipped: %s", name, error.cause)
     for ep in eps:
         if (allow is not None and ep.name not in allow) or ep.name in twice:
@@ -449,7 +439,7 @@ def _discover_platforms(allow: frozenset[str] | None) -> None:
             error = ProviderLoadError(
                 _platform_key(ep.name), package, _one_line(e), traceback.format_exc()
             )
-            _errors[error.entry_point] = error
+            _state.errors[error.entry_point] = error
             logger.warning(
                 "platform %r (%s) failed to load and is skipped: %s", ep.name, package, error.cause
             )
@@ -462,8 +452,8 @@ def _discover() -> None:
     names = {ep.name for ep in eps}
     twice = _claimed_twice(eps)
     for name, error in twice.items():
-        if (allow is None or name in allow) and name not in _loaded:
-            _errors[name] = error
+        if (allow is None or name in allow) and name not in _state.loaded:
+            _state.errors[name] = error
             logger.warning("provider %r is skipped: %s", name, error.cause)
     if allow is not None:
         for missing in sorted(allow - names):
@@ -477,7 +467,7 @@ def _discover() -> None:
         if allow is not None and ep.name not in allow:
             logger.debug("provider %r skipped: not in %s", ep.name, envs.VLLM_IR_PROVIDERS)
             continue
-        if ep.name in _loaded or ep.name in twice:
+        if ep.name in _state.loaded or ep.name in twice:
             continue
         package = _package_of(ep)
         logger.debug("loading provider %r from package %s (%s)", ep.name, package, ep.value)
@@ -489,7 +479,7 @@ def _discover() -> None:
             raise
         except BaseException as e:  # SystemExit from a provider's argparse, too
             error = ProviderLoadError(ep.name, package, _one_line(e), traceback.format_exc())
-            _errors[ep.name] = error
+            _state.errors[ep.name] = error
             logger.warning(
                 "provider %r (%s) failed to load and is skipped: %s",
                 ep.name,
@@ -500,16 +490,15 @@ def _discover() -> None:
 
 def ensure_loaded() -> None:
     """Discover and load the installed providers, once per process."""
-    global _loaded_once, _loading
-    if _loaded_once:
+    if _state.loaded_once:
         return
     # checked before discovery: providers' register() reads the platform, and a
     # bad value must fail this call, not every later one (a provider recorded
     # as failed stays unloaded for the process)
     envs.platform_override()
     delay = envs.provider_load_warn_s()
-    if not _lock.acquire(timeout=delay) if delay > 0 else not _lock.acquire():
-        busy = _in_progress
+    if not _state.lock.acquire(timeout=delay) if delay > 0 else not _state.lock.acquire():
+        busy = _state.in_progress
         if busy is not None:
             logger.warning(
                 "waiting for provider %r (%s), loading in another thread for %.0f s",
@@ -517,31 +506,31 @@ def ensure_loaded() -> None:
                 busy[1],
                 time.monotonic() - busy[2],
             )
-        _lock.acquire()
+        _state.lock.acquire()
     try:
-        if _loaded_once or _loading:  # _loading: a provider's register() re-entered
+        if _state.loaded_once or _state.loading:  # loading: a provider's register() re-entered
             return
-        _loading = True
+        _state.loading = True
         try:
             _discover()
         finally:
-            _loading = False
-            _loaded_once = True
+            _state.loading = False
+            _state.loaded_once = True
     finally:
-        _lock.release()
+        _state.lock.release()
     invalidate_caches()
 
 
 def loaded_providers() -> dict[str, LoadedProvider]:
     """Entry-point name -> provider, for every provider that loaded."""
     ensure_loaded()
-    return dict(_loaded)
+    return dict(_state.loaded)
 
 
 def load_errors() -> dict[str, ProviderLoadError]:
     """Entry-point name -> error, for every provider that failed to load."""
     ensure_loaded()
-    return dict(_errors)
+    return dict(_state.errors)
 
 
 def _before_selection() -> None:
