@@ -108,7 +108,7 @@ def test_a_selection_cache_that_disagrees_is_reported(
     model: Model, scale_op: ir.IrOp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     wrong = scale_op.impls["unlisted"]
-    monkeypatch.setattr(scale_op, "dispatch", lambda *args: wrong)
+    monkeypatch.setattr(scale_op, "selected_impl", lambda *args: wrong)
     plan = ir.plan(model, torch.randn(2, 8))
     bad = plan.mismatches
     assert bad
