@@ -259,9 +259,13 @@ def no_recompile() -> Iterator[None]:
     torch._dynamo.reset()
 
 
-def test_compiled_differential_dynamic_tokens(tagged: ir.IrOp, no_recompile: None) -> None:
-    """One compile with a dynamic token dim serves every bucket (torch.cond branches):
-    compiled == eager == select() at random sizes, with recompiles refused."""
+@pytest.mark.parametrize("dispatch", ["graphs", "branches"])
+def test_compiled_differential_dynamic_tokens(
+    tagged: ir.IrOp, no_recompile: None, dispatch: Any
+) -> None:
+    """One compile with a dynamic token dim serves every bucket (a graph per size
+    range, or torch.cond branches): compiled == eager == select() at random sizes,
+    with recompiles refused."""
     rng = random.Random(7)
     table = [
         {"max_tokens": 5, "priority": ["t1"]},
@@ -269,17 +273,20 @@ def test_compiled_differential_dynamic_tokens(tagged: ir.IrOp, no_recompile: Non
         {"max_tokens": 30, "priority": ["t3", "t2"]},
         {"priority": ["t2"]},
     ]
-    backend = ir.VllmIRBackend(priority={tagged.name: table})
+    backend = ir.VllmIRBackend(priority={tagged.name: table}, bucket_dispatch=dispatch)
 
     def fn(x: Tensor) -> Tensor:
         return tagged(x, 2.0) - 1.0
 
     compiled = torch.compile(fn, backend=backend, dynamic=True, fullgraph=True)
     compiled(_ints(3, 8))
-    lowered = [
-        v for c in backend.pass_contexts for v in c.selected_impls.get(tagged.name, {}).values()
-    ]
-    assert lowered in ([], ["<=5:t1;<=12:native;<=30:t3;t2"])  # [] on an FX cache hit
+    described = list(backend.lowering_pass.selected_impls.get(tagged.name, {}).values())
+    assert described in ([], ["<=5:t1;<=12:native;<=30:t3;t2"])  # [] on an FX cache hit
+    if dispatch == "graphs":  # one graph per size range, each with its bucket's impl
+        assert len(backend.pass_contexts) == 4
+        assert _lowered(backend, tagged.name) in ([], ["t1", "native", "t3", "t2"])
+    else:
+        assert len(backend.pass_contexts) == 1
     torch.compiler.set_stance("fail_on_recompile")
     sizes = [2, 5, 6, 12, 13, 30, 31, 64, *rng.sample(range(2, 80), 12)]
     with tagged.set_priority(table):
@@ -313,9 +320,11 @@ def test_compiled_static_and_single_impl_tables(tagged: ir.IrOp, no_recompile: N
     assert lowered in ([], ["t1"])  # one impl: no branch ([] on an FX cache hit)
 
 
-def test_compiled_inplace_impl_in_a_branch(no_recompile: None) -> None:
-    """An in-place kernel in one bucket: its branch runs it on copies (the default
-    overload never writes its inputs), the other bucket runs native."""
+@pytest.mark.parametrize("dispatch", ["graphs", "branches"])
+def test_compiled_inplace_impl_in_a_branch(no_recompile: None, dispatch: Any) -> None:
+    """An in-place kernel in one bucket: its branch (or its size range's graph) runs
+    it on copies (the default overload never writes its inputs), the other bucket
+    runs native."""
     import stand_in_kernels as sk
 
     sk.register()
@@ -327,12 +336,12 @@ def test_compiled_inplace_impl_in_a_branch(no_recompile: None) -> None:
         return a * 2, b + 1
 
     try:
-        backend = ir.VllmIRBackend(priority={op.name: table})
+        backend = ir.VllmIRBackend(priority={op.name: table}, bucket_dispatch=dispatch)
         compiled = torch.compile(fn, backend=backend, dynamic=True)
         w = torch.randn(8)
         compiled(torch.randn(3, 8), torch.randn(3, 8), w)
-        lowered = _lowered(backend, op.name)
-        assert lowered in ([], [f"<=4:{sk.INPLACE};native"])
+        described = list(backend.lowering_pass.selected_impls.get(op.name, {}).values())
+        assert described in ([], [f"<=4:{sk.INPLACE};native"])
         torch.compiler.set_stance("fail_on_recompile")
         for rows in (2, 4, 5, 17):
             x, r = torch.randn(rows, 8), torch.randn(rows, 8)
@@ -345,6 +354,50 @@ def test_compiled_inplace_impl_in_a_branch(no_recompile: None) -> None:
             assert torch.equal(r, r0)
     finally:
         sk.unregister()
+
+
+def test_ops_counting_different_sizes_branch_per_op(tagged: ir.IrOp, no_recompile: None) -> None:
+    """Two token counts (two dynamic dims): no one cut serves both, so each op
+    branches in one graph; results match eager at every pair of sizes."""
+    table = [{"max_tokens": 4, "priority": ["t1"]}, {"priority": ["t2"]}]
+    backend = ir.VllmIRBackend(priority={tagged.name: table})
+
+    def fn(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        return tagged(x, 2.0), tagged(y, 3.0)
+
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    compiled(_ints(3, 8), _ints(7, 8))
+    assert len(backend.pass_contexts) == 1
+    torch.compiler.set_stance("fail_on_recompile")
+    with tagged.set_priority(table):
+        for rows_x, rows_y in ((2, 9), (9, 2), (4, 5), (30, 30)):
+            x, y = _ints(rows_x, 8), _ints(rows_y, 8)
+            for got, want in zip(compiled(x, y), fn(x, y), strict=True):
+                assert torch.equal(got, want), (rows_x, rows_y)
+
+
+def test_size_switch_reads_the_count_and_picks_the_piece() -> None:
+    """The switch's reader and cut: a size argument or a tensor dim, times constants."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from vllm_ir.compilation.bucket_switch import SizeSwitch, _reader
+
+    fake = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(
+        torch.ones(5, 3, 8), static_shapes=False
+    )
+    gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    gm.graph.placeholder("x").meta["example_value"] = fake
+    s0, s1 = (d.node.expr for d in fake.shape[:2])
+    read = _reader(2 * s0 * s1, gm, [fake])
+    assert read is not None
+    assert read([torch.ones(4, 3, 8)]) == 24
+    switch = SizeSwitch(s0, ((2, 16), (17, 256), (257, 10**9)), lambda args: args[0])
+    assert [switch.piece(t) for t in (2, 16, 17, 256, 257, 5000)] == [0, 0, 1, 1, 2, 2]
+
+
+def test_bucket_dispatch_is_checked() -> None:
+    with pytest.raises(ValueError, match="bucket_dispatch must be one of 'graphs', 'branches'"):
+        ir.VllmIRBackend(bucket_dispatch="cond")  # type: ignore[arg-type]
 
 
 # -- CLI ----------------------------------------------------------------------

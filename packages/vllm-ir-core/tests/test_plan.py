@@ -245,23 +245,28 @@ def test_eager_plan_names_the_bucket_of_the_table(model: Model, scale_op: ir.IrO
         assert not p.mismatches
 
 
-def test_compiled_plan_lists_each_bucket_branch(scale_op: ir.IrOp) -> None:
-    """One compile, token dim dynamic: the lowering branches per bucket (torch.cond)
-    and the plan has one site per branch with the impl it runs."""
+@pytest.mark.parametrize("dispatch", ["branches", "graphs"])
+def test_compiled_plan_lists_each_bucket_branch(scale_op: ir.IrOp, dispatch: str) -> None:
+    """One compile, token dim dynamic: the lowering branches per bucket (torch.cond),
+    or compiles a graph per size range; the plan has one site per branch (or size
+    range) with the impl it runs."""
     scale_op.register_impl("unlisted")(_times)  # no supports_args: asked on symbolic sizes
     model = Model(scale_op)
     torch._dynamo.reset()
     # rms_norm: buckets that all select native, merged into one impl (no branch)
     same = [{"max_tokens": 16, "priority": ["native"]}, {"priority": ["native"]}]
-    backend = ir.VllmIRBackend(priority={scale_op.name: BUCKETS, "rms_norm": same})
+    backend = ir.VllmIRBackend(
+        priority={scale_op.name: BUCKETS, "rms_norm": same}, bucket_dispatch=dispatch
+    )
     compiled = torch.compile(model, backend=backend, dynamic=True)
     try:
         with torch.no_grad():
             plan = ir.plan(compiled, torch.randn(4, 8))
     finally:
         torch._dynamo.reset()
-    lowered = {v for c in backend.pass_contexts for v in c.selected_impls[scale_op.name].values()}
+    lowered = set(backend.lowering_pass.selected_impls[scale_op.name].values())
     assert lowered == {"<=16:native;unlisted"}
+    assert len(backend.pass_contexts) == (2 if dispatch == "graphs" else 1)
     scales = [s for s in plan if s.op == scale_op.name]
     by_site: dict[str, set[tuple[str, str]]] = {}
     for s in scales:
@@ -276,7 +281,9 @@ def test_compiled_plan_lists_each_bucket_branch(scale_op: ir.IrOp) -> None:
     assert f"layers.0.scale {scale_op.name} [<=16]: ran native" in table
     assert f"layers.0.scale {scale_op.name} [>16]: ran unlisted" in table
     norms = [s for s in plan if s.op == "rms_norm"]
-    assert {(s.bucket, s.ran) for s in norms} == {(ALL_SIZES, "native")}
+    # a graph per size range: each range's graph ran native (one branch: all sizes)
+    ranges = {("<=16", "native"), (">16", "native")} if dispatch == "graphs" else None
+    assert {(s.bucket, s.ran) for s in norms} == (ranges or {(ALL_SIZES, "native")})
     # candidates answered at a size, not for the whole (ambiguous) range
     assert all(c.provider != "?" for s in norms for c in s.candidates)
     assert Plan.from_json(plan.to_json()) == plan

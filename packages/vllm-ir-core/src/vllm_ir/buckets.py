@@ -22,8 +22,10 @@ The CLI spelling is ``<=64:cpu_c,native;native`` (``;`` between buckets,
 from __future__ import annotations
 
 import bisect
+import contextlib
+import contextvars
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -35,6 +37,8 @@ __all__ = [
     "PrioritySpec",
     "PriorityTypeError",
     "as_priority",
+    "assume_range",
+    "assumed_range",
     "bucket_index",
     "bucket_label",
     "format_bucket_text",
@@ -312,12 +316,40 @@ def static_bucket_tokens(op_name: str, bounds: tuple[int, ...], tokens: Any) -> 
     )
 
 
+# (sympy expression, low, high): the size range a graph being compiled serves
+_assumed: contextvars.ContextVar[tuple[Any, int, int] | None] = contextvars.ContextVar(
+    "vllm_ir_assumed_range", default=None
+)
+
+
+@contextlib.contextmanager
+def assume_range(expr: Any, low: int, high: int) -> Iterator[None]:
+    """Within the block, :func:`symbolic_range` of a size whose expression is ``expr``
+    is at most ``[low, high]``: the compile of a graph that only ever runs at
+    those sizes (:mod:`vllm_ir.compilation.bucket_switch` selects its caller)."""
+    token = _assumed.set((expr, low, high))
+    try:
+        yield
+    finally:
+        _assumed.reset(token)
+
+
+def assumed_range() -> tuple[str, int, int] | None:
+    """The range :func:`assume_range` set, printable (a compile's cache key holds it)."""
+    found = _assumed.get()
+    return None if found is None else (str(found[0]), found[1], found[2])
+
+
 def symbolic_range(value: Any) -> tuple[int, int]:
     """``(low, high)`` of a SymInt from its ShapeEnv's value ranges, without a guard
-    (an unbounded high is a large int)."""
+    (an unbounded high is a large int), narrowed to an :func:`assume_range`."""
     node = value.node
     vr = node.shape_env.bound_sympy(node.expr)
-    return _finite(vr.lower, 0), _finite(vr.upper, sys.maxsize)
+    low, high = _finite(vr.lower, 0), _finite(vr.upper, sys.maxsize)
+    assumed = _assumed.get()
+    if assumed is not None and node.expr == assumed[0]:
+        low, high = max(low, assumed[1]), min(high, assumed[2])
+    return low, high
 
 
 def _finite(bound: Any, otherwise: int) -> int:

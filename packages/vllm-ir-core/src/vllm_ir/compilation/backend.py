@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import fx
@@ -28,8 +28,10 @@ from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from vllm_ir_cli.flags import BUILTIN_PASSES
 
+from vllm_ir.buckets import assume_range
 from vllm_ir.compilation.absolute_views import AbsoluteViewPass, AbsoluteViewRecordPass
 from vllm_ir.compilation.autotune import Autotuner
+from vllm_ir.compilation.bucket_switch import SizeSwitch, plan_switch, switch_between
 from vllm_ir.compilation.clone_elimination import CloneEliminationPass
 from vllm_ir.compilation.context import PassContext, pass_context
 from vllm_ir.compilation.functionalize import InplaceFunctionalizationPass
@@ -43,7 +45,11 @@ from vllm_ir.op import IrOp
 from vllm_ir.priority import PrioritySpec, user_priority
 from vllm_ir.providers import ensure_loaded
 
-__all__ = ["ComposedPass", "VllmIRBackend", "compile", "vllm_ir_backend"]
+__all__ = ["BUCKET_DISPATCH", "ComposedPass", "VllmIRBackend", "compile", "vllm_ir_backend"]
+
+BucketDispatch = Literal["graphs", "branches"]
+BUCKET_DISPATCH: tuple[BucketDispatch, ...] = ("graphs", "branches")
+"""How a dynamic graph runs per-size selections (:attr:`VllmIRBackend.bucket_dispatch`)."""
 
 logger = get_logger(__name__)
 
@@ -121,7 +127,19 @@ class VllmIRBackend:
         ir_passes: Sequence[Callable[[fx.Graph], Any]] = (),
         passes: IrPassConfig | Mapping[str, bool] | None = None,
         autotune: bool | Autotuner = False,
+        bucket_dispatch: BucketDispatch = "graphs",
     ) -> None:
+        if bucket_dispatch not in BUCKET_DISPATCH:
+            raise ValueError(
+                f"bucket_dispatch must be one of {', '.join(map(repr, BUCKET_DISPATCH))}, "
+                f"got {bucket_dispatch!r}"
+            )
+        self.bucket_dispatch = bucket_dispatch
+        """How a dynamic graph with bucketed priorities runs each bucket's impl:
+        ``"graphs"``, one compiled graph per size range, picked per call
+        (:mod:`~vllm_ir.compilation.bucket_switch`); ``"branches"``, one graph
+        with a ``torch.cond`` per op call (:mod:`~vllm_ir.compilation.bucket_branches`).
+        ``"graphs"`` falls back to branches where ops count different sizes."""
         given: Mapping[str, Sequence[str]]
         if priority is None:
             given = {}
@@ -190,11 +208,49 @@ class VllmIRBackend:
         return hooks
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        dynamic = has_dynamic_inputs(example_inputs)
+        hazard = as_strided_input_mutation(gm.graph, dynamic=dynamic)
+        # autotune measures per bucket inside one graph: it keeps the branches
+        if hazard is None and dynamic and self.bucket_dispatch == "graphs" and not self.autotuner:
+            switch = plan_switch(
+                gm, example_inputs, self.lowering_pass.bucket_bounds, self.lowering_pass.select_at
+            )
+            if switch is not None:
+                return self._compile_pieces(gm, example_inputs, switch)
+        return self._compile(gm, example_inputs, hazard)
+
+    def _compile_pieces(
+        self, gm: fx.GraphModule, example_inputs: Sequence[Any], switch: SizeSwitch
+    ) -> Any:
+        """One compile per size range of ``switch``; each node's selection recorded
+        as its pieces' providers (``<=16:native;cpu_c``), like a branched node."""
+        outer = self.lowering_pass.selected_impls
+        pieces, selected = [], []
+        try:
+            for low, high in switch.ranges:
+                self.lowering_pass.selected_impls = {}
+                piece = fx.GraphModule(gm, _graph_copy(gm.graph))
+                with assume_range(switch.expr, low, high):
+                    pieces.append(self._compile(piece, example_inputs, None))
+                selected.append(self.lowering_pass.selected_impls)
+        finally:
+            self.lowering_pass.selected_impls = outer
+        highs = [high for _low, high in switch.ranges[:-1]] + [None]
+        for op_name in {name for per_piece in selected for name in per_piece}:
+            nodes = {n for per_piece in selected for n in per_piece.get(op_name, {})}
+            for node in nodes:
+                ran = [per_piece.get(op_name, {}).get(node, "?") for per_piece in selected]
+                outer.setdefault(op_name, {})[node] = _pieces_text(highs, ran)
+        logger.debug("compiled a graph per size range %s of %s", switch.ranges, switch.expr)
+        return switch_between(switch, pieces)
+
+    def _compile(
+        self, gm: fx.GraphModule, example_inputs: Sequence[Any], hazard: str | None
+    ) -> Any:
         from torch._inductor.compile_fx import compile_fx
 
         ctx = PassContext()
         self.pass_contexts.append(ctx)
-        hazard = as_strided_input_mutation(gm.graph, dynamic=has_dynamic_inputs(example_inputs))
         if hazard is not None:
             # torch's own compile of this graph would be wrong (upstream_hazards)
             logger.warning(
@@ -220,6 +276,25 @@ class VllmIRBackend:
             ctx.clones_removed,
         )
         return compiled
+
+
+def _graph_copy(graph: fx.Graph) -> fx.Graph:
+    """A copy whose nodes a compile may rewrite (metadata shared, not copied)."""
+    copy = fx.Graph()
+    output = copy.graph_copy(graph, {})
+    copy.output(output)
+    return copy
+
+
+def _pieces_text(highs: Sequence[int | None], providers: Sequence[str]) -> str:
+    """``<=16:native;cpu_c`` for what a node runs per size range (neighbours merged)."""
+    merged: list[tuple[int | None, str]] = []
+    for high, provider in zip(highs, providers, strict=True):
+        if merged and merged[-1][1] == provider:
+            merged[-1] = (high, provider)
+        else:
+            merged.append((high, provider))
+    return ";".join(("" if h is None else f"<={h}:") + p for h, p in merged)
 
 
 def vllm_ir_backend(

@@ -43,6 +43,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
+from vllm_ir.buckets import assumed_range
 from vllm_ir.callsite import is_collecting, record_lowered
 from vllm_ir.compilation.aliasing import is_write
 from vllm_ir.compilation.bucket_branches import (
@@ -109,6 +110,16 @@ class LoweringPass:
         self.pre = _LoweringStage(self, inplace=False)
         self.post = _LoweringStage(self, inplace=True)
 
+    def bucket_bounds(self, op: Any) -> tuple[int, ...]:
+        """``op``'s bucket bounds under this pass's compiled priorities."""
+        with self._selection():
+            return op.bucket_bounds()  # type: ignore[no-any-return]
+
+    def select_at(self, op: Any, args: Sequence[Any], tokens: int) -> IrOpImpl:
+        """The impl this pass selects for ``op`` called with ``args`` as ``tokens`` tokens."""
+        with self._selection():
+            return op.selector.select(tuple(args), tokens=tokens).impl  # type: ignore[no-any-return]
+
     @contextlib.contextmanager
     def _selection(self) -> Any:
         with scoped_priority(self.priorities), compiled_selection():
@@ -137,6 +148,8 @@ class LoweringPass:
                     state.append((name, tokens, tuple(entries), tuple(map(_impl_state, picked))))
         if self.autotuner is not None:
             state.append(self.autotuner.cache_state())
+        # a graph compiled for one size range selects for it (bucket_switch)
+        state.append(("sizes", assumed_range()))
         return tuple(state)
 
     def lower(self, graph: fx.Graph, *, inplace: bool) -> None:
