@@ -21,14 +21,19 @@ the best single fixed priority (target < 1).
   eager calls, registered for this section only. ``kernels.bucketed``: the
   per-bucket winners (bounds 16, 256, 1024) as a bucketed ``rms_norm`` table,
   re-timed through the op's eager dispatch against every impl fixed.
+  ``kernels.bucketed_crossing_pair``: the same, choosing only between the two
+  impls of the first crossover found (``crossing_pair``), so that an impl
+  faster than both at every size does not make the table one fixed priority.
 * ``compiled_decoder``: the compile benchmark's decoder
   (``benchmarks/compiled_priorities.py``) compiled once per fixed priority
   (every op on ``native``, or on ``cpu_c``), the token dim dynamic, at decode
   and prefill sizes. The choice runs as ``bucketed_graph``: ONE compile under
-  the bucketed table (a ``torch.cond`` branch per bucket whose impls differ,
-  recompiles refused across sizes > 1; Dynamo gives size 1 its own graph),
-  and as ``bucketed_switch``: the chosen fixed model per size (the same
-  compiled model as a fixed setting: their difference measures the noise).
+  the bucketed table with ``bucket_dispatch="branches"`` (a ``torch.cond``
+  branch per bucket whose impls differ); as ``bucketed_graphs``: the default
+  ``bucket_dispatch="graphs"``, a compiled graph per size range picked per
+  call (both refuse recompiles across sizes > 1; Dynamo gives size 1 its own
+  graph); and as ``bucketed_switch``: the chosen fixed model per size (the
+  same compiled model as a fixed setting: their difference measures the noise).
 * ``eager_decoder``: the same decoder in eager mode, each fixed priority and
   the bucketed table (chosen by its own eager selection pass) in a scope.
 * ``plan``: the kernel plan (:func:`vllm_ir.plan`) of a kernelized tiny
@@ -173,13 +178,24 @@ def _kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int
     picked = {
         r["tokens"]: {n: _Median(v["median_us"]) for n, v in r["times_us"].items()} for r in rows
     }
+    crossovers = _crossovers(rows)
+    # the impls with a crossover beyond the spread (or by medians), without the impls
+    # faster than both at every size: the per-size choice among impls that cross
+    crossing = crossovers or _crossovers(rows, beyond_spread=False)
+    pair = sorted({crossing[0]["faster_small"], crossing[0]["faster_large"]}) if crossing else None
     return {
         "op": "rms_norm",
         "hidden": hidden,
         "rows": rows,
-        "crossovers": _crossovers(rows),
+        "crossovers": crossovers,
         "crossovers_by_median": _crossovers(rows, beyond_spread=False),
         "bucketed": _kernels_bucketed(tokens, hidden, rounds, picked, decode_weight),
+        "crossing_pair": pair,
+        "bucketed_crossing_pair": _kernels_bucketed(
+            tokens, hidden, rounds, picked, decode_weight, names=pair
+        )
+        if pair
+        else None,
     }
 
 
@@ -189,17 +205,23 @@ class _Median:
 
 
 def _kernels_bucketed(
-    tokens: Sequence[int], hidden: int, rounds: int, picked: dict[int, Any], decode_weight: int
+    tokens: Sequence[int],
+    hidden: int,
+    rounds: int,
+    picked: dict[int, Any],
+    decode_weight: int,
+    names: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The per-bucket winners of the rows above (the selection pass) as a bucketed
     table of rms_norm, against every impl fixed, re-timed through the op's eager
     dispatch (an independent evaluation pass; every call enters its setting's
-    priority scope, the same cost for each setting)."""
+    priority scope, the same cost for each setting). ``names``: choose among these
+    impls only (default: every impl measured)."""
     import vllm_ir as ir
     from vllm_ir.cli.tune_model import measure_interleaved
 
     op = ir.ops.rms_norm
-    names = sorted(next(iter(picked.values())))
+    names = sorted(names or next(iter(picked.values())))
     choice = _choose(tokens, picked, names, KERNEL_BOUNDS)
     labels = [_label(i, KERNEL_BOUNDS) for i in range(len(KERNEL_BOUNDS) + 1)]
     table = [
@@ -227,6 +249,7 @@ def _kernels_bucketed(
             steps = {n: step(c, x) for n, c in settings.items()}
             evaluated[t] = measure_interleaved(steps, rounds, warmup=3)
     return {
+        "impls": names,
         "bucket_bounds": list(KERNEL_BOUNDS),
         "table": table,
         "ran_under_table": ran,
@@ -378,8 +401,8 @@ def compiled_decoder(
     compiled: dict[str, Any] = {}
     selected: dict[str, Any] = {}
 
-    def compile_with(name: str, priority: dict[str, Any]) -> None:
-        backend = ir.VllmIRBackend(priority=priority)
+    def compile_with(name: str, priority: dict[str, Any], dispatch: Any = "graphs") -> None:
+        backend = ir.VllmIRBackend(priority=priority, bucket_dispatch=dispatch)
         fn = torch.compile(model, backend=backend, dynamic=True)
         # one graph for every size > 1 (the token dim dynamic); Dynamo specializes
         # size 1 (its 0/1 rule), so one token gets a second graph of its own
@@ -416,7 +439,8 @@ def compiled_decoder(
         choice = _choose(tokens, picked, list(fixed))
         table = bucketed_table(fixed, choice)
         print(f"compiled decoder: bucket choice {choice}", flush=True)
-        compile_with("bucketed_graph", table)
+        compile_with("bucketed_graph", table, "branches")
+        compile_with("bucketed_graphs", table)
         # evaluation pass: independent timings of every fixed priority and the bucketed choice
         evaluated = {t: measure_interleaved(steps_for(t, choice), rounds, warmup=2) for t in tokens}
     # the switch runs its choice's very compiled model: their difference is noise
@@ -424,7 +448,7 @@ def compiled_decoder(
     for t in tokens:
         same = evaluated[t][choice[_bucket(t)]].median_us
         same_model[str(t)] = round(abs(evaluated[t]["bucketed_switch"].median_us / same - 1), 4)
-    bucketed = ["bucketed_graph", "bucketed_switch"]
+    bucketed = ["bucketed_graph", "bucketed_graphs", "bucketed_switch"]
     return {
         "model": {"hidden": hidden, "intermediate": intermediate, "layers": layers},
         "fixed_priorities": fixed,
@@ -551,7 +575,13 @@ def _verdict(report: dict[str, Any]) -> dict[str, Any]:
     noisy = False
     for section, name, key in (
         (report["kernels"]["bucketed"], "bucketed_table", "kernels_bucketed_table"),
+        (
+            report["kernels"]["bucketed_crossing_pair"],
+            "bucketed_table",
+            "kernels_crossing_pair_bucketed_table",
+        ),
         (decoder, "bucketed_graph", "decoder_bucketed_graph"),
+        (decoder, "bucketed_graphs", "decoder_bucketed_graphs"),
         (decoder, "bucketed_switch", "decoder_bucketed_switch"),
         (eager, "bucketed_table", "eager_decoder_bucketed_table"),
     ):
@@ -651,6 +681,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     sections_out = {
         "kernels_bucketed": report["kernels"]["bucketed"] if report["kernels"] else None,
+        "kernels_crossing_pair": report["kernels"]["bucketed_crossing_pair"]
+        if report["kernels"]
+        else None,
         "compiled_decoder": report["compiled_decoder"],
         "eager_decoder": report["eager_decoder"],
     }

@@ -38,7 +38,7 @@ def test_no_crossover_when_one_impl_wins_everywhere_or_within_the_spread() -> No
 
 
 def test_verdict_reports_noise_instead_of_a_result() -> None:
-    names = ("bucketed_graph", "bucketed_switch", "bucketed_table")
+    names = ("bucketed_graph", "bucketed_graphs", "bucketed_switch", "bucketed_table")
     bucket = {"within_3pct": dict.fromkeys(names, True), "noisy": True}
     faster = {"faster": dict.fromkeys(names, True)}
     table = {
@@ -51,6 +51,7 @@ def test_verdict_reports_noise_instead_of_a_result() -> None:
             "crossovers": [],
             "crossovers_by_median": [{"faster_small": "a"}],
             "bucketed": table,
+            "bucketed_crossing_pair": table,
         },
         "compiled_decoder": {**table, "same_model_difference": {"1": 0.02, "300": 0.11}},
     }
@@ -60,6 +61,12 @@ def test_verdict_reports_noise_instead_of_a_result() -> None:
     assert verdict["kernel_crossover_by_median"]
     assert not verdict["kernel_crossover_found"]
     # one fixed priority in every bucket: "faster over the mix" would be noise
-    for key in ("decoder_bucketed_graph", "decoder_bucketed_switch", "kernels_bucketed_table"):
+    for key in (
+        "decoder_bucketed_graph",
+        "decoder_bucketed_graphs",
+        "decoder_bucketed_switch",
+        "kernels_bucketed_table",
+        "kernels_crossing_pair_bucketed_table",
+    ):
         assert not verdict[key]["faster_than_best_single_fixed_over_mix"]
     assert "not established" in verdict["note"]
