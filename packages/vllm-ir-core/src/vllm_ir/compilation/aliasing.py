@@ -115,9 +115,6 @@ class AliasGroups:
         """The storage groups ``node``'s value lives in (empty for non-tensors)."""
         return {self._find(k) for k in self._storages.get(node, ())}
 
-    def may_alias(self, a: fx.Node, b: fx.Node) -> bool:
-        return bool(self.groups(a) & self.groups(b))
-
     def aliases(self, node: fx.Node) -> set[fx.Node]:
         """The nodes that share memory with ``node``, itself included."""
         found = {node}
