@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import sympy
 import torch
 from torch import fx
 
@@ -135,6 +134,8 @@ def _reader(
 ) -> Callable[[Sequence[Any]], int] | None:
     """``args -> value of expr``: ``c * s1**k1 * ...`` with each symbol read from a
     size argument, else from a tensor argument's dim; None if one is not found."""
+    import sympy  # only when compiling: importing vllm_ir does not load sympy
+
     coefficient, factors = 1, []
     for factor in sympy.Mul.make_args(expr):
         if factor.is_Integer:
