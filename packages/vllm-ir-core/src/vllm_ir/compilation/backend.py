@@ -324,6 +324,7 @@ def compile(
     ir_passes: Sequence[Callable[[fx.Graph], Any]] = (),
     passes: IrPassConfig | Mapping[str, bool] | None = None,
     autotune: bool | Autotuner = False,
+    bucket_dispatch: BucketDispatch = "graphs",
     **torch_compile_kwargs: Any,
 ) -> Any:
     """``torch.compile(model, backend=VllmIRBackend(...), **torch_compile_kwargs)``.
@@ -332,7 +333,12 @@ def compile(
     accepts attributes (modules and functions do).
     """
     backend = VllmIRBackend(
-        priority=priority, options=options, ir_passes=ir_passes, passes=passes, autotune=autotune
+        priority=priority,
+        options=options,
+        ir_passes=ir_passes,
+        passes=passes,
+        autotune=autotune,
+        bucket_dispatch=bucket_dispatch,
     )
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     with contextlib.suppress(AttributeError):
