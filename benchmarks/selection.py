@@ -192,7 +192,7 @@ def _kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int
         "bucketed": _kernels_bucketed(tokens, hidden, rounds, picked, decode_weight),
         "crossing_pair": pair,
         "bucketed_crossing_pair": _kernels_bucketed(
-            tokens, hidden, rounds, picked, decode_weight, names=pair
+            tokens, hidden, rounds, picked, decode_weight, pair, _crossing_bounds(rows, pair)
         )
         if pair
         else None,
@@ -211,22 +211,21 @@ def _kernels_bucketed(
     picked: dict[int, Any],
     decode_weight: int,
     names: Sequence[str] | None = None,
+    bounds: Sequence[int] = KERNEL_BOUNDS,
 ) -> dict[str, Any]:
     """The per-bucket winners of the rows above (the selection pass) as a bucketed
     table of rms_norm, against every impl fixed, re-timed through the op's eager
     dispatch (an independent evaluation pass; every call enters its setting's
     priority scope, the same cost for each setting). ``names``: choose among these
-    impls only (default: every impl measured)."""
+    impls only (default: every impl measured), in buckets with ``bounds``."""
     import vllm_ir as ir
     from vllm_ir.cli.tune_model import measure_interleaved
 
     op = ir.ops.rms_norm
     names = sorted(names or next(iter(picked.values())))
-    choice = _choose(tokens, picked, names, KERNEL_BOUNDS)
-    labels = [_label(i, KERNEL_BOUNDS) for i in range(len(KERNEL_BOUNDS) + 1)]
-    table = [
-        {"max_tokens": b, "priority": [choice[labels[i]]]} for i, b in enumerate(KERNEL_BOUNDS)
-    ]
+    choice = _choose(tokens, picked, names, bounds)
+    labels = [_label(i, bounds) for i in range(len(bounds) + 1)]
+    table = [{"max_tokens": b, "priority": [choice[labels[i]]]} for i, b in enumerate(bounds)]
     table.append({"priority": [choice[labels[-1]]]})
     settings = {n: ir.IrOpPriorityConfig(rms_norm=[n]) for n in names}
     settings["bucketed_table"] = ir.IrOpPriorityConfig(rms_norm=table)
@@ -250,16 +249,22 @@ def _kernels_bucketed(
             evaluated[t] = measure_interleaved(steps, rounds, warmup=3)
     return {
         "impls": names,
-        "bucket_bounds": list(KERNEL_BOUNDS),
+        "bucket_bounds": list(bounds),
         "table": table,
         "ran_under_table": ran,
         "evaluation_pass": {
             str(t): {n: _timing(v) for n, v in evaluated[t].items()} for t in tokens
         },
-        **_summary(
-            tokens, evaluated, names, ["bucketed_table"], choice, decode_weight, KERNEL_BOUNDS
-        ),
+        **_summary(tokens, evaluated, names, ["bucketed_table"], choice, decode_weight, bounds),
     }
+
+
+def _crossing_bounds(rows: list[dict[str, Any]], pair: Sequence[str]) -> tuple[int, ...]:
+    """Bucket bounds for choosing within ``pair``: the decode bound, and the last measured
+    size before each change of the faster of the two (a tuner cuts where winners change)."""
+    faster = [min(pair, key=lambda n: r["times_us"][n]["median_us"]) for r in rows]
+    changes = {rows[i]["tokens"] for i in range(len(rows) - 1) if faster[i] != faster[i + 1]}
+    return tuple(sorted({BOUNDS[0], *changes}))
 
 
 def _crossovers(rows: list[dict[str, Any]], *, beyond_spread: bool = True) -> list[dict[str, Any]]:

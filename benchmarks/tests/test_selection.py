@@ -70,3 +70,16 @@ def test_verdict_reports_noise_instead_of_a_result() -> None:
     ):
         assert not verdict[key]["faster_than_best_single_fixed_over_mix"]
     assert "not established" in verdict["note"]
+
+
+def test_crossing_bounds_cut_where_the_faster_of_the_pair_changes() -> None:
+    rows = _rows(
+        {"a": _t(10), "b": _t(20)},
+        {"a": _t(50), "b": _t(90)},
+        {"a": _t(500), "b": _t(300)},
+        {"a": _t(900), "b": _t(600)},
+    )
+    tokens = [r["tokens"] for r in rows]
+    assert selection._crossing_bounds(rows, ["a", "b"]) == tuple(
+        sorted({selection.BOUNDS[0], tokens[1]})
+    )
