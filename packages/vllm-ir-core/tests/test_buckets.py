@@ -356,6 +356,40 @@ def test_compiled_inplace_impl_in_a_branch(no_recompile: None, dispatch: Any) ->
         sk.unregister()
 
 
+@pytest.mark.slow
+def test_compiled_random_tables_and_programs(
+    tagged: ir.IrOp, no_recompile: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random tables, random programs over the op (2-D and 3-D activations, so the token
+    count is one dim or a product), compiled once with a dynamic token dim per dispatch
+    mode: at random sizes, compiled == eager under the table, recompiles refused."""
+    # each compile's passes must run, and each size range's graph be its own
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    rng = random.Random(41)
+    for case in range(4):
+        table = _random_table(rng, max_bound=24)
+        rank3 = case % 2 == 1
+        factors = [rng.choice([0.5, 2.0, 3.0]) for _ in range(rng.randint(1, 3))]
+
+        def fn(x: Tensor, factors: list[float] = factors) -> Tensor:
+            for f in factors:
+                x = tagged(x.relu() + 1.0, f) - f
+            return x
+
+        for dispatch in ("graphs", "branches"):
+            torch._dynamo.reset()
+            torch.compiler.set_stance("default")
+            backend = ir.VllmIRBackend(priority={tagged.name: table}, bucket_dispatch=dispatch)
+            compiled = torch.compile(fn, backend=backend, dynamic=True)
+            shape = (lambda n: (2, n, 8)) if rank3 else (lambda n: (n, 8))
+            compiled(_ints(*shape(3)))
+            torch.compiler.set_stance("fail_on_recompile")
+            with tagged.set_priority(table):
+                for rows in rng.sample(range(2, 40), 8):
+                    x = _ints(*shape(rows))
+                    assert torch.equal(compiled(x), fn(x)), (table, dispatch, x.shape, factors)
+
+
 def test_ops_counting_different_sizes_branch_per_op(tagged: ir.IrOp, no_recompile: None) -> None:
     """Two token counts (two dynamic dims): no one cut serves both, so each op
     branches in one graph; results match eager at every pair of sizes."""
