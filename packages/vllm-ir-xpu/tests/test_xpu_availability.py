@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import vllm_ir as ir
-import vllm_ir_xpu
 from torch.library import Library
+from vllm_ir.testing.vendor import AvailabilityChecks
 from vllm_ir_xpu import availability
-from xpu_stand_ins import StandInXpuKernels
+from xpu_stand_ins import VENDOR, StandInXpuKernels
 
 HAS_XPU = hasattr(torch, "xpu") and torch.xpu.is_available()
 
@@ -121,60 +119,5 @@ def test_an_op_with_another_schema_is_refused(monkeypatch: pytest.MonkeyPatch) -
     assert "not the one this package was written for (result, input, weight, epsilon" in reason
 
 
-def test_unsupported_reason_is_exposed() -> None:
-    assert availability.current().reason == vllm_ir_xpu.UNSUPPORTED_REASON
-    with availability.forced(availability.Availability(False, "because a test says so")):
-        assert vllm_ir_xpu.UNSUPPORTED_REASON == "because a test says so"
-    with availability.forced(availability.Availability(True, device_type="cpu")):
-        assert vllm_ir_xpu.UNSUPPORTED_REASON is None
-
-
-@pytest.mark.skipif(HAS_XPU, reason="checks the registration on a machine without an XPU")
-def test_registered_unsupported_here_with_the_reason_logged(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    from vllm_ir_xpu import layernorm
-
-    for op in (ir.ops.rms_norm, ir.ops.fused_add_rms_norm):
-        op.unregister_impl("xpu_kernels")
-    with caplog.at_level("INFO", logger="vllm_ir.providers.xpu_kernels"):
-        found = layernorm.register_kernels()
-    assert not found.supported
-    assert not ir.ops.rms_norm.impls["xpu_kernels"].supported
-    assert not ir.ops.fused_add_rms_norm.impls["xpu_kernels"].supported
-    assert ir.ops.fused_add_rms_norm.impls["xpu_kernels"].inplace
-    messages = [r.getMessage() for r in caplog.records]
-    assert any(
-        "registered as unsupported" in m and "torch.xpu.is_available()" in m for m in messages
-    )
-    assert all(r.levelname == "INFO" for r in caplog.records)
-
-
-def test_importing_the_package_imports_no_vendor_code() -> None:
-    code = (
-        "import sys, vllm_ir_xpu\n"
-        "assert 'vllm_xpu_kernels' not in sys.modules\n"
-        "assert 'vllm_ir_xpu.layernorm' not in sys.modules\n"
-        "print(vllm_ir_xpu.provider.name)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "xpu_kernels"
-
-
-@pytest.mark.skipif(HAS_XPU, reason="checks the report on a machine without an XPU")
-def test_module_command_reports_why() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "vllm_ir_xpu"], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 1
-    assert "provider 'xpu_kernels'" in done.stdout
-    assert "supported: no: torch" in done.stdout
-    assert "torch.xpu.is_available() is False" in done.stdout
-
-
-def test_package_docstring_example() -> None:
-    import doctest
-
-    results = doctest.testmod(vllm_ir_xpu, raise_on_error=True)
-    assert results.attempted == 2  # the import and the example
+class TestAvailability(AvailabilityChecks):
+    vendor = VENDOR
