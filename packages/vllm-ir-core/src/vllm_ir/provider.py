@@ -20,8 +20,8 @@ What is here:
 * layout predicates that never guard a compiled graph: :func:`contiguous`,
   :func:`rows_flatten_free`, :func:`may_overlap_itself`;
 * tolerances: :class:`Tolerance` and the shared constants;
-* ``supports_args`` builders for the norm family (:func:`norm_supports_args`,
-  :mod:`vllm_ir.predicates`);
+* what the norm family's impls share (:mod:`vllm_ir.norms`):
+  :func:`norm_supports_args`, :func:`fused_add_in_place`, :func:`register_norm_impls`;
 * the vendor-wrapper helper that vendor packages configure from a table
   (:mod:`vllm_ir.vendor`): :class:`VendorNorm` (opaque ops, impls, their
   ``supports_args``, registration, the ``python -m`` report),
@@ -47,8 +47,13 @@ from vllm_ir._version import API_VERSION
 from vllm_ir.impl import NATIVE
 from vllm_ir.layout import contiguous, may_overlap_itself, rows_flatten_free
 from vllm_ir.logger import get_logger
+from vllm_ir.norms import (
+    TensorCheck,
+    fused_add_in_place,
+    norm_supports_args,
+    register_norm_impls,
+)
 from vllm_ir.platform import Platform, current_platform, device_type, privateuse1_available
-from vllm_ir.predicates import TensorCheck, norm_supports_args
 from vllm_ir.priority import PlatformDefaults
 from vllm_ir.providers import ProviderSpec, register_platform
 from vllm_ir.registration import RegistrationHandle, RegistrationLog, recording_registrations
@@ -100,12 +105,14 @@ __all__ = [
     "device_type",
     "envs",
     "fp8_steps_apart",
+    "fused_add_in_place",
     "get_logger",
     "import_vendor",
     "may_overlap_itself",
     "norm_supports_args",
     "privateuse1_available",
     "recording_registrations",
+    "register_norm_impls",
     "register_platform",
     "rows_flatten_free",
     "rows_view",

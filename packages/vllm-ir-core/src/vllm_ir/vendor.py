@@ -36,7 +36,12 @@ from torch import Tensor
 
 from vllm_ir.layout import rows_flatten_free
 from vllm_ir.logger import get_logger
-from vllm_ir.predicates import TensorCheck, norm_supports_args
+from vllm_ir.norms import (
+    TensorCheck,
+    fused_add_in_place,
+    norm_supports_args,
+    register_norm_impls,
+)
 
 __all__ = [
     "AvailabilityCache",
@@ -311,22 +316,16 @@ class VendorNorm:
             # result out like the native function would.
             return torch.empty_like(x).copy_(out)
 
-        def fused_add_rms_norm(
-            x: Tensor,
-            x_residual: Tensor,
-            weight: Tensor | None,
-            epsilon: float,
-            variance_size: int | None = None,
-        ) -> tuple[Tensor, Tensor]:
-            kit.no_variance_size("fused_add_rms_norm", variance_size)
+        def fused_kernel(
+            x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance: Any
+        ) -> None:
+            kit.no_variance_size("fused_add_rms_norm", variance)
             kernels.fused_add_rms_norm(x, x_residual, kit.weight(weight, x), epsilon)
-            return x, x_residual
 
-        for fn, doc in ((rms_norm, rms_doc), (fused_add_rms_norm, fused_doc)):
-            fn.__module__ = module  # the impl's package, for attribution and reprs
-            fn.__qualname__ = fn.__name__
-            fn.__doc__ = doc
-        return rms_norm, fused_add_rms_norm
+        rms_norm.__module__ = module  # the impl's package, for attribution and reprs
+        rms_norm.__qualname__ = rms_norm.__name__
+        rms_norm.__doc__ = rms_doc
+        return rms_norm, fused_add_in_place(fused_kernel, module=module, doc=fused_doc)
 
     def supports_args_for(self, device_type: str) -> tuple[TensorCheck, TensorCheck]:
         """``(rms_norm_supports, fused_add_rms_norm_supports)`` for tensors on ``device_type``.
@@ -358,31 +357,6 @@ class VendorNorm:
         level = logging.WARNING if found.hardware else logging.INFO
         logger.log(level, "provider %r registered as unsupported: %s", provider, found.reason)
 
-    def register(
-        self,
-        provider: str,
-        found: VendorAvailability,
-        rms_norm: Callable[..., Any],
-        fused_add_rms_norm: Callable[..., Any],
-    ) -> None:
-        """Register both impls, ``supported`` as ``found`` says."""
-        from vllm_ir import ops
-
-        rms_supports, fused_supports = self.supports_args_for(found.device_type)
-        ops.rms_norm.register_impl(
-            provider,
-            supported=found.supported,
-            supports_args=rms_supports,
-            unsupported_reason=found.reason,
-        )(rms_norm)
-        ops.fused_add_rms_norm.register_impl(
-            provider,
-            supported=found.supported,
-            supports_args=fused_supports,
-            inplace=True,
-            unsupported_reason=found.reason,
-        )(fused_add_rms_norm)
-
     def register_kernels(
         self,
         provider: str,
@@ -390,9 +364,16 @@ class VendorNorm:
         rms_norm: Callable[..., Any],
         fused_add_rms_norm: Callable[..., Any],
     ) -> A:
-        """Log ``found`` and register both impls as it says; returns it."""
+        """Log ``found``, then register both impls, ``supported`` as it says; returns it."""
         self.log_availability(provider, found)
-        self.register(provider, found, rms_norm, fused_add_rms_norm)
+        register_norm_impls(
+            provider,
+            rms_norm,
+            fused_add_rms_norm,
+            supported=found.supported,
+            supports_args=self.supports_args_for(found.device_type),
+            unsupported_reason=found.reason,
+        )
         return found
 
     def report(self, header: str, platform: str, found: VendorAvailability) -> int:

@@ -44,13 +44,17 @@ import pytest
 import torch
 from torch import Tensor
 
-import vllm_ir as ir
-from vllm_ir import providers
+from vllm_ir import ops, providers
+from vllm_ir.config import IrOpPriorityConfig
+from vllm_ir.op import IrOp, get_op
 from vllm_ir.priority import (
+    PlatformDefaults,
     add_platform_defaults,
     platform_default_contributions,
     remove_platform_defaults,
 )
+from vllm_ir.providers import loaded_providers
+from vllm_ir.selection import invalidate_caches
 from vllm_ir.testing import ConformanceCase, TinyDecoder, conformance_cases
 from vllm_ir.testing.isolation import SELECTION_ENV, inductor_caches_off, isolated
 
@@ -200,7 +204,7 @@ class VendorUnderTest:
     def register_again(self) -> Any:
         """Unregister the impls and register them as the availability now says."""
         for op in OPS:
-            ir.get_op(op).unregister_impl(self.provider)
+            get_op(op).unregister_impl(self.provider)
         return self.module("layernorm").register_kernels(self.provider)
 
 
@@ -219,7 +223,7 @@ def vendor_fixtures(vendor: VendorUnderTest) -> tuple[Callable[..., None], Any, 
     def pytest_configure(config: pytest.Config) -> None:
         # at collection, so that parametrizing over the provider's impls finds them
         provider = vendor.provider
-        if provider not in ir.loaded_providers() and provider not in ir.ops.rms_norm.impls:
+        if provider not in loaded_providers() and provider not in ops.rms_norm.impls:
             source = f"{vendor.distribution} (source tree)"
             providers.load_provider(provider, source, vendor.module().provider)
 
@@ -256,11 +260,11 @@ def _rows(*shape: int, dtype: torch.dtype = torch.bfloat16) -> Tensor:
 
 
 def _assert_close(got: Tensor, want: Tensor) -> None:
-    tol = ir.ops.rms_norm.tolerance(got.dtype)
+    tol = ops.rms_norm.tolerance(got.dtype)
     torch.testing.assert_close(got, want, atol=tol.atol, rtol=tol.rtol)
 
 
-def _selected(op: ir.IrOp, provider: str, *args: object) -> str:
+def _selected(op: IrOp, provider: str, *args: object) -> str:
     with op.set_priority([provider]):
         return op.select(*args).impl.provider
 
@@ -309,24 +313,24 @@ class WiringChecks(_Checks):
     ) -> None:
         v = self.vendor
         monkeypatch.setenv("VLLM_IR_PLATFORM", v.platform)
-        ir.invalidate_caches()
+        invalidate_caches()
         for dtype in v.dtypes:
             x, w = _rows(4, 64, dtype=dtype), _rows(64, dtype=dtype)
-            assert ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == v.provider
-            out = ir.ops.rms_norm(x, w, 1e-6)
-            _assert_close(out, ir.ops.rms_norm.native(x, w, 1e-6))
+            assert ops.rms_norm.dispatch(x, w, 1e-6).provider == v.provider
+            out = ops.rms_norm(x, w, 1e-6)
+            _assert_close(out, ops.rms_norm.native(x, w, 1e-6))
         assert len(kernels.named(v.rms_call)) == len(v.dtypes)
 
     def test_other_platforms_do_not_default_to_the_provider(self, kernels: StandInKernels) -> None:
         x, w = _rows(4, 64), _rows(64)
-        assert ir.ops.rms_norm.dispatch(x, w, 1e-6).provider != self.vendor.provider
-        ir.ops.rms_norm(x, w, 1e-6)
+        assert ops.rms_norm.dispatch(x, w, 1e-6).provider != self.vendor.provider
+        ops.rms_norm(x, w, 1e-6)
         assert kernels.calls == []
 
     def test_rms_norm_hands_x_rows_weight_and_epsilon(self, kernels: StandInKernels) -> None:
         x, w = _rows(2, 3, 128), _rows(128)
-        with ir.ops.rms_norm.set_priority([self.vendor.provider]):
-            out = ir.ops.rms_norm(x, w, 1e-5)
+        with ops.rms_norm.set_priority([self.vendor.provider]):
+            out = ops.rms_norm(x, w, 1e-5)
         (call,) = kernels.calls
         assert call.name == self.vendor.rms_call
         given = call.args["input"]
@@ -336,38 +340,38 @@ class WiringChecks(_Checks):
         assert call.args["epsilon"] == 1e-5
         assert out.shape == x.shape
         assert out.is_contiguous()
-        _assert_close(out, ir.ops.rms_norm.native(x, w, 1e-5))
+        _assert_close(out, ops.rms_norm.native(x, w, 1e-5))
 
     def test_rms_norm_reads_row_strided_slices_in_place(self, kernels: StandInKernels) -> None:
         x, w = _rows(4, 256)[:, :128], _rows(128)
         assert self.vendor.module("layernorm").rows_flatten_free(x)
         assert not x.is_contiguous()
-        with ir.ops.rms_norm.set_priority([self.vendor.provider]):
-            assert ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == self.vendor.provider
-            out = ir.ops.rms_norm(x, w, 1e-6)
+        with ops.rms_norm.set_priority([self.vendor.provider]):
+            assert ops.rms_norm.dispatch(x, w, 1e-6).provider == self.vendor.provider
+            out = ops.rms_norm(x, w, 1e-6)
         given = kernels.calls[0].args["input"]
         assert given.data_ptr() == x.data_ptr()
         assert given.stride() == (256, 1)
-        _assert_close(out, ir.ops.rms_norm.native(x, w, 1e-6))
+        _assert_close(out, ops.rms_norm.native(x, w, 1e-6))
 
     def test_missing_weight_becomes_ones(self, kernels: StandInKernels) -> None:
         x = _rows(3, 64, dtype=torch.float16)
-        with ir.ops.rms_norm.set_priority([self.vendor.provider]):
-            out = ir.ops.rms_norm(x, None, 1e-6)
+        with ops.rms_norm.set_priority([self.vendor.provider]):
+            out = ops.rms_norm(x, None, 1e-6)
         weight = kernels.calls[0].args["weight"]
         assert weight.dtype == torch.float16
         assert weight.shape == (64,)
         assert bool((weight == 1).all())
-        _assert_close(out, ir.ops.rms_norm.native(x, None, 1e-6))
+        _assert_close(out, ops.rms_norm.native(x, None, 1e-6))
 
     def test_fused_add_hands_both_activations_to_the_in_place_kernel(
         self, kernels: StandInKernels
     ) -> None:
         x, r, w = _rows(2, 5, 96), _rows(2, 5, 96), _rows(96)
-        want = ir.ops.fused_add_rms_norm.native(x, r, w, 1e-6)
+        want = ops.fused_add_rms_norm.native(x, r, w, 1e-6)
         x_ptr, r_ptr = x.data_ptr(), r.data_ptr()
-        with ir.ops.fused_add_rms_norm.set_priority([self.vendor.provider]):
-            out, residual = ir.ops.fused_add_rms_norm.maybe_inplace(x, r, w, 1e-6)
+        with ops.fused_add_rms_norm.set_priority([self.vendor.provider]):
+            out, residual = ops.fused_add_rms_norm.maybe_inplace(x, r, w, 1e-6)
         (call,) = kernels.calls
         assert call.name == self.vendor.fused_call
         assert call.args["input"].data_ptr() == x_ptr
@@ -382,22 +386,22 @@ class WiringChecks(_Checks):
         self, kernels: StandInKernels
     ) -> None:
         x, r, w = _rows(8, 64), _rows(8, 64), _rows(64)
-        with ir.ops.fused_add_rms_norm.set_priority([self.vendor.provider]):
-            out, residual = ir.ops.fused_add_rms_norm.maybe_inplace(x, r, w, 1e-6)
+        with ops.fused_add_rms_norm.set_priority([self.vendor.provider]):
+            out, residual = ops.fused_add_rms_norm.maybe_inplace(x, r, w, 1e-6)
         assert out.data_ptr() == x.data_ptr()
         assert residual.data_ptr() == r.data_ptr()
 
     def test_default_overload_leaves_inputs_untouched(self, kernels: StandInKernels) -> None:
         x, r, w = _rows(8, 64), _rows(8, 64), _rows(64)
         x0, r0 = x.clone(), r.clone()
-        with ir.ops.fused_add_rms_norm.set_priority([self.vendor.provider]):
-            out, residual = ir.ops.fused_add_rms_norm(x, r, w, 1e-6)
+        with ops.fused_add_rms_norm.set_priority([self.vendor.provider]):
+            out, residual = ops.fused_add_rms_norm(x, r, w, 1e-6)
         assert len(kernels.calls) == 1, "the kernel ran, on clones"
         assert torch.equal(x, x0)
         assert torch.equal(r, r0)
         assert out.data_ptr() not in (x.data_ptr(), r.data_ptr())
         assert residual.data_ptr() not in (x.data_ptr(), r.data_ptr())
-        want = ir.ops.fused_add_rms_norm.native(x0, r0, w, 1e-6)
+        want = ops.fused_add_rms_norm.native(x0, r0, w, 1e-6)
         _assert_close(out, want[0])
         _assert_close(residual, want[1])
 
@@ -405,7 +409,7 @@ class WiringChecks(_Checks):
     @pytest.mark.parametrize(("case", "args"), RMS_DECLINES, ids=[c for c, _ in RMS_DECLINES])
     def test_rms_norm_declines(self, kernels: StandInKernels, case: str, args: Args) -> None:
         provider = self.vendor.provider
-        assert _selected(ir.ops.rms_norm, provider, *args(self.vendor)) != provider, case
+        assert _selected(ops.rms_norm, provider, *args(self.vendor)) != provider, case
         assert kernels.calls == []
 
     @pytest.mark.parametrize(("case", "args"), FUSED_DECLINES, ids=[c for c, _ in FUSED_DECLINES])
@@ -413,13 +417,13 @@ class WiringChecks(_Checks):
         self, kernels: StandInKernels, case: str, args: Args
     ) -> None:
         provider = self.vendor.provider
-        assert _selected(ir.ops.fused_add_rms_norm, provider, *args(self.vendor)) != provider, case
+        assert _selected(ops.fused_add_rms_norm, provider, *args(self.vendor)) != provider, case
         assert kernels.calls == []
 
     def test_declines_are_explained(self, kernels: StandInKernels) -> None:
         x = _rows(4, 64, dtype=self.vendor.declined_dtype)
-        with ir.ops.rms_norm.set_priority([self.vendor.provider]):
-            selection = ir.ops.rms_norm.select(x, None, 1e-6)
+        with ops.rms_norm.set_priority([self.vendor.provider]):
+            selection = ops.rms_norm.select(x, None, 1e-6)
         first = selection.decisions[0]
         assert first.entry.provider == self.vendor.provider
         assert not first.accepted
@@ -432,7 +436,7 @@ class WiringChecks(_Checks):
     def test_rms_norm_on_a_declined_layout_is_still_right(self, kernels: StandInKernels) -> None:
         x, w = _rows(3, 4, 64).transpose(0, 1), _rows(64)
         out = self.vendor.module("layernorm").rms_norm(x, w, 1e-6)
-        want = ir.ops.rms_norm.native(x, w, 1e-6)
+        want = ops.rms_norm.native(x, w, 1e-6)
         assert kernels.calls[0].args["input"].is_contiguous(), "copied to contiguous rows"
         _assert_close(out, want)
         assert out.stride() == want.stride(), "laid out like the native result"
@@ -441,7 +445,7 @@ class WiringChecks(_Checks):
         self, kernels: StandInKernels
     ) -> None:
         x, r, w = _rows(64, 4).t(), _rows(4, 128)[:, :64], _rows(64)
-        want = ir.ops.fused_add_rms_norm.native(x.clone(), r.clone(), w, 1e-6)
+        want = ops.fused_add_rms_norm.native(x.clone(), r.clone(), w, 1e-6)
         out, residual = self.vendor.module("layernorm").fused_add_rms_norm(x, r, w, 1e-6)
         assert out is x
         assert residual is r
@@ -454,14 +458,14 @@ class WiringChecks(_Checks):
         w = _rows(64)
         dense, transposed = _rows(4, 3, 64), _rows(3, 4, 64).transpose(0, 1)
         provider = self.vendor.provider
-        with ir.ops.rms_norm.set_priority([provider]):
-            fallback = ir.ops.rms_norm.select(transposed, w, 1e-6).impl.provider
+        with ops.rms_norm.set_priority([provider]):
+            fallback = ops.rms_norm.select(transposed, w, 1e-6).impl.provider
             assert fallback != provider
-            ir.ops.rms_norm(dense, w, 1e-6)  # caches the selection for dense bf16 rows
+            ops.rms_norm(dense, w, 1e-6)  # caches the selection for dense bf16 rows
             kernels.calls.clear()
-            out = ir.ops.rms_norm(transposed, w, 1e-6)  # another key: selected afresh
+            out = ops.rms_norm(transposed, w, 1e-6)  # another key: selected afresh
         assert kernels.calls == []
-        want = ir.ops.rms_norm.native(transposed, w, 1e-6)
+        want = ops.rms_norm.native(transposed, w, 1e-6)
         _assert_close(out, want)
         if fallback == "native":  # not another installed provider (cpu_c, say)
             assert out.stride() == want.stride()
@@ -475,11 +479,11 @@ class WiringChecks(_Checks):
         assert x.is_contiguous()
         w = _rows(64)
         provider = self.vendor.provider
-        with ir.ops.rms_norm.set_priority([provider]):
-            assert ir.ops.rms_norm.select(x, w, 1e-6).impl.provider == provider
-            _assert_close(ir.ops.rms_norm(x, w, 1e-6), ir.ops.rms_norm.native(x, w, 1e-6))
-        with ir.ops.fused_add_rms_norm.set_priority([provider]):
-            assert ir.ops.fused_add_rms_norm.select(x, r, w, 1e-6).impl.provider == provider
+        with ops.rms_norm.set_priority([provider]):
+            assert ops.rms_norm.select(x, w, 1e-6).impl.provider == provider
+            _assert_close(ops.rms_norm(x, w, 1e-6), ops.rms_norm.native(x, w, 1e-6))
+        with ops.fused_add_rms_norm.set_priority([provider]):
+            assert ops.fused_add_rms_norm.select(x, r, w, 1e-6).impl.provider == provider
 
     def test_empty_inputs_never_reach_the_kernels(self, kernels: StandInKernels) -> None:
         x, r, w = _rows(0, 64), _rows(0, 64), _rows(64)
@@ -591,11 +595,13 @@ class CompileChecks(_Checks):
 
     @pytest.fixture(scope="class")
     def compiled(self, stand_in: StandInKernels) -> tuple[TinyDecoder, Any, Any]:
+        from vllm_ir.compilation import VllmIRBackend
+
         torch._dynamo.reset()
         dtype = torch.bfloat16
         model = TinyDecoder(HIDDEN, LAYERS, dtype=dtype).eval()
         provider = self.vendor.provider
-        backend = ir.VllmIRBackend(priority={op: [provider] for op in OPS})
+        backend = VllmIRBackend(priority={op: [provider] for op in OPS})
         fn = torch.compile(model, backend=backend, dynamic=False)
         with inductor_caches_off(), torch.no_grad():
             fn(torch.randn(5, HIDDEN, dtype=dtype))
@@ -618,7 +624,7 @@ class CompileChecks(_Checks):
         v = self.vendor
         assert [c.name for c in kernels.calls] == [v.rms_call] + [v.fused_call] * LAYERS
         kernels.calls.clear()
-        priority = ir.IrOpPriorityConfig(**{op: [v.provider] for op in OPS})
+        priority = IrOpPriorityConfig(**{op: [v.provider] for op in OPS})
         with torch.no_grad(), priority.scope():
             want = model(x.clone())
         _assert_close(got, want)
@@ -633,15 +639,13 @@ class CompileChecks(_Checks):
         self, stand_in: StandInKernels, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         monkeypatch.setenv("VLLM_IR_PLATFORM", self.vendor.platform)
-        ir.invalidate_caches()
+        invalidate_caches()
         x, w = (
             torch.randn(4, HIDDEN, dtype=torch.bfloat16),
             torch.ones(HIDDEN, dtype=torch.bfloat16),
         )
-        assert ir.ops.rms_norm.select(x, w, 1e-6, mode="compiled").impl.provider == "native"
-        assert (
-            ir.ops.rms_norm.select(x, w, 1e-6, mode="eager").impl.provider == self.vendor.provider
-        )
+        assert ops.rms_norm.select(x, w, 1e-6, mode="compiled").impl.provider == "native"
+        assert ops.rms_norm.select(x, w, 1e-6, mode="eager").impl.provider == self.vendor.provider
 
 
 class ConformanceChecks(_Checks):
@@ -655,9 +659,7 @@ class ConformanceChecks(_Checks):
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "case" in metafunc.fixturenames:
             v = self.vendor
-            cases = conformance_cases(
-                v.provider, ops=[ir.get_op(op) for op in OPS], dtypes=v.dtypes
-            )
+            cases = conformance_cases(v.provider, ops=[get_op(op) for op in OPS], dtypes=v.dtypes)
             metafunc.parametrize("case", cases, ids=str)
 
     def test_conformance(self, stand_in: StandInKernels, case: ConformanceCase) -> None:
@@ -683,7 +685,7 @@ class HardwareChecks(_Checks):
             cases = (
                 conformance_cases(
                     v.provider,
-                    ops=[ir.get_op(op) for op in OPS],
+                    ops=[get_op(op) for op in OPS],
                     dtypes=v.dtypes,
                     device=v.device_type,
                 )
@@ -693,8 +695,8 @@ class HardwareChecks(_Checks):
             metafunc.parametrize("gpu_case", cases, ids=str)
 
     def test_registered_supported(self) -> None:
-        assert ir.ops.rms_norm.impls[self.vendor.provider].supported
-        assert ir.ops.fused_add_rms_norm.impls[self.vendor.provider].supported
+        assert ops.rms_norm.impls[self.vendor.provider].supported
+        assert ops.fused_add_rms_norm.impls[self.vendor.provider].supported
 
     def test_conformance_on_gpu(self, gpu_case: ConformanceCase) -> None:
         gpu_case.check()
@@ -706,13 +708,13 @@ class HardwareChecks(_Checks):
             x = torch.randn(shape, dtype=dtype, device=device)
             r = torch.randn(shape, dtype=dtype, device=device)
             w = 1 + 0.1 * torch.randn(shape[-1], dtype=dtype, device=device)
-            want = ir.ops.fused_add_rms_norm.native(x, r, w, 1e-6)
+            want = ops.fused_add_rms_norm.native(x, r, w, 1e-6)
             x0, r0 = x.clone(), r.clone()
-            with ir.ops.fused_add_rms_norm.set_priority([provider]):
-                out, res = ir.ops.fused_add_rms_norm(x, r, w, 1e-6)
+            with ops.fused_add_rms_norm.set_priority([provider]):
+                out, res = ops.fused_add_rms_norm(x, r, w, 1e-6)
                 assert torch.equal(x, x0)
                 assert torch.equal(r, r0)
-                out2, res2 = ir.ops.fused_add_rms_norm.maybe_inplace(x, r, w, 1e-6)
+                out2, res2 = ops.fused_add_rms_norm.maybe_inplace(x, r, w, 1e-6)
             assert out2.data_ptr() == x.data_ptr()
             assert res2.data_ptr() == r.data_ptr()
             for got, ref in ((out, want[0]), (res, want[1]), (out2, want[0]), (res2, want[1])):
@@ -722,13 +724,13 @@ class HardwareChecks(_Checks):
         device, provider = self.vendor.device_type, self.vendor.provider
         wide = torch.randn(64, 2 * 4096, dtype=torch.bfloat16, device=device)
         x, w = wide[:, :4096], torch.randn(4096, dtype=torch.bfloat16, device=device)
-        with ir.ops.rms_norm.set_priority([provider]):
-            assert ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == provider
-            got = ir.ops.rms_norm(x, w, 1e-6)
-        _assert_close(got, ir.ops.rms_norm.native(x, w, 1e-6))
+        with ops.rms_norm.set_priority([provider]):
+            assert ops.rms_norm.dispatch(x, w, 1e-6).provider == provider
+            got = ops.rms_norm(x, w, 1e-6)
+        _assert_close(got, ops.rms_norm.native(x, w, 1e-6))
 
 
-def _defaults_of(module: str, stand_in: Sequence[ir.PlatformDefaults]) -> Sequence[Any]:
+def _defaults_of(module: str, stand_in: Sequence[PlatformDefaults]) -> Sequence[Any]:
     try:
         return importlib.import_module(module).provider.defaults  # type: ignore[no-any-return]
     except ImportError:
@@ -736,7 +738,7 @@ def _defaults_of(module: str, stand_in: Sequence[ir.PlatformDefaults]) -> Sequen
 
 
 CUDA_DEFAULTS = [
-    ir.PlatformDefaults(
+    PlatformDefaults(
         "cuda",
         eager={op: ["vllm_c"] for op in OPS},
         compiled={op: ["native"] for op in OPS},
@@ -746,7 +748,7 @@ CUDA_DEFAULTS = [
 """vllm-ir-cuda's defaults where it is not installed (its platform and rank)."""
 
 TRITON_DEFAULTS = [
-    ir.PlatformDefaults(
+    PlatformDefaults(
         platform,
         eager={op: ["triton", "triton_batch_invariant"] for op in OPS},
         compiled={op: ["native"] for op in OPS},
@@ -771,14 +773,14 @@ class DefaultsChecks(_Checks):
     @pytest.fixture(autouse=True)
     def _on_the_platform(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.setenv("VLLM_IR_PLATFORM", self.vendor.platform)
-        ir.loaded_providers()  # discovery first: it would not overwrite our contributions
+        loaded_providers()  # discovery first: it would not overwrite our contributions
         yield
         for source in SOURCES:
             remove_platform_defaults(source)
 
     @staticmethod
     def eager(op: str) -> list[str]:
-        return list(ir.get_op(op).get_priority("eager"))
+        return list(get_op(op).get_priority("eager"))
 
     @pytest.mark.parametrize("op", OPS)
     def test_eager_list_is_the_design_table(self, op: str) -> None:
@@ -795,7 +797,7 @@ class DefaultsChecks(_Checks):
 
     @pytest.mark.parametrize("op", OPS)
     def test_compiled_list_starts_with_native(self, op: str) -> None:
-        assert ir.get_op(op).get_priority("compiled")[0] == "native"
+        assert get_op(op).get_priority("compiled")[0] == "native"
 
     @pytest.mark.parametrize("op", OPS)
     def test_with_the_cuda_and_triton_packages_installed(self, op: str) -> None:
@@ -803,11 +805,11 @@ class DefaultsChecks(_Checks):
         add_platform_defaults(SOURCES[1], _defaults_of("vllm_ir_triton", TRITON_DEFAULTS))
         tail = ["triton", "triton_batch_invariant", "native"]
         assert self.eager(op) == [*self.vendor.eager_default, *tail]
-        assert ir.get_op(op).get_priority("compiled")[0] == "native"
+        assert get_op(op).get_priority("compiled")[0] == "native"
 
     def test_user_priority_goes_first(self) -> None:
         n = len(self.vendor.eager_default)
-        with ir.ops.rms_norm.set_priority(["native"]):
+        with ops.rms_norm.set_priority(["native"]):
             assert self.eager("rms_norm")[: n + 1] == ["native", *self.vendor.eager_default]
 
     def test_no_defaults_on_other_platforms(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -818,7 +820,7 @@ class DefaultsChecks(_Checks):
         assert all(d.platform == v.platform for d in v.module().provider.defaults)
 
     def test_entries_say_where_they_came_from(self) -> None:
-        entries = ir.ops.rms_norm.get_priority_entries("eager")
+        entries = ops.rms_norm.get_priority_entries("eager")
         assert entries[0].provider == self.vendor.provider
         assert (
             entries[0].source
@@ -901,13 +903,13 @@ class AvailabilityChecks(_Checks):
         if v.on_vendor_build():
             pytest.skip("checks the registration off the vendor's build of torch")
         for op in OPS:
-            ir.get_op(op).unregister_impl(v.provider)
+            get_op(op).unregister_impl(v.provider)
         with caplog.at_level("INFO", logger=f"vllm_ir.providers.{v.provider}"):
             found = v.module("layernorm").register_kernels()
         assert not found.supported
-        assert not ir.ops.rms_norm.impls[v.provider].supported
-        assert not ir.ops.fused_add_rms_norm.impls[v.provider].supported
-        assert ir.ops.fused_add_rms_norm.impls[v.provider].inplace
+        assert not ops.rms_norm.impls[v.provider].supported
+        assert not ops.fused_add_rms_norm.impls[v.provider].supported
+        assert ops.fused_add_rms_norm.impls[v.provider].inplace
         messages = [r.getMessage() for r in caplog.records]
         assert any("registered as unsupported" in m and v.not_here in m for m in messages)
         assert all(r.levelname == "INFO" for r in caplog.records)
