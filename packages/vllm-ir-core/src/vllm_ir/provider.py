@@ -14,6 +14,8 @@ What is here:
   ``vllm_ir.platforms`` entry point, or :func:`register_platform` in-process),
   :func:`device_type`, :func:`privateuse1_available`; its registrations:
   :class:`RegistrationHandle`, :class:`RegistrationLog`, :func:`recording_registrations`;
+* :func:`deferred_register`: the spec's ``register``, importing the kernels
+  only when vllm-ir registers them;
 * infrastructure: :func:`get_logger`, :func:`current_platform`, :mod:`envs`
   (every environment variable, typed and validated),
   :func:`build_extension` / :class:`ExtensionBuildError` / :func:`cache_root`;
@@ -26,7 +28,8 @@ What is here:
   (:mod:`vllm_ir.vendor`): :class:`VendorNorm` (opaque ops, impls, their
   ``supports_args``, registration, the ``python -m`` report),
   :class:`VendorAvailability` and :class:`AvailabilityCache` (the probe's
-  answer), :func:`import_vendor`, :func:`rows_view`.
+  answer), :func:`import_vendor`, :func:`rows_view`, :func:`vendor_provider_spec`,
+  :func:`unsupported_reason_attribute`.
 
 >>> import torch
 >>> from vllm_ir.provider import norm_supports_args
@@ -40,6 +43,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vllm_ir import envs
@@ -73,6 +77,8 @@ from vllm_ir.vendor import (
     VendorNorm,
     import_vendor,
     rows_view,
+    unsupported_reason_attribute,
+    vendor_provider_spec,
 )
 
 if TYPE_CHECKING:
@@ -102,6 +108,7 @@ __all__ = [
     "cache_root",
     "contiguous",
     "current_platform",
+    "deferred_register",
     "device_type",
     "envs",
     "fp8_steps_apart",
@@ -116,6 +123,8 @@ __all__ = [
     "register_platform",
     "rows_flatten_free",
     "rows_view",
+    "unsupported_reason_attribute",
+    "vendor_provider_spec",
 ]
 
 
@@ -129,6 +138,29 @@ def build_extension(*args: Any, **kwargs: Any) -> Any:
     from vllm_ir import extension
 
     return extension.build_extension(*args, **kwargs)
+
+
+def deferred_register(target: str, *args: Any) -> Callable[[], None]:
+    """A ``ProviderSpec.register`` that imports ``"module:function"`` and calls it with ``args``.
+
+    The import happens only when vllm-ir registers the provider (during
+    discovery, attributed to the package and rolled back if it fails), so
+    importing the package, or only building its spec, loads no kernels.
+
+    >>> register = deferred_register("json:dumps", [1])
+    >>> register()
+    """
+    module, _, function = target.partition(":")
+    if not module or not function:
+        raise ValueError(f"deferred_register wants 'module:function', got {target!r}")
+
+    def register() -> None:
+        import importlib
+
+        getattr(importlib.import_module(module), function)(*args)
+
+    register.__qualname__ = f"deferred_register({target!r})"
+    return register
 
 
 def __getattr__(name: str) -> Any:

@@ -26,7 +26,7 @@ import importlib
 import importlib.util
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Generic, TypeVar
@@ -42,6 +42,8 @@ from vllm_ir.norms import (
     norm_supports_args,
     register_norm_impls,
 )
+from vllm_ir.priority import PlatformDefaults
+from vllm_ir.providers import ProviderSpec
 
 __all__ = [
     "AvailabilityCache",
@@ -49,7 +51,61 @@ __all__ = [
     "VendorNorm",
     "import_vendor",
     "rows_view",
+    "unsupported_reason_attribute",
+    "vendor_provider_spec",
 ]
+
+NORM_OPS = ("rms_norm", "fused_add_rms_norm")
+"""The ops a vendor norm package implements."""
+
+
+def vendor_provider_spec(
+    provider: str,
+    *,
+    api_version: int,
+    register: Callable[[], object],
+    platform: str,
+    eager: Sequence[str],
+    rank: int,
+) -> ProviderSpec:
+    """The ``ProviderSpec`` of a vendor norm package (its ``vllm_ir.providers`` entry point).
+
+    On ``platform`` both norm ops list ``eager`` in eager mode and
+    Dynamo-only compilation, at ``rank``; under Inductor ``native`` comes
+    first (Inductor fuses it; an opaque kernel is a fusion barrier).
+    ``register`` should import the impls only when called
+    (:func:`vllm_ir.provider.deferred_register`).
+
+    >>> spec = vendor_provider_spec(
+    ...     "acme", api_version=1, register=lambda: None, platform="cuda", eager=["acme"], rank=50
+    ... )
+    >>> spec.defaults[0].eager["fused_add_rms_norm"], spec.defaults[0].compiled["rms_norm"]
+    (['acme'], ['native'])
+    """
+    defaults = PlatformDefaults(
+        platform,
+        eager={op: list(eager) for op in NORM_OPS},
+        compiled={op: ["native"] for op in NORM_OPS},
+        rank=rank,
+    )
+    return ProviderSpec(
+        name=provider, api_version=api_version, register=register, defaults=(defaults,)
+    )
+
+
+def unsupported_reason_attribute(package: str, availability: str) -> Callable[[str], object]:
+    """A module ``__getattr__`` serving ``UNSUPPORTED_REASON`` from ``availability.current()``.
+
+    Computed on first access (on the vendor's machine that imports the
+    vendor library), not when the package is imported.
+    """
+
+    def __getattr__(name: str) -> object:
+        if name == "UNSUPPORTED_REASON":
+            return importlib.import_module(availability).current().reason
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 @dataclass(frozen=True)
