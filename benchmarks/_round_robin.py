@@ -64,3 +64,73 @@ def time_round_robin(
                     fn()
                 samples[name].append((tick() - start) / n)
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def kernel_vs_native(
+    kernel: Callable[..., object],
+    native: Callable[..., object],
+    compiled: Callable[..., object],
+    args: tuple[Any, ...],
+    rounds: int,
+    name: str = "cpu_c",
+) -> dict[str, Any]:
+    """One row's timings: ``kernel``, ``native`` and ``compiled`` (native) on ``args``.
+
+    Returns ``median_us`` per variant and the ratios ``native_over_<name>``
+    and ``compiled_over_<name>`` (> 1: the kernel is faster).
+    """
+    med = time_round_robin(
+        {
+            name: lambda: kernel(*args),
+            "native": lambda: native(*args),
+            "native_compiled": lambda: compiled(*args),
+        },
+        rounds,
+        min_sample_s=0.01,
+    )
+    return {
+        "median_us": {k: round(v * 1e6, 2) for k, v in med.items()},
+        f"native_over_{name}": round(med["native"] / med[name], 2),
+        f"compiled_over_{name}": round(med["native_compiled"] / med[name], 2),
+    }
+
+
+def kernel_line(label: str, row: Mapping[str, Any], name: str = "cpu_c") -> str:
+    """The printed line of a :func:`kernel_vs_native` row."""
+    return (
+        f"{label}  {name} {row['median_us'][name]:>9.1f} us  "
+        f"x{row[f'native_over_{name}']:>5.2f} vs native  "
+        f"x{row[f'compiled_over_{name}']:>5.2f} vs compiled"
+    )
+
+
+def run_facts(load_at_start: list[float], rounds: int, elapsed: float) -> dict[str, Any]:
+    """What every CPU benchmark report says of the run: versions, machine, clock, load."""
+    import os
+    import platform
+
+    import vllm_ir as ir
+
+    return {
+        "torch": torch.__version__,
+        "vllm_ir": ir.__version__,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "clock": clock().__name__,
+        "python": platform.python_version(),
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
+        "rounds": rounds,
+        "seconds": round(elapsed, 1),
+    }
+
+
+def write_report(report: Mapping[str, Any], out: Any, summary: Any, elapsed: float) -> None:
+    """Write ``report`` as JSON to ``out`` (a path), print ``summary`` and where it went."""
+    import json
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    print(f"{elapsed:.0f} s; wrote {out}")

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -32,7 +30,7 @@ from typing import Any
 
 import torch
 import vllm_ir as ir
-from _round_robin import clock, time_round_robin
+from _round_robin import run_facts, time_round_robin, write_report
 
 TOKENS = (1, 16, 64, 256, 1024)
 HIDDEN = (1024, 4096)
@@ -139,17 +137,7 @@ def main() -> None:
 
     report = {
         "benchmark": "compiled_native",
-        "torch": torch.__version__,
-        "vllm_ir": ir.__version__,
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "clock": clock().__name__,
-        "python": platform.python_version(),
-        "load_average_at_start": load_at_start,
-        "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
-        "rounds": args.rounds,
-        "seconds": round(elapsed, 1),
+        **run_facts(load_at_start, args.rounds, elapsed),
         "grid": {
             "ops": list(OPS),
             "tokens": list(tokens),
@@ -166,10 +154,7 @@ def main() -> None:
         },
         "ops": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["summary"], indent=2))
-    print(f"{elapsed:.0f} s; wrote {args.out}")
+    write_report(report, args.out, report["summary"], elapsed)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,9 @@ round-robin in shuffled order, median over rounds. Two tables:
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import os
-import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,16 +43,15 @@ ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 
 
-def _load_timing() -> Callable[..., dict[str, float]]:
-    spec = importlib.util.spec_from_file_location("cpu_kernels", ROOT / "benchmarks/cpu_kernels.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module._time_round_robin  # type: ignore[no-any-return]
-
-
-time_round_robin = _load_timing()
+# the repository's shared CPU timer (benchmarks/_round_robin.py)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _round_robin import (  # noqa: E402
+    kernel_line,
+    kernel_vs_native,
+    run_facts,
+    time_round_robin,
+    write_report,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 EPS = 1e-6
@@ -94,28 +91,10 @@ def bench_ops(tokens: tuple[int, ...], hidden: int, rounds: int) -> list[dict[st
             compiled = torch.compile(op.native)
             for t in tokens:
                 args = _inputs(op_name, t, hidden, dtype)
-                variants = {
-                    "cpu_c": lambda a=args, k=kernel: k(*a),
-                    "native": lambda a=args, f=op.native: f(*a),
-                    "native_compiled": lambda a=args, c=compiled: c(*a),
-                }
-                med = time_round_robin(variants, rounds, min_sample_s=0.01)
-                row = {
-                    "op": op_name,
-                    "dtype": dtype_name,
-                    "tokens": t,
-                    "hidden": hidden,
-                    "median_us": {k: round(v * 1e6, 2) for k, v in med.items()},
-                    "native_over_cpu_c": round(med["native"] / med["cpu_c"], 2),
-                    "compiled_over_cpu_c": round(med["native_compiled"] / med["cpu_c"], 2),
-                }
+                row = {"op": op_name, "dtype": dtype_name, "tokens": t, "hidden": hidden}
+                row |= kernel_vs_native(kernel, op.native, compiled, args, rounds)
                 rows.append(row)
-                print(
-                    f"{op_name:>36} {dtype_name} {t:>5}x{hidden}  cpu_c "
-                    f"{row['median_us']['cpu_c']:>9.1f} us  x{row['native_over_cpu_c']:>5.2f} "
-                    f"vs native  x{row['compiled_over_cpu_c']:>5.2f} vs compiled",
-                    flush=True,
-                )
+                print(kernel_line(f"{op_name:>36} {dtype_name} {t:>5}x{hidden}", row), flush=True)
     return rows
 
 
@@ -242,18 +221,9 @@ def main() -> None:
         by_model.setdefault(r["model"], []).append(r["native_over_cpu_c"])
     report = {
         "benchmark": "quant_kernels",
-        "torch": torch.__version__,
-        "vllm_ir": ir.__version__,
+        **run_facts(load_at_start, args.rounds, elapsed),
         "vllm_ir_cpu": vllm_ir_cpu.__version__,
-        "machine": platform.machine(),
         "cpu_capability": build.cpu_capability(),
-        "cpus": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "load_average_at_start": load_at_start,
-        "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
-        "rounds": args.rounds,
-        "seconds": round(elapsed, 1),
         "summary": {
             "model_native_over_cpu_c": {
                 k: {"min": min(v), "max": max(v)} for k, v in by_model.items()
@@ -270,10 +240,7 @@ def main() -> None:
         "model": model_rows,
         "ops": op_rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["summary"], indent=2))
-    print(f"{elapsed:.0f} s; wrote {args.out}")
+    write_report(report, args.out, report["summary"], elapsed)
 
 
 if __name__ == "__main__":
