@@ -134,3 +134,47 @@ def write_report(report: Mapping[str, Any], out: Any, summary: Any, elapsed: flo
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     print(f"{elapsed:.0f} s; wrote {out}")
+
+
+def cpu_bench_parser(doc: str | None, out: Any) -> Any:
+    """The options every CPU benchmark takes: ``--out`` (default ``out``), ``--rounds``,
+    ``--quick`` and ``--threads``; add a benchmark's own before ``parse_cpu_bench_args``."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(out))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="a small grid, for a smoke test")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="intra-op threads (default 1: on a shared 2-core machine, an OpenMP team "
+        "whose second thread is descheduled stalls for milliseconds, swamping the kernels)",
+    )
+    return parser
+
+
+def parse_cpu_bench_args(parser: Any) -> Any:
+    """Parse the options and apply ``--threads``."""
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
+
+
+def time_on_copies(
+    compiled: Mapping[str, Callable[[torch.Tensor], object]], x: torch.Tensor, rounds: int
+) -> dict[str, float]:
+    """Median seconds of each compiled model on a fresh copy of ``x``, net of the copy.
+
+    Each call gets its own copy (a compiled graph may donate its input); the
+    time of the copy alone is timed with them and taken off.
+    """
+    variants: dict[str, Callable[[], object]] = {
+        p: lambda f=fn: f(x.clone()) for p, fn in compiled.items()
+    }
+    variants["copy_only"] = lambda: x.clone()
+    med = time_round_robin(variants, rounds, min_sample_s=0.01)
+    copy = med.pop("copy_only")
+    return {k: max(v - copy, 1e-9) for k, v in med.items()}

@@ -20,7 +20,6 @@ so the run also proves there is no recompile across token counts.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import statistics
@@ -30,7 +29,13 @@ from typing import Any
 
 import torch
 import vllm_ir as ir
-from _round_robin import run_facts, time_round_robin, write_report
+from _round_robin import (
+    cpu_bench_parser,
+    parse_cpu_bench_args,
+    run_facts,
+    time_round_robin,
+    write_report,
+)
 
 TOKENS = (1, 16, 64, 256, 1024)
 HIDDEN = (1024, 4096)
@@ -109,13 +114,8 @@ def _tol(op: ir.IrOp, dtype: torch.dtype) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/compiled_native.json"))
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--quick", action="store_true", help="a small grid, for a smoke test")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    parser = cpu_bench_parser(__doc__, Path("benchmarks/results/compiled_native.json"))
+    args = parse_cpu_bench_args(parser)
     start = time.perf_counter()
     load_at_start = [round(v, 2) for v in os.getloadavg()]
     tokens, hidden = ((1, 64), (1024,)) if args.quick else (TOKENS, HIDDEN)

@@ -46,10 +46,12 @@ import vllm_ir as ir
 import vllm_ir_cpu
 from _round_robin import (
     clock,
+    cpu_bench_parser,
     kernel_line,
     kernel_vs_native,
+    parse_cpu_bench_args,
     run_facts,
-    time_round_robin,
+    time_on_copies,
     write_report,
 )
 from vllm_ir_cpu import build, impls
@@ -201,12 +203,7 @@ def bench_model(
             compiled[provider] = fn
         for t in tokens:
             x = torch.randn(t, hidden).to(dtype)
-            # each call gets a fresh copy: the compiled graph donates its input
-            variants = {p: lambda f=fn, x=x: f(x.clone()) for p, fn in compiled.items()}
-            variants["copy_only"] = lambda x=x: x.clone()
-            med = time_round_robin(variants, rounds, min_sample_s=0.01)
-            copy = med.pop("copy_only")
-            net = {k: max(v - copy, 1e-9) for k, v in med.items()}
+            net = time_on_copies(compiled, x, rounds)
             row = {
                 "dtype": dtype_name,
                 "tokens": t,
@@ -247,25 +244,14 @@ def bench_build() -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu_kernels.json"))
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--quick", action="store_true", help="a small grid, for a smoke test")
+    parser = cpu_bench_parser(__doc__, Path("benchmarks/results/cpu_kernels.json"))
     parser.add_argument("--no-build", action="store_true", help="skip the cold build timing")
     parser.add_argument(
         "--only",
         choices=["new_ops"],
         help="measure this table alone, keeping the other sections of --out",
     )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="intra-op threads (default 1: on a shared 2-core machine, an OpenMP team "
-        "whose second thread is descheduled stalls for milliseconds, swamping the kernels)",
-    )
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_cpu_bench_args(parser)
 
     start = time.perf_counter()
     load_at_start = [round(v, 2) for v in os.getloadavg()]

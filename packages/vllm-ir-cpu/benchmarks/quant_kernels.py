@@ -25,7 +25,6 @@ round-robin in shuffled order, median over rounds. Two tables:
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -46,10 +45,12 @@ HERE = Path(__file__).resolve().parent
 # the repository's shared CPU timer (benchmarks/_round_robin.py)
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _round_robin import (  # noqa: E402
+    cpu_bench_parser,
     kernel_line,
     kernel_vs_native,
+    parse_cpu_bench_args,
     run_facts,
-    time_round_robin,
+    time_on_copies,
     write_report,
 )
 
@@ -167,12 +168,7 @@ def bench_model(
             for t in tokens:
                 width = 2 * hidden if kind == "silu" else hidden
                 x = torch.randn(t, width).to(dtype)
-                # each call gets a fresh copy: the compiled graph may donate its input
-                variants = {p: lambda f=fn, x=x: f(x.clone()) for p, fn in compiled.items()}
-                variants["copy_only"] = lambda x=x: x.clone()
-                med = time_round_robin(variants, rounds, min_sample_s=0.01)
-                copy = med.pop("copy_only")
-                net = {k: max(v - copy, 1e-9) for k, v in med.items()}
+                net = time_on_copies(compiled, x, rounds)
                 selected = backends["cpu_c"].lowering_pass.selected_impls
                 row = {
                     "model": kind,
@@ -197,13 +193,8 @@ def bench_model(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "quant_kernels.json")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--quick", action="store_true", help="a small grid, for a smoke test")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    parser = cpu_bench_parser(__doc__, HERE / "results" / "quant_kernels.json")
+    args = parse_cpu_bench_args(parser)
 
     start = time.perf_counter()
     load_at_start = [round(v, 2) for v in os.getloadavg()]
