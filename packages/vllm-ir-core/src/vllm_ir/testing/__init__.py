@@ -33,7 +33,10 @@ In pytest, :func:`conformance_cases` parametrizes one test per case::
 Also here for the packages' tests: :func:`isolated` (selection state reset
 around a block; the pytest plugin's ``vllm_ir_isolated`` fixture),
 :class:`TinyDecoder` and :func:`compile_agrees` (lazily: they import
-``vllm_ir.compilation``).
+``vllm_ir.compilation``); test classes to subclass in
+:mod:`vllm_ir.testing.compiled` (a provider's norm impls through the compile
+pipeline) and :mod:`vllm_ir.testing.vendor` (the tests vendor-wrapper
+packages share).
 """
 
 from __future__ import annotations

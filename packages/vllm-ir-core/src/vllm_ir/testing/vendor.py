@@ -45,7 +45,6 @@ import torch
 from torch import Tensor
 
 from vllm_ir import ops, providers
-from vllm_ir.config import IrOpPriorityConfig
 from vllm_ir.op import IrOp, get_op
 from vllm_ir.priority import (
     PlatformDefaults,
@@ -55,8 +54,9 @@ from vllm_ir.priority import (
 )
 from vllm_ir.providers import loaded_providers
 from vllm_ir.selection import invalidate_caches
-from vllm_ir.testing import ConformanceCase, TinyDecoder, conformance_cases
-from vllm_ir.testing.isolation import SELECTION_ENV, inductor_caches_off, isolated
+from vllm_ir.testing import ConformanceCase, conformance_cases
+from vllm_ir.testing.compiled import CompiledDecoderChecks
+from vllm_ir.testing.isolation import SELECTION_ENV, isolated
 
 __all__ = [
     "AvailabilityChecks",
@@ -587,53 +587,30 @@ class OpsChecks(_Checks):
         assert len(targets) == 2
 
 
-HIDDEN, LAYERS = 64, 3
+class CompileChecks(_Checks, CompiledDecoderChecks):
+    """The impls through ``torch.compile`` over the stand-ins: lowered as opaque ops, in place
+    without clones (:class:`vllm_ir.testing.compiled.CompiledDecoderChecks`), the wrapped
+    kernels called, and the compiled defaults."""
 
+    dtype = torch.bfloat16
+    dynamic = False
+    batches = (5,)
 
-class CompileChecks(_Checks):
-    """The impls through ``torch.compile``: lowered as opaque ops, in place without clones."""
+    @property
+    def provider(self) -> str:  # type: ignore[override]
+        return self.vendor.provider
 
     @pytest.fixture(scope="class")
-    def compiled(self, stand_in: StandInKernels) -> tuple[TinyDecoder, Any, Any]:
-        from vllm_ir.compilation import VllmIRBackend
-
-        torch._dynamo.reset()
-        dtype = torch.bfloat16
-        model = TinyDecoder(HIDDEN, LAYERS, dtype=dtype).eval()
-        provider = self.vendor.provider
-        backend = VllmIRBackend(priority={op: [provider] for op in OPS})
-        fn = torch.compile(model, backend=backend, dynamic=False)
-        with inductor_caches_off(), torch.no_grad():
-            fn(torch.randn(5, HIDDEN, dtype=dtype))
-        assert not backend.pass_contexts[0].from_cache
-        return model, fn, backend
-
-    def test_every_node_lowered_to_the_provider(self, compiled: tuple[Any, Any, Any]) -> None:
-        selected = compiled[2].lowering_pass.selected_impls
-        assert set(selected) == set(OPS)
-        assert {p for nodes in selected.values() for p in nodes.values()} == {self.vendor.provider}
-        assert len(selected["fused_add_rms_norm"]) == LAYERS
+    def provider_ready(self, stand_in: StandInKernels) -> StandInKernels:
+        return stand_in
 
     def test_compiled_graph_calls_the_wrapped_kernels(
         self, compiled: tuple[Any, Any, Any], kernels: StandInKernels
     ) -> None:
-        model, fn, _ = compiled
-        x = torch.randn(5, HIDDEN, dtype=torch.bfloat16)
         with torch.no_grad():
-            got = fn(x.clone())
+            compiled[1](torch.randn(5, self.hidden, dtype=self.dtype))
         v = self.vendor
-        assert [c.name for c in kernels.calls] == [v.rms_call] + [v.fused_call] * LAYERS
-        kernels.calls.clear()
-        priority = IrOpPriorityConfig(**{op: [v.provider] for op in OPS})
-        with torch.no_grad(), priority.scope():
-            want = model(x.clone())
-        _assert_close(got, want)
-
-    def test_no_clones_left_for_the_in_place_kernel(self, compiled: tuple[Any, Any, Any]) -> None:
-        ctx = compiled[2].pass_contexts[0]
-        assert ctx.functionalized == LAYERS
-        assert ctx.clones_inserted == 2 * LAYERS
-        assert ctx.clones_removed == 2 * LAYERS, ctx.clones_kept
+        assert [c.name for c in kernels.calls] == [v.rms_call] + [v.fused_call] * self.layers
 
     def test_compiled_defaults_keep_native(
         self, stand_in: StandInKernels, monkeypatch: pytest.MonkeyPatch
@@ -641,8 +618,8 @@ class CompileChecks(_Checks):
         monkeypatch.setenv("VLLM_IR_PLATFORM", self.vendor.platform)
         invalidate_caches()
         x, w = (
-            torch.randn(4, HIDDEN, dtype=torch.bfloat16),
-            torch.ones(HIDDEN, dtype=torch.bfloat16),
+            torch.randn(4, self.hidden, dtype=self.dtype),
+            torch.ones(self.hidden, dtype=self.dtype),
         )
         assert ops.rms_norm.select(x, w, 1e-6, mode="compiled").impl.provider == "native"
         assert ops.rms_norm.select(x, w, 1e-6, mode="eager").impl.provider == self.vendor.provider
