@@ -23,6 +23,7 @@ from __future__ import annotations
 import types
 from dataclasses import dataclass
 
+import pytest
 import torch
 from torch import Tensor
 from vllm_ir.testing.vendor import (
@@ -102,6 +103,11 @@ def unrelated_aiter() -> types.ModuleType:
     return module
 
 
+def _pretend_rocm_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
 VENDOR = VendorUnderTest(
     package="vllm_ir_rocm",
     distribution="vllm-ir-rocm",
@@ -116,5 +122,12 @@ VENDOR = VendorUnderTest(
     on_vendor_build=lambda: bool(torch.version.hip),
     not_here="not a ROCm build",
     gpu="a ROCm GPU with AITER",
+    pretend_gpu=_pretend_rocm_gpu,
+    not_installed="AITER is not installed",
+    import_failure=(
+        "aiter",
+        RuntimeError("hipErrorNoBinaryForGpu: no kernel image for this GPU"),
+        "importing 'aiter' failed: RuntimeError: hipErrorNoBinaryForGpu",
+    ),
 )
 """vllm-ir-rocm for the shared checks of :mod:`vllm_ir.testing.vendor`."""

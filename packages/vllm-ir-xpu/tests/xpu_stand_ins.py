@@ -24,6 +24,7 @@ from __future__ import annotations
 import types
 from dataclasses import dataclass
 
+import pytest
 import torch
 from torch import Tensor
 from torch.library import Library
@@ -118,6 +119,10 @@ class StandInXpuKernels(StandInKernels):
         _receiver = None
 
 
+def _pretend_xpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
+
+
 VENDOR = VendorUnderTest(
     package="vllm_ir_xpu",
     distribution="vllm-ir-xpu",
@@ -132,5 +137,12 @@ VENDOR = VendorUnderTest(
     on_vendor_build=lambda: hasattr(torch, "xpu") and torch.xpu.is_available(),
     not_here="torch.xpu.is_available() is False",
     gpu="an Intel GPU with vllm-xpu-kernels",
+    pretend_gpu=_pretend_xpu,
+    not_installed="vllm-xpu-kernels is not installed",
+    import_failure=(
+        "vllm_xpu_kernels._C",
+        ImportError("libsycl.so.8: cannot open shared object file"),
+        "importing vllm_xpu_kernels._C failed: ImportError: libsycl",
+    ),
 )
 """vllm-ir-xpu for the shared checks of :mod:`vllm_ir.testing.vendor`."""

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import importlib.abc
 import importlib.machinery
+import importlib.util
 import json
 import os
 import subprocess
@@ -169,6 +171,11 @@ class VendorUnderTest:
             checks of an unsupported report are skipped there).
         not_here: what the unsupported reason says on a machine that is not.
         gpu: how skip reasons name what the hardware checks need.
+        pretend_gpu: makes torch look like the vendor's build with its GPU
+            (a test's ``monkeypatch``).
+        not_installed: what the reason says when the vendor library is absent.
+        import_failure: ``(module, error, reason)``: importing ``module`` (one
+            of the stand-in's) raising ``error`` must give a reason with ``reason``.
     """
 
     package: str
@@ -184,6 +191,9 @@ class VendorUnderTest:
     on_vendor_build: Callable[[], bool]
     not_here: str
     gpu: str
+    pretend_gpu: Callable[[pytest.MonkeyPatch], None]
+    not_installed: str
+    import_failure: tuple[str, BaseException, str]
 
     def module(self, name: str = "") -> Any:
         """The package (or its submodule ``name``)."""
@@ -862,8 +872,61 @@ class DiscoveryChecks(_Checks):
         assert rows[("fused_add_rms_norm", v.provider)]["inplace"] is True
 
 
+class _VendorFinder(importlib.abc.MetaPathFinder):
+    """Finds the vendor's modules first: absent, or with ``failing`` raising ``error``."""
+
+    def __init__(self, names: Sequence[str], failing: str | None, error: BaseException) -> None:
+        self.names, self.failing, self.error = names, failing, error
+
+    def find_spec(self, name: str, path: object, target: object = None) -> Any:
+        if name not in self.names:
+            return None
+        if self.failing is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        package = any(n.startswith(f"{name}.") for n in self.names)
+        return importlib.util.spec_from_loader(name, self, is_package=package)
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if module.__name__ == self.failing:
+            raise self.error
+
+
 class AvailabilityChecks(_Checks):
     """What every package's availability answer promises, whatever its probe checks."""
+
+    @pytest.mark.parametrize("broken", [False, True], ids=["not installed", "import fails"])
+    def test_a_missing_or_broken_vendor_library_is_reported(
+        self, monkeypatch: pytest.MonkeyPatch, broken: bool
+    ) -> None:
+        v = self.vendor
+        v.pretend_gpu(monkeypatch)
+        names = sorted(v.stand_in().modules)
+        for name in names:
+            monkeypatch.delitem(sys.modules, name, raising=False)
+        failing, error, reason = v.import_failure
+        finder = _VendorFinder(names, failing if broken else None, error)
+        monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+        found = v.module("availability").probe()
+        assert not found.supported
+        assert found.hardware, "the GPU is there: worth a warning"
+        assert (reason if broken else v.not_installed) in (found.reason or "")
+
+    def test_the_vendor_library_on_its_gpu_is_supported(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        v = self.vendor
+        v.pretend_gpu(monkeypatch)
+        with v.stand_in() as kernels:
+            for name, module in kernels.modules.items():
+                monkeypatch.setitem(sys.modules, name, module)
+            found = v.module("availability").probe()
+        assert found.supported
+        assert found.reason is None
+        assert found.device_type == v.device_type
+        assert found.vendor_version == "0.0.0+cpu-stand-in"
 
     def test_unsupported_reason_is_exposed(self) -> None:
         package, availability = self.vendor.module(), self.vendor.module("availability")
