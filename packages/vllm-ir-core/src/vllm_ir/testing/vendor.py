@@ -872,6 +872,20 @@ class DiscoveryChecks(_Checks):
         assert rows[("fused_add_rms_norm", v.provider)]["inplace"] is True
 
 
+class _FailingLoader(importlib.abc.Loader):
+    """Loads empty modules; ``failing`` raises ``error``."""
+
+    def __init__(self, failing: str, error: BaseException) -> None:
+        self.failing, self.error = failing, error
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if module.__name__ == self.failing:
+            raise self.error
+
+
 class _VendorFinder(importlib.abc.MetaPathFinder):
     """Finds the vendor's modules first: absent, or with ``failing`` raising ``error``."""
 
@@ -884,14 +898,8 @@ class _VendorFinder(importlib.abc.MetaPathFinder):
         if self.failing is None:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         package = any(n.startswith(f"{name}.") for n in self.names)
-        return importlib.util.spec_from_loader(name, self, is_package=package)
-
-    def create_module(self, spec: Any) -> None:
-        return None
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        if module.__name__ == self.failing:
-            raise self.error
+        loader = _FailingLoader(self.failing, self.error)
+        return importlib.util.spec_from_loader(name, loader, is_package=package)
 
 
 class AvailabilityChecks(_Checks):
