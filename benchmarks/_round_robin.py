@@ -64,3 +64,117 @@ def time_round_robin(
                     fn()
                 samples[name].append((tick() - start) / n)
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def kernel_vs_native(
+    kernel: Callable[..., object],
+    native: Callable[..., object],
+    compiled: Callable[..., object],
+    args: tuple[Any, ...],
+    rounds: int,
+    name: str = "cpu_c",
+) -> dict[str, Any]:
+    """One row's timings: ``kernel``, ``native`` and ``compiled`` (native) on ``args``.
+
+    Returns ``median_us`` per variant and the ratios ``native_over_<name>``
+    and ``compiled_over_<name>`` (> 1: the kernel is faster).
+    """
+    med = time_round_robin(
+        {
+            name: lambda: kernel(*args),
+            "native": lambda: native(*args),
+            "native_compiled": lambda: compiled(*args),
+        },
+        rounds,
+        min_sample_s=0.01,
+    )
+    return {
+        "median_us": {k: round(v * 1e6, 2) for k, v in med.items()},
+        f"native_over_{name}": round(med["native"] / med[name], 2),
+        f"compiled_over_{name}": round(med["native_compiled"] / med[name], 2),
+    }
+
+
+def kernel_line(label: str, row: Mapping[str, Any], name: str = "cpu_c") -> str:
+    """The printed line of a :func:`kernel_vs_native` row."""
+    return (
+        f"{label}  {name} {row['median_us'][name]:>9.1f} us  "
+        f"x{row[f'native_over_{name}']:>5.2f} vs native  "
+        f"x{row[f'compiled_over_{name}']:>5.2f} vs compiled"
+    )
+
+
+def run_facts(load_at_start: list[float], rounds: int, elapsed: float) -> dict[str, Any]:
+    """What every CPU benchmark report says of the run: versions, machine, clock, load."""
+    import os
+    import platform
+
+    import vllm_ir as ir
+
+    return {
+        "torch": torch.__version__,
+        "vllm_ir": ir.__version__,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "clock": clock().__name__,
+        "python": platform.python_version(),
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
+        "rounds": rounds,
+        "seconds": round(elapsed, 1),
+    }
+
+
+def write_report(report: Mapping[str, Any], out: Any, summary: Any, elapsed: float) -> None:
+    """Write ``report`` as JSON to ``out`` (a path), print ``summary`` and where it went."""
+    import json
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    print(f"{elapsed:.0f} s; wrote {out}")
+
+
+def cpu_bench_parser(doc: str | None, out: Any) -> Any:
+    """The options every CPU benchmark takes: ``--out`` (default ``out``), ``--rounds``,
+    ``--quick`` and ``--threads``; add a benchmark's own before ``parse_cpu_bench_args``."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(out))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="a small grid, for a smoke test")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="intra-op threads (default 1: on a shared 2-core machine, an OpenMP team "
+        "whose second thread is descheduled stalls for milliseconds, swamping the kernels)",
+    )
+    return parser
+
+
+def parse_cpu_bench_args(parser: Any) -> Any:
+    """Parse the options and apply ``--threads``."""
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
+
+
+def time_on_copies(
+    compiled: Mapping[str, Callable[[torch.Tensor], object]], x: torch.Tensor, rounds: int
+) -> dict[str, float]:
+    """Median seconds of each compiled model on a fresh copy of ``x``, net of the copy.
+
+    Each call gets its own copy (a compiled graph may donate its input); the
+    time of the copy alone is timed with them and taken off.
+    """
+    variants: dict[str, Callable[[], object]] = {
+        p: lambda f=fn: f(x.clone()) for p, fn in compiled.items()
+    }
+    variants["copy_only"] = lambda: x.clone()
+    med = time_round_robin(variants, rounds, min_sample_s=0.01)
+    copy = med.pop("copy_only")
+    return {k: max(v - copy, 1e-9) for k, v in med.items()}

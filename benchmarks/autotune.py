@@ -66,6 +66,21 @@ def _runtime_us(fns: dict[str, Any], x: torch.Tensor, rounds: int, number: int) 
     return {k: round(statistics.median(v), 2) for k, v in samples.items()}
 
 
+def _against_fixed(
+    fns: dict[str, Any], x: torch.Tensor, rounds: int, number: int, variant: str
+) -> dict[str, Any]:
+    """``variant``'s runtime against the best fixed provider's, with every runtime."""
+    runtime = _runtime_us(fns, x, rounds, number)
+    fixed = {p: runtime[p] for p in _providers()}
+    best = min(fixed, key=fixed.__getitem__)
+    return {
+        "tokens": x.shape[0],
+        "runtime_us": runtime,
+        "best_fixed": best,
+        f"{variant}_over_best_fixed": round(runtime[variant] / fixed[best], 3),
+    }
+
+
 def compiled_size(model: TinyDecoder, x: torch.Tensor, rounds: int, number: int) -> dict[str, Any]:
     """Compile times are of kernel-cached compiles (the C++ compiler ran before, as in
     compile_pipeline.py), best of two, interleaved; the cold autotune compile once."""
@@ -95,14 +110,10 @@ def compiled_size(model: TinyDecoder, x: torch.Tensor, rounds: int, number: int)
         for provider, priority in fixed_priority.items():
             fns[provider], s = _compile(model, ir.VllmIRBackend(priority=priority), x)
             compile_s[provider] = min(compile_s.get(provider, 1e9), s)
-    runtime = _runtime_us(fns, x, rounds, number)
-    fixed = {p: runtime[p] for p in _providers()}
-    best = min(fixed, key=fixed.__getitem__)
+    row = _against_fixed(fns, x, rounds, number, "autotune")
+    runtime = row["runtime_us"]
     return {
-        "tokens": x.shape[0],
-        "runtime_us": runtime,
-        "best_fixed": best,
-        "autotune_over_best_fixed": round(runtime["autotune"] / fixed[best], 3),
+        **row,
         "autotune_over_default": round(runtime["autotune"] / runtime["default"], 3),
         "default_selection": default.pass_contexts[-1].selected_impls,
         "autotune_selection": ctx.selected_impls,
@@ -152,15 +163,7 @@ def eager_size(
 
     fns = {p: under({op: [p] for op in OPS}) for p in _providers()}
     fns["tuned"] = under(tuned)
-    runtime = _runtime_us(fns, x, rounds, number)
-    fixed = {p: runtime[p] for p in _providers()}
-    best = min(fixed, key=fixed.__getitem__)
-    return {
-        "tokens": x.shape[0],
-        "runtime_us": runtime,
-        "best_fixed": best,
-        "tuned_over_best_fixed": round(runtime["tuned"] / fixed[best], 3),
-    }
+    return _against_fixed(fns, x, rounds, number, "tuned")
 
 
 def main() -> None:

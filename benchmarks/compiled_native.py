@@ -20,11 +20,8 @@ so the run also proves there is no recompile across token counts.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -32,7 +29,13 @@ from typing import Any
 
 import torch
 import vllm_ir as ir
-from _round_robin import clock, time_round_robin
+from _round_robin import (
+    cpu_bench_parser,
+    parse_cpu_bench_args,
+    run_facts,
+    time_round_robin,
+    write_report,
+)
 
 TOKENS = (1, 16, 64, 256, 1024)
 HIDDEN = (1024, 4096)
@@ -111,13 +114,8 @@ def _tol(op: ir.IrOp, dtype: torch.dtype) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/compiled_native.json"))
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--quick", action="store_true", help="a small grid, for a smoke test")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    parser = cpu_bench_parser(__doc__, Path("benchmarks/results/compiled_native.json"))
+    args = parse_cpu_bench_args(parser)
     start = time.perf_counter()
     load_at_start = [round(v, 2) for v in os.getloadavg()]
     tokens, hidden = ((1, 64), (1024,)) if args.quick else (TOKENS, HIDDEN)
@@ -139,17 +137,7 @@ def main() -> None:
 
     report = {
         "benchmark": "compiled_native",
-        "torch": torch.__version__,
-        "vllm_ir": ir.__version__,
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "clock": clock().__name__,
-        "python": platform.python_version(),
-        "load_average_at_start": load_at_start,
-        "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
-        "rounds": args.rounds,
-        "seconds": round(elapsed, 1),
+        **run_facts(load_at_start, args.rounds, elapsed),
         "grid": {
             "ops": list(OPS),
             "tokens": list(tokens),
@@ -166,10 +154,7 @@ def main() -> None:
         },
         "ops": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["summary"], indent=2))
-    print(f"{elapsed:.0f} s; wrote {args.out}")
+    write_report(report, args.out, report["summary"], elapsed)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,16 @@ from typing import Any
 import torch
 import vllm_ir as ir
 import vllm_ir_cpu
-from _round_robin import clock, time_round_robin
+from _round_robin import (
+    clock,
+    cpu_bench_parser,
+    kernel_line,
+    kernel_vs_native,
+    parse_cpu_bench_args,
+    run_facts,
+    time_on_copies,
+    write_report,
+)
 from vllm_ir_cpu import build, impls
 
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
@@ -85,28 +93,10 @@ def bench_ops(
                         skipped.append(label)
                         continue
                     args = _inputs(op_name, t, h, dtype)
-                    variants = {
-                        "cpu_c": lambda a=args, k=kernel: k(*a),
-                        "native": lambda a=args, f=op.native: f(*a),
-                        "native_compiled": lambda a=args, c=compiled: c(*a),
-                    }
-                    med = time_round_robin(variants, rounds, min_sample_s=0.01)
-                    row = {
-                        "op": op_name,
-                        "dtype": dtype_name,
-                        "tokens": t,
-                        "hidden": h,
-                        "median_us": {k: round(v * 1e6, 2) for k, v in med.items()},
-                        "native_over_cpu_c": round(med["native"] / med["cpu_c"], 2),
-                        "compiled_over_cpu_c": round(med["native_compiled"] / med["cpu_c"], 2),
-                    }
+                    row = {"op": op_name, "dtype": dtype_name, "tokens": t, "hidden": h}
+                    row |= kernel_vs_native(kernel, op.native, compiled, args, rounds)
                     rows.append(row)
-                    print(
-                        f"{label:>32}  cpu_c {row['median_us']['cpu_c']:>9.1f} us  "
-                        f"x{row['native_over_cpu_c']:>5.2f} vs native  "
-                        f"x{row['compiled_over_cpu_c']:>5.2f} vs compiled",
-                        flush=True,
-                    )
+                    print(kernel_line(f"{label:>32}", row), flush=True)
     return rows, skipped
 
 
@@ -160,28 +150,10 @@ def bench_new_ops(tokens: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
             compiled = torch.compile(op.native)
             for t in tokens:
                 args = make(t, dtype)
-                variants = {
-                    "cpu_c": lambda a=args, k=kernel: k(*a),
-                    "native": lambda a=args, f=op.native: f(*a),
-                    "native_compiled": lambda a=args, c=compiled: c(*a),
-                }
-                med = time_round_robin(variants, rounds, min_sample_s=0.01)
-                row = {
-                    "op": op_name,
-                    "dtype": dtype_name,
-                    "tokens": t,
-                    "shape": shape,
-                    "median_us": {k: round(v * 1e6, 2) for k, v in med.items()},
-                    "native_over_cpu_c": round(med["native"] / med["cpu_c"], 2),
-                    "compiled_over_cpu_c": round(med["native_compiled"] / med["cpu_c"], 2),
-                }
+                row = {"op": op_name, "dtype": dtype_name, "tokens": t, "shape": shape}
+                row |= kernel_vs_native(kernel, op.native, compiled, args, rounds)
                 rows.append(row)
-                print(
-                    f"{op_name} {dtype_name} {t} {shape:>16}  cpu_c "
-                    f"{row['median_us']['cpu_c']:>9.1f} us  x{row['native_over_cpu_c']:>5.2f} "
-                    f"vs native  x{row['compiled_over_cpu_c']:>5.2f} vs compiled",
-                    flush=True,
-                )
+                print(kernel_line(f"{op_name} {dtype_name} {t} {shape:>16}", row), flush=True)
     return rows
 
 
@@ -231,12 +203,7 @@ def bench_model(
             compiled[provider] = fn
         for t in tokens:
             x = torch.randn(t, hidden).to(dtype)
-            # each call gets a fresh copy: the compiled graph donates its input
-            variants = {p: lambda f=fn, x=x: f(x.clone()) for p, fn in compiled.items()}
-            variants["copy_only"] = lambda x=x: x.clone()
-            med = time_round_robin(variants, rounds, min_sample_s=0.01)
-            copy = med.pop("copy_only")
-            net = {k: max(v - copy, 1e-9) for k, v in med.items()}
+            net = time_on_copies(compiled, x, rounds)
             row = {
                 "dtype": dtype_name,
                 "tokens": t,
@@ -277,25 +244,14 @@ def bench_build() -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu_kernels.json"))
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--quick", action="store_true", help="a small grid, for a smoke test")
+    parser = cpu_bench_parser(__doc__, Path("benchmarks/results/cpu_kernels.json"))
     parser.add_argument("--no-build", action="store_true", help="skip the cold build timing")
     parser.add_argument(
         "--only",
         choices=["new_ops"],
         help="measure this table alone, keeping the other sections of --out",
     )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="intra-op threads (default 1: on a shared 2-core machine, an OpenMP team "
-        "whose second thread is descheduled stalls for milliseconds, swamping the kernels)",
-    )
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_cpu_bench_args(parser)
 
     start = time.perf_counter()
     load_at_start = [round(v, 2) for v in os.getloadavg()]
@@ -316,19 +272,9 @@ def main() -> None:
     small = [r for r in op_rows if r["tokens"] <= 64]
     report = {
         "benchmark": "cpu_kernels",
-        "torch": torch.__version__,
-        "vllm_ir": ir.__version__,
+        **run_facts(load_at_start, args.rounds, elapsed),
         "vllm_ir_cpu": vllm_ir_cpu.__version__,
-        "machine": platform.machine(),
         "cpu_capability": build.cpu_capability(),
-        "cpus": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "clock": clock().__name__,
-        "python": platform.python_version(),
-        "load_average_at_start": load_at_start,
-        "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
-        "rounds": args.rounds,
-        "seconds": round(elapsed, 1),
         "grid": {
             "tokens": list(tokens),
             "hidden": list(hidden),
@@ -357,10 +303,7 @@ def main() -> None:
         "ops": op_rows,
         "new_ops": {"summary": _new_ops_summary(new_rows), "rows": new_rows},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["summary"], indent=2))
-    print(f"{elapsed:.0f} s; wrote {args.out}")
+    write_report(report, args.out, report["summary"], elapsed)
 
 
 def _only_new_ops(args: argparse.Namespace, start: float, load_at_start: list[float]) -> None:

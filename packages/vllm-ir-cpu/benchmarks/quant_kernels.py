@@ -25,12 +25,9 @@ round-robin in shuffled order, median over rounds. Two tables:
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import json
 import os
-import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,16 +42,17 @@ ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 
 
-def _load_timing() -> Callable[..., dict[str, float]]:
-    spec = importlib.util.spec_from_file_location("cpu_kernels", ROOT / "benchmarks/cpu_kernels.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module._time_round_robin  # type: ignore[no-any-return]
-
-
-time_round_robin = _load_timing()
+# the repository's shared CPU timer (benchmarks/_round_robin.py)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _round_robin import (  # noqa: E402
+    cpu_bench_parser,
+    kernel_line,
+    kernel_vs_native,
+    parse_cpu_bench_args,
+    run_facts,
+    time_on_copies,
+    write_report,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 EPS = 1e-6
@@ -94,28 +92,10 @@ def bench_ops(tokens: tuple[int, ...], hidden: int, rounds: int) -> list[dict[st
             compiled = torch.compile(op.native)
             for t in tokens:
                 args = _inputs(op_name, t, hidden, dtype)
-                variants = {
-                    "cpu_c": lambda a=args, k=kernel: k(*a),
-                    "native": lambda a=args, f=op.native: f(*a),
-                    "native_compiled": lambda a=args, c=compiled: c(*a),
-                }
-                med = time_round_robin(variants, rounds, min_sample_s=0.01)
-                row = {
-                    "op": op_name,
-                    "dtype": dtype_name,
-                    "tokens": t,
-                    "hidden": hidden,
-                    "median_us": {k: round(v * 1e6, 2) for k, v in med.items()},
-                    "native_over_cpu_c": round(med["native"] / med["cpu_c"], 2),
-                    "compiled_over_cpu_c": round(med["native_compiled"] / med["cpu_c"], 2),
-                }
+                row = {"op": op_name, "dtype": dtype_name, "tokens": t, "hidden": hidden}
+                row |= kernel_vs_native(kernel, op.native, compiled, args, rounds)
                 rows.append(row)
-                print(
-                    f"{op_name:>36} {dtype_name} {t:>5}x{hidden}  cpu_c "
-                    f"{row['median_us']['cpu_c']:>9.1f} us  x{row['native_over_cpu_c']:>5.2f} "
-                    f"vs native  x{row['compiled_over_cpu_c']:>5.2f} vs compiled",
-                    flush=True,
-                )
+                print(kernel_line(f"{op_name:>36} {dtype_name} {t:>5}x{hidden}", row), flush=True)
     return rows
 
 
@@ -188,12 +168,7 @@ def bench_model(
             for t in tokens:
                 width = 2 * hidden if kind == "silu" else hidden
                 x = torch.randn(t, width).to(dtype)
-                # each call gets a fresh copy: the compiled graph may donate its input
-                variants = {p: lambda f=fn, x=x: f(x.clone()) for p, fn in compiled.items()}
-                variants["copy_only"] = lambda x=x: x.clone()
-                med = time_round_robin(variants, rounds, min_sample_s=0.01)
-                copy = med.pop("copy_only")
-                net = {k: max(v - copy, 1e-9) for k, v in med.items()}
+                net = time_on_copies(compiled, x, rounds)
                 selected = backends["cpu_c"].lowering_pass.selected_impls
                 row = {
                     "model": kind,
@@ -218,13 +193,8 @@ def bench_model(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "quant_kernels.json")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--quick", action="store_true", help="a small grid, for a smoke test")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    parser = cpu_bench_parser(__doc__, HERE / "results" / "quant_kernels.json")
+    args = parse_cpu_bench_args(parser)
 
     start = time.perf_counter()
     load_at_start = [round(v, 2) for v in os.getloadavg()]
@@ -242,18 +212,9 @@ def main() -> None:
         by_model.setdefault(r["model"], []).append(r["native_over_cpu_c"])
     report = {
         "benchmark": "quant_kernels",
-        "torch": torch.__version__,
-        "vllm_ir": ir.__version__,
+        **run_facts(load_at_start, args.rounds, elapsed),
         "vllm_ir_cpu": vllm_ir_cpu.__version__,
-        "machine": platform.machine(),
         "cpu_capability": build.cpu_capability(),
-        "cpus": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "load_average_at_start": load_at_start,
-        "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
-        "rounds": args.rounds,
-        "seconds": round(elapsed, 1),
         "summary": {
             "model_native_over_cpu_c": {
                 k: {"min": min(v), "max": max(v)} for k, v in by_model.items()
@@ -270,10 +231,7 @@ def main() -> None:
         "model": model_rows,
         "ops": op_rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["summary"], indent=2))
-    print(f"{elapsed:.0f} s; wrote {args.out}")
+    write_report(report, args.out, report["summary"], elapsed)
 
 
 if __name__ == "__main__":

@@ -9,76 +9,32 @@ the ``fuse_norm_quant`` pass fuses the pairs and the fused ops lower to cpu_c.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 import vllm_ir as ir
 from cpu_c_testing import on_cpu_platform
-from vllm_ir.testing import TinyDecoder, inductor_caches_off
+from vllm_ir.testing import inductor_caches_off
+from vllm_ir.testing.compiled import CompiledDecoderChecks
 from vllm_ir_cpu import PROVIDER
 
 pytestmark = on_cpu_platform
 
 HIDDEN, LAYERS = 64, 3
-CPU_C = {"rms_norm": [PROVIDER], "fused_add_rms_norm": [PROVIDER]}
 
 
 no_cache = inductor_caches_off
 
 
-class Decoder(TinyDecoder):
-    """rms_norm, then per layer a linear and fused_add_rms_norm.maybe_inplace."""
+class TestCompiledDecoder(CompiledDecoderChecks):
+    """rms_norm, then per layer a linear and fused_add_rms_norm.maybe_inplace, cpu_c selected."""
 
-    def __init__(self) -> None:
-        super().__init__(HIDDEN, LAYERS)
+    provider = PROVIDER
+    batches = (5, 17)
 
-
-@pytest.fixture(scope="module")
-def compiled(kernels: Path) -> tuple[Decoder, Any, ir.VllmIRBackend]:
-    """The decoder compiled once, for every batch size, with cpu_c selected."""
-    torch._dynamo.reset()
-    model = Decoder().eval()
-    backend = ir.VllmIRBackend(priority=CPU_C)
-    fn = torch.compile(model, backend=backend, dynamic=True)
-    with no_cache(), torch.no_grad():
-        fn(torch.randn(5, HIDDEN))
-    assert len(backend.pass_contexts) == 1
-    assert not backend.pass_contexts[0].from_cache
-    return model, fn, backend
-
-
-@pytest.mark.parametrize("batch", [5, 17])
-def test_eager_equals_compiled(compiled, batch: int) -> None:  # type: ignore[no-untyped-def]
-    model, fn, backend = compiled
-    x = torch.randn(batch, HIDDEN)
-    with torch.no_grad():
-        with ir.IrOpPriorityConfig(**CPU_C).scope():
-            eager = model(x.clone())
-        with ir.IrOpPriorityConfig(rms_norm=["native"], fused_add_rms_norm=["native"]).scope():
-            native = model(x.clone())
-        got = fn(x.clone())
-    tol = ir.ops.fused_add_rms_norm.tolerance(torch.float32)
-    torch.testing.assert_close(got, eager, atol=tol.atol, rtol=tol.rtol)
-    torch.testing.assert_close(got, native, atol=tol.atol, rtol=tol.rtol)
-    assert len(backend.pass_contexts) == 1  # no recompile for another batch size
-
-
-def test_every_node_lowered_to_cpu_c(compiled) -> None:  # type: ignore[no-untyped-def]
-    _, _, backend = compiled
-    selected = backend.lowering_pass.selected_impls
-    assert set(selected) == {"rms_norm", "fused_add_rms_norm"}
-    assert len(selected["fused_add_rms_norm"]) == LAYERS
-    assert {p for nodes in selected.values() for p in nodes.values()} == {PROVIDER}
-
-
-def test_zero_clones_left(compiled) -> None:  # type: ignore[no-untyped-def]
-    _, _, backend = compiled
-    ctx = backend.pass_contexts[0]
-    assert ctx.functionalized == LAYERS
-    assert ctx.clones_inserted == 2 * LAYERS
-    assert ctx.clones_removed == ctx.clones_inserted, ctx.clones_kept
-    assert not ctx.clones_kept
+    @pytest.fixture(scope="class")
+    def provider_ready(self, kernels: Path) -> Path:
+        return kernels
 
 
 # -- norm + FP8 quant: the fusion pass, then the fused ops lowered to cpu_c ----

@@ -11,6 +11,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from cpu_c_testing import DTYPES, on_cpu_platform
+from vllm_ir.testing.declines import NORM_DECLINES, assert_declined
 from vllm_ir_cpu import PROVIDER, build, impls
 
 pytestmark = on_cpu_platform
@@ -68,27 +69,9 @@ def test_matches_native_on_every_sample(kernels: Path, op: ir.IrOp, dtype: torch
                 _close(op.maybe_inplace(*sample.clone().args), want, op, dtype, sample.name)
 
 
-@pytest.mark.parametrize(
-    ("op", "args", "why"),
-    [
-        (RMS, (torch.randn(4, 96), torch.ones(96), EPS, 64), "variance_size"),
-        (RMS, (torch.randn(4, 8).double(), None, EPS), "float64"),
-        (RMS, (torch.randn(4, 8).bfloat16(), torch.ones(8), EPS), "weight dtype differs"),
-        (RMS, (torch.randn(4, 8), torch.ones(1, 8), EPS), "2-D weight"),
-        (FUSED, (torch.randn(4, 96), torch.randn(4, 96), None, EPS, 64), "variance_size"),
-        (FUSED, (torch.randn(4, 8), torch.randn(4, 8).half(), None, EPS), "residual dtype"),
-        (FUSED, (torch.randn(4, 8), torch.randn(8), None, EPS), "broadcast residual"),
-    ],
-    ids=lambda v: v if isinstance(v, str) else None,
-)
-def test_declined_arguments_fall_back_to_native(
-    op: ir.IrOp, args: tuple[Any, ...], why: str
-) -> None:
-    with op.set_priority([PROVIDER]):
-        selection = op.select(*args)
-    assert selection.impl.provider == "native", why
-    assert "supports_args returned False" in selection.decisions[0].reason
-    torch.testing.assert_close(op(*args), op.native(*args))
+@pytest.mark.parametrize(("op", "why", "args"), NORM_DECLINES)
+def test_declined_arguments_fall_back_to_native(op: str, why: str, args: Any) -> None:
+    assert_declined(ir.get_op(op), PROVIDER, args(), why)
 
 
 def test_maybe_inplace_writes_into_the_donated_tensors(kernels: Path) -> None:

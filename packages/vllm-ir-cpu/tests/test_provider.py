@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import json
-from importlib import metadata
 from pathlib import Path
 
 import torch
 import vllm_ir as ir
 import vllm_ir_cpu
 from cpu_c_testing import on_cpu_platform, run_python
-from vllm_ir.providers import ENTRY_POINT_GROUP
+from vllm_ir.testing import assert_discovered
 from vllm_ir_cpu import PROVIDER
 
 PACKAGE = f"vllm-ir-cpu {vllm_ir_cpu.__version__}"
 
 
 def test_discovered_through_its_entry_point() -> None:
-    (ep,) = [e for e in metadata.entry_points(group=ENTRY_POINT_GROUP) if e.name == PROVIDER]
-    assert ep.value == "vllm_ir_cpu:provider"
-    loaded = ir.loaded_providers()[PROVIDER]
-    assert loaded.package == PACKAGE
-    assert loaded.spec is vllm_ir_cpu.provider
-    assert PROVIDER not in ir.load_errors()
+    assert_discovered(PROVIDER, "vllm_ir_cpu:provider", vllm_ir_cpu.provider, PACKAGE)
 
 
 INPLACE = {"fused_add_rms_norm", "fused_add_rms_norm_static_fp8_quant", "rotary_embedding"}

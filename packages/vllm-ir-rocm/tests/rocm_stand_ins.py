@@ -2,7 +2,8 @@
 
 It has the two entry points vllm-ir-rocm calls, with AITER's signatures,
 argument checks and in-place behaviour (``ROCm/aiter``, ``aiter/ops/rmsnorm.py``),
-computing on CPU tensors, and it records every call so tests can check which
+computing on CPU tensors, and it records every call
+(:class:`vllm_ir.testing.vendor.StandInKernels`) so tests can check which
 tensors reached which function:
 
 * ``rmsnorm2d_fwd(input, weight, epsilon, use_model_sensitive_rmsnorm=0)``
@@ -19,73 +20,58 @@ vllm-ir-rocm promises to pass.
 
 from __future__ import annotations
 
-import importlib.machinery
 import types
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+import pytest
 import torch
 from torch import Tensor
+from vllm_ir.testing.vendor import (
+    StandInKernels,
+    VendorUnderTest,
+    check_rows,
+    reference_rms,
+    stand_in_module,
+)
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-@dataclass
-class Call:
-    """One call of a stand-in entry point: its name and its arguments by AITER's names."""
-
-    name: str
-    args: dict[str, Any]
-
-
 def _normalize(x: Tensor, weight: Tensor, epsilon: float) -> Tensor:
-    x32 = x.float()
-    inv_rms = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + epsilon)
-    return (x32 * inv_rms * weight.float()).to(x.dtype)
+    return reference_rms(x, weight, epsilon, weight_in_fp32=True)
 
 
 def _check(name: str, input: Tensor, weight: Tensor) -> None:
-    assert input.dim() == 2, f"stand-in {name}: vllm-ir-rocm passes 2-D rows, got {input.dim()}-D"
-    assert input.dtype in _DTYPES, f"stand-in {name}: fp16/bf16/fp32 only, got {input.dtype}"
-    assert weight.dtype == input.dtype, f"stand-in {name}: weight dtype must match input"
-    assert weight.is_contiguous(), f"stand-in {name}: weight must be contiguous"
-    assert weight.shape == (input.shape[-1],), f"stand-in {name}: weight length != hidden"
-    assert input.stride(-1) == 1, f"stand-in {name}: last dim must be contiguous"
+    check_rows(name, "vllm-ir-rocm", input, weight, _DTYPES)
 
 
 @dataclass
-class StandInAiter:
-    """The recorder behind the stand-in module; ``module`` goes into ``sys.modules``."""
-
-    calls: list[Call] = field(default_factory=list)
-    module: types.ModuleType = field(init=False)
+class StandInAiter(StandInKernels):
+    """The recorder behind the stand-in module; ``modules["aiter"]`` goes into ``sys.modules``."""
 
     def __post_init__(self) -> None:
-        module = types.ModuleType("aiter", "CPU stand-in for AMD's AITER (vllm-ir-rocm tests)")
-        module.__file__ = __file__
-        module.__spec__ = importlib.machinery.ModuleSpec("aiter", None, origin=__file__)
+        module = stand_in_module(
+            "aiter", "CPU stand-in for AMD's AITER (vllm-ir-rocm tests)", __file__
+        )
         module.__version__ = "0.0.0+cpu-stand-in"  # type: ignore[attr-defined]
         module.rmsnorm2d_fwd = self.rmsnorm2d_fwd  # type: ignore[attr-defined]
         module.rms_norm = self.rmsnorm2d_fwd  # type: ignore[attr-defined]
         module.fused_add_rms_norm_cu = self.fused_add_rms_norm_cu  # type: ignore[attr-defined]
-        self.module = module
+        self.modules = {"aiter": module}
 
-    def named(self, name: str) -> list[Call]:
-        return [c for c in self.calls if c.name == name]
+    @property
+    def module(self) -> types.ModuleType:
+        return self.modules["aiter"]
 
     def rmsnorm2d_fwd(
         self, input: Tensor, weight: Tensor, epsilon: float, use_model_sensitive_rmsnorm: int = 0
     ) -> Tensor:
-        self.calls.append(
-            Call(
-                "rmsnorm2d_fwd",
-                {
-                    "input": input,
-                    "weight": weight,
-                    "epsilon": epsilon,
-                    "use_model_sensitive_rmsnorm": use_model_sensitive_rmsnorm,
-                },
-            )
+        self.record(
+            "rmsnorm2d_fwd",
+            input=input,
+            weight=weight,
+            epsilon=epsilon,
+            use_model_sensitive_rmsnorm=use_model_sensitive_rmsnorm,
         )
         _check("rmsnorm2d_fwd", input, weight)
         return _normalize(input, weight, epsilon).contiguous()
@@ -93,11 +79,12 @@ class StandInAiter:
     def fused_add_rms_norm_cu(
         self, input: Tensor, residual_in: Tensor, weight: Tensor, epsilon: float
     ) -> None:
-        self.calls.append(
-            Call(
-                "fused_add_rms_norm_cu",
-                {"input": input, "residual_in": residual_in, "weight": weight, "epsilon": epsilon},
-            )
+        self.record(
+            "fused_add_rms_norm_cu",
+            input=input,
+            residual_in=residual_in,
+            weight=weight,
+            epsilon=epsilon,
         )
         _check("fused_add_rms_norm_cu", input, weight)
         assert input.is_contiguous(), "stand-in fused_add_rms_norm_cu: input must be contiguous"
@@ -114,3 +101,33 @@ def unrelated_aiter() -> types.ModuleType:
     module.__file__ = "/site-packages/aiter/__init__.py"
     module.anext = lambda *a: None  # type: ignore[attr-defined]
     return module
+
+
+def _pretend_rocm_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+VENDOR = VendorUnderTest(
+    package="vllm_ir_rocm",
+    distribution="vllm-ir-rocm",
+    platform="rocm",
+    device_type="cuda",
+    eager_default=("aiter", "vllm_c"),
+    rms_call="rmsnorm2d_fwd",
+    fused_call="fused_add_rms_norm_cu",
+    residual_arg="residual_in",
+    declined_dtype=torch.float32,
+    stand_in=StandInAiter,
+    on_vendor_build=lambda: bool(torch.version.hip),
+    not_here="not a ROCm build",
+    gpu="a ROCm GPU with AITER",
+    pretend_gpu=_pretend_rocm_gpu,
+    not_installed="AITER is not installed",
+    import_failure=(
+        "aiter",
+        RuntimeError("hipErrorNoBinaryForGpu: no kernel image for this GPU"),
+        "importing 'aiter' failed: RuntimeError: hipErrorNoBinaryForGpu",
+    ),
+)
+"""vllm-ir-rocm for the shared checks of :mod:`vllm_ir.testing.vendor`."""

@@ -12,13 +12,11 @@ the fused op lowers to the ``triton`` impl, bit for bit the eager kernels.
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
 import torch
 import vllm_ir as ir
 from triton_helpers import DEVICE
-from vllm_ir.testing import TinyDecoder, inductor_caches_off
+from vllm_ir.testing import inductor_caches_off
+from vllm_ir.testing.compiled import CompiledDecoderChecks
 from vllm_ir_triton import PROVIDER
 
 HIDDEN, LAYERS = 64, 3
@@ -29,51 +27,11 @@ NATIVE = {"rms_norm": ["native"], "fused_add_rms_norm": ["native"]}
 no_cache = inductor_caches_off
 
 
-@pytest.fixture(scope="module")
-def compiled() -> tuple[TinyDecoder, Any, ir.VllmIRBackend]:
+class TestCompiledDecoder(CompiledDecoderChecks):
     """The decoder compiled once, for every batch size, with ``triton`` selected."""
-    torch._dynamo.reset()
-    model = TinyDecoder(HIDDEN, LAYERS).to(DEVICE).eval()
-    backend = ir.VllmIRBackend(priority=TRITON)
-    fn = torch.compile(model, backend=backend, dynamic=True)
-    with no_cache(), torch.no_grad():
-        fn(torch.randn(5, HIDDEN, device=DEVICE))
-    assert len(backend.pass_contexts) == 1
-    assert not backend.pass_contexts[0].from_cache
-    return model, fn, backend
 
-
-@pytest.mark.parametrize("batch", [5, 9])
-def test_eager_equals_compiled(compiled, batch: int) -> None:  # type: ignore[no-untyped-def]
-    model, fn, backend = compiled
-    x = torch.randn(batch, HIDDEN, device=DEVICE)
-    with torch.no_grad():
-        with ir.IrOpPriorityConfig(**TRITON).scope():
-            eager = model(x.clone())
-        with ir.IrOpPriorityConfig(**NATIVE).scope():
-            native = model(x.clone())
-        got = fn(x.clone())
-    tol = ir.ops.fused_add_rms_norm.tolerance(torch.float32)
-    torch.testing.assert_close(got, eager, atol=tol.atol, rtol=tol.rtol)
-    torch.testing.assert_close(got, native, atol=tol.atol, rtol=tol.rtol)
-    assert len(backend.pass_contexts) == 1  # no recompile for another batch size
-
-
-def test_every_node_lowered_to_triton(compiled) -> None:  # type: ignore[no-untyped-def]
-    _, _, backend = compiled
-    selected = backend.lowering_pass.selected_impls
-    assert set(selected) == {"rms_norm", "fused_add_rms_norm"}
-    assert len(selected["fused_add_rms_norm"]) == LAYERS
-    assert {p for nodes in selected.values() for p in nodes.values()} == {PROVIDER}
-
-
-def test_zero_clones_left(compiled) -> None:  # type: ignore[no-untyped-def]
-    _, _, backend = compiled
-    ctx = backend.pass_contexts[0]
-    assert ctx.functionalized == LAYERS
-    assert ctx.clones_inserted == 2 * LAYERS
-    assert ctx.clones_removed == ctx.clones_inserted, ctx.clones_kept
-    assert not ctx.clones_kept
+    provider = PROVIDER
+    device = DEVICE
 
 
 class NormQuant(torch.nn.Module):

@@ -10,6 +10,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from triton_helpers import DEVICE, DTYPES
+from vllm_ir.testing.declines import NORM_DECLINES, assert_declined
 from vllm_ir_triton import BATCH_INVARIANT_PROVIDER, PROVIDER, launch
 
 RMS = ir.ops.rms_norm
@@ -149,32 +150,19 @@ def test_residual_sum_is_exact_on_every_backend() -> None:
         assert torch.equal(total, x + r), dtype
 
 
-@pytest.mark.parametrize(
-    ("op", "args", "why"),
-    [
-        (RMS, (torch.randn(4, 96), torch.ones(96), EPS, 64), "variance_size"),
-        (RMS, (torch.randn(4, 8).double(), None, EPS), "float64"),
-        (RMS, (torch.randn(4, 8).bfloat16(), torch.ones(8), EPS), "weight dtype differs"),
-        (RMS, (torch.randn(4, 8), torch.ones(1, 8), EPS), "2-D weight"),
-        (FUSED, (torch.randn(4, 96), torch.randn(4, 96), None, EPS, 64), "variance_size"),
-        (FUSED, (torch.randn(4, 8), torch.randn(4, 8).half(), None, EPS), "residual dtype"),
-        (FUSED, (torch.randn(4, 8), torch.randn(8), None, EPS), "residual rank"),
-        (FUSED, (torch.randn(4, 8).half(), torch.randn(4, 8).half(), torch.ones(8), EPS), "w"),
-    ],
-    ids=lambda v: v if isinstance(v, str) else "",
+_HALF_WEIGHT = pytest.param(
+    "fused_add_rms_norm",
+    "fp16 weight of fp16 activations",
+    lambda: (torch.randn(4, 8).half(), torch.randn(4, 8).half(), torch.ones(8), EPS),
+    id="fused_add_rms_norm-w",
 )
-def test_declined_arguments_fall_back_to_native(
-    op: ir.IrOp, args: tuple[Any, ...], why: str
-) -> None:
-    args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@pytest.mark.parametrize(("op", "why", "args"), [*NORM_DECLINES, _HALF_WEIGHT])
+def test_declined_arguments_fall_back_to_native(op: str, why: str, args: Any) -> None:
+    on_device = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args())
     for provider in PROVIDERS:
-        # native named next: installed providers' platform defaults come after it
-        with op.set_priority([provider, "native"]):
-            selection = op.select(*args)
-            got = op(*args)
-        assert selection.impl.provider == "native", why
-        assert "supports_args returned False" in selection.decisions[0].reason
-        torch.testing.assert_close(got, op.native(*args))
+        assert_declined(ir.get_op(op), provider, on_device, why)
 
 
 @pytest.mark.parametrize("x", [torch.empty(4, 8, device="meta"), torch.randn(4, 8).to_sparse()])

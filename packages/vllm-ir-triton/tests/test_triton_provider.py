@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from importlib import metadata
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from vllm_ir.priority import (
     platform_default_contributions,
     remove_platform_defaults,
 )
-from vllm_ir.providers import ENTRY_POINT_GROUP
+from vllm_ir.testing import assert_discovered
 from vllm_ir_triton import BATCH_INVARIANT_PROVIDER, DEFAULTS_RANK, PROVIDER, support
 
 PACKAGE = f"vllm-ir-triton {vllm_ir_triton.__version__}"
@@ -36,12 +35,7 @@ TRITON_ONLY = {
 
 
 def test_discovered_through_its_entry_point() -> None:
-    (ep,) = [e for e in metadata.entry_points(group=ENTRY_POINT_GROUP) if e.name == PROVIDER]
-    assert ep.value == "vllm_ir_triton:provider"
-    loaded = ir.loaded_providers()[PROVIDER]
-    assert loaded.package == PACKAGE
-    assert loaded.spec is vllm_ir_triton.provider
-    assert PROVIDER not in ir.load_errors()
+    assert_discovered(PROVIDER, "vllm_ir_triton:provider", vllm_ir_triton.provider, PACKAGE)
 
 
 @pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)

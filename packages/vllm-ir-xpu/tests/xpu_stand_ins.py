@@ -21,14 +21,20 @@ turns receiving the calls.
 
 from __future__ import annotations
 
-import importlib.machinery
 import types
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+import pytest
 import torch
 from torch import Tensor
 from torch.library import Library
+from vllm_ir.testing.vendor import (
+    StandInKernels,
+    VendorUnderTest,
+    check_rows,
+    reference_rms,
+    stand_in_module,
+)
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SCHEMAS = {
@@ -39,27 +45,12 @@ _SCHEMAS = {
 }
 
 
-@dataclass
-class Call:
-    """One call of a stand-in kernel: its name and its arguments by the schema's names."""
-
-    name: str
-    args: dict[str, Any]
-
-
 def _normalize(x: Tensor, weight: Tensor, epsilon: float) -> Tensor:
-    x32 = x.float()
-    inv_rms = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + epsilon)
-    return (x32 * inv_rms).to(x.dtype) * weight
+    return reference_rms(x, weight, epsilon, weight_in_fp32=False)
 
 
 def _check(name: str, input: Tensor, weight: Tensor) -> None:
-    assert input.dim() == 2, f"stand-in {name}: vllm-ir-xpu passes 2-D rows, got {input.dim()}-D"
-    assert input.dtype in _DTYPES, f"stand-in {name}: unsupported dtype {input.dtype}"
-    assert weight.dtype == input.dtype, f"stand-in {name}: weight dtype must match input"
-    assert weight.is_contiguous(), f"stand-in {name}: weight must be contiguous"
-    assert weight.shape == (input.shape[-1],), f"stand-in {name}: weight length != hidden"
-    assert input.stride(-1) == 1, f"stand-in {name}: last dim must be contiguous"
+    check_rows(name, "vllm-ir-xpu", input, weight, _DTYPES)
 
 
 _receiver: StandInXpuKernels | None = None
@@ -68,9 +59,7 @@ _library: Library | None = None
 
 def _rms_norm(result: Tensor, input: Tensor, weight: Tensor, epsilon: float) -> None:
     assert _receiver is not None, "stand-in _C::rms_norm called outside a test that installs it"
-    _receiver.calls.append(
-        Call("rms_norm", {"result": result, "input": input, "weight": weight, "epsilon": epsilon})
-    )
+    _receiver.record("rms_norm", result=result, input=input, weight=weight, epsilon=epsilon)
     _check("rms_norm", input, weight)
     assert result.is_contiguous(), "stand-in rms_norm: result must be contiguous"
     assert result.shape == input.shape, "stand-in rms_norm: result shape != input shape"
@@ -79,11 +68,8 @@ def _rms_norm(result: Tensor, input: Tensor, weight: Tensor, epsilon: float) -> 
 
 def _fused_add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor, epsilon: float) -> None:
     assert _receiver is not None, "stand-in _C::fused_add_rms_norm called outside a test"
-    _receiver.calls.append(
-        Call(
-            "fused_add_rms_norm",
-            {"input": input, "residual": residual, "weight": weight, "epsilon": epsilon},
-        )
+    _receiver.record(
+        "fused_add_rms_norm", input=input, residual=residual, weight=weight, epsilon=epsilon
     )
     _check("fused_add_rms_norm", input, weight)
     assert residual.is_contiguous(), "stand-in fused_add_rms_norm: residual is indexed densely"
@@ -107,18 +93,12 @@ def _define_ops() -> None:
 
 
 def _module(name: str) -> types.ModuleType:
-    module = types.ModuleType(name, "CPU stand-in for vllm-xpu-kernels (vllm-ir-xpu tests)")
-    module.__file__ = __file__
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None, origin=__file__)
-    return module
+    return stand_in_module(name, "CPU stand-in for vllm-xpu-kernels (vllm-ir-xpu tests)", __file__)
 
 
 @dataclass
-class StandInXpuKernels:
-    """The modules to put in ``sys.modules``, and the calls the ``_C`` ops received."""
-
-    calls: list[Call] = field(default_factory=list)
-    modules: dict[str, types.ModuleType] = field(init=False)
+class StandInXpuKernels(StandInKernels):
+    """The modules to put in ``sys.modules``; entered, it receives the calls of the ``_C`` ops."""
 
     def __post_init__(self) -> None:
         package = _module("vllm_xpu_kernels")
@@ -138,5 +118,31 @@ class StandInXpuKernels:
         global _receiver
         _receiver = None
 
-    def named(self, name: str) -> list[Call]:
-        return [c for c in self.calls if c.name == name]
+
+def _pretend_xpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
+
+
+VENDOR = VendorUnderTest(
+    package="vllm_ir_xpu",
+    distribution="vllm-ir-xpu",
+    platform="xpu",
+    device_type="xpu",
+    eager_default=("xpu_kernels",),
+    rms_call="rms_norm",
+    fused_call="fused_add_rms_norm",
+    residual_arg="residual",
+    declined_dtype=torch.float64,
+    stand_in=StandInXpuKernels,
+    on_vendor_build=lambda: hasattr(torch, "xpu") and torch.xpu.is_available(),
+    not_here="torch.xpu.is_available() is False",
+    gpu="an Intel GPU with vllm-xpu-kernels",
+    pretend_gpu=_pretend_xpu,
+    not_installed="vllm-xpu-kernels is not installed",
+    import_failure=(
+        "vllm_xpu_kernels._C",
+        ImportError("libsycl.so.8: cannot open shared object file"),
+        "importing vllm_xpu_kernels._C failed: ImportError: libsycl",
+    ),
+)
+"""vllm-ir-xpu for the shared checks of :mod:`vllm_ir.testing.vendor`."""

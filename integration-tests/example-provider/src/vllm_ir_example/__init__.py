@@ -7,6 +7,7 @@ kernels through ``provider.register`` when it discovers installed providers.
 from __future__ import annotations
 
 from vllm_ir import API_VERSION, PlatformDefaults, ProviderSpec
+from vllm_ir.provider import deferred_register
 
 __all__ = ["PROVIDER", "provider"]
 
@@ -14,18 +15,12 @@ PROVIDER = "example"
 """The provider name of every impl this package registers."""
 
 
-def _register() -> None:
-    # imported here, not at module level, so that discovering (or merely
-    # importing) the package costs nothing until vllm-ir loads providers
-    from vllm_ir_example._kernels import register_kernels
-
-    register_kernels()
-
-
 provider = ProviderSpec(
     name=PROVIDER,
     api_version=API_VERSION,
-    register=_register,
+    # imported when vllm-ir loads providers, not at module level, so that
+    # discovering (or merely importing) the package costs nothing until then
+    register=deferred_register("vllm_ir_example._kernels:register_kernels"),
     defaults=(
         PlatformDefaults(
             "cpu",

@@ -7,8 +7,8 @@ annotations); ``register_impl`` rejects any difference.
 from __future__ import annotations
 
 import torch
-import vllm_ir as ir
 from torch import Tensor
+from vllm_ir.provider import fused_add_in_place, register_norm_impls
 
 from vllm_ir_example import PROVIDER
 
@@ -29,18 +29,20 @@ def rms_norm(
     return _normalize(x, weight, epsilon)
 
 
-def fused_add_rms_norm(
-    x: Tensor,
-    x_residual: Tensor,
-    weight: Tensor | None,
-    epsilon: float,
-    variance_size: int | None = None,
-) -> tuple[Tensor, Tensor]:
-    # In place: the sum goes into x_residual, the normalized output into x.
-    # x_residual is rounded to its dtype first, as the native function does.
+def _fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: object
+) -> None:
+    # x_residual is rounded to its dtype first, as the native function does
     x_residual.add_(x)
     x.copy_(_normalize(x_residual, weight, epsilon))
-    return x, x_residual
+
+
+# the in-place impl, with the op's signature, over a function that writes both
+fused_add_rms_norm = fused_add_in_place(
+    _fused_add_rms_norm,
+    module=__name__,
+    doc="In place: the sum goes into ``x_residual``, the normalized output into ``x``.",
+)
 
 
 # supports_args takes the op's own parameters (names and defaults must match)
@@ -63,7 +65,10 @@ def _fused_add_rms_norm_supported(
 
 def register_kernels() -> None:
     """Register every ``example`` impl; called by vllm-ir through the ProviderSpec."""
-    ir.ops.rms_norm.register_impl(PROVIDER, supports_args=_rms_norm_supported)(rms_norm)
-    ir.ops.fused_add_rms_norm.register_impl(
-        PROVIDER, supports_args=_fused_add_rms_norm_supported, inplace=True
-    )(fused_add_rms_norm)
+    register_norm_impls(
+        PROVIDER,
+        rms_norm,
+        fused_add_rms_norm,
+        supported=True,
+        supports_args=(_rms_norm_supported, _fused_add_rms_norm_supported),
+    )

@@ -14,7 +14,7 @@ time.
 
 from __future__ import annotations
 
-from vllm_ir.provider import PlatformDefaults, ProviderSpec
+from vllm_ir.provider import PlatformDefaults, ProviderSpec, deferred_register
 
 from vllm_ir_cpu._version import __version__
 
@@ -22,13 +22,6 @@ __all__ = ["OPS", "PROVIDER", "__version__", "provider"]
 
 PROVIDER = "cpu_c"
 """The provider name of every impl this package registers."""
-
-
-def _register() -> None:
-    # imported here so that discovering (or importing) the package stays cheap
-    from vllm_ir_cpu.impls import register_impls
-
-    register_impls()
 
 
 OPS = (
@@ -47,7 +40,9 @@ OPS = (
 provider = ProviderSpec(
     name=PROVIDER,
     api_version=1,  # the vllm-ir provider API this package is written against
-    register=_register,
+    # imported when vllm-ir registers the provider, so that discovering (or
+    # importing) the package stays cheap
+    register=deferred_register("vllm_ir_cpu.impls:register_impls"),
     defaults=(
         PlatformDefaults(
             "cpu",

@@ -49,7 +49,13 @@ import torch
 import vllm_ir as ir
 from torch import Tensor
 from vllm_ir.ops.activation import GELU_APPROXIMATIONS
-from vllm_ir.provider import current_platform, get_logger, norm_supports_args
+from vllm_ir.provider import (
+    current_platform,
+    fused_add_in_place,
+    get_logger,
+    norm_supports_args,
+    register_norm_impls,
+)
 
 from vllm_ir_cpu import PROVIDER, build
 from vllm_ir_cpu.library import kernel_ops
@@ -101,18 +107,19 @@ def rms_norm(
     return _rms_norm_kernel(x, weight, epsilon)
 
 
-def fused_add_rms_norm(
-    x: Tensor,
-    x_residual: Tensor,
-    weight: Tensor | None,
-    epsilon: float,
-    variance_size: int | None = None,
-) -> tuple[Tensor, Tensor]:
-    # In place: the rounded sum goes into x_residual, the normalized output into x.
+def _fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: object
+) -> None:
     if not _built:
         _ensure_built()
     _fused_add_rms_norm_kernel(x, x_residual, weight, epsilon)
-    return x, x_residual
+
+
+fused_add_rms_norm = fused_add_in_place(
+    _fused_add_rms_norm,
+    module=__name__,
+    doc="In place: the rounded sum goes into ``x_residual``, the normalized output into ``x``.",
+)
 
 
 def silu_and_mul(x: Tensor) -> Tensor:
@@ -209,9 +216,7 @@ def _scale_ok(scale: Tensor) -> bool:
     )
 
 
-_rms_norm_supported, _fused_add_rms_norm_supported = norm_supports_args(
-    "cpu", DTYPES, available=_buildable
-)
+_norm_supported = norm_supports_args("cpu", DTYPES, available=_buildable)
 
 
 def _silu_and_mul_supported(x: Tensor) -> bool:
@@ -267,19 +272,14 @@ def register_impls() -> None:
     # C++ CPU kernels: offered where CPU is the platform whose defaults apply
     supported = current_platform() == "cpu"
     # each row is computed alone, by the same code whatever the batch: batch invariant
-    ir.ops.rms_norm.register_impl(
+    register_norm_impls(
         PROVIDER,
+        rms_norm,
+        fused_add_rms_norm,
         supported=supported,
-        supports_args=_rms_norm_supported,
+        supports_args=_norm_supported,
         batch_invariant=True,
-    )(rms_norm)
-    ir.ops.fused_add_rms_norm.register_impl(
-        PROVIDER,
-        inplace=True,
-        supported=supported,
-        supports_args=_fused_add_rms_norm_supported,
-        batch_invariant=True,
-    )(fused_add_rms_norm)
+    )
     # out of place: new outputs, inputs only read
     for op, fn, supports in (
         (ir.ops.silu_and_mul, silu_and_mul, _silu_and_mul_supported),

@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import vllm_ir as ir
 from torch import Tensor
-from vllm_ir.provider import norm_supports_args
+from vllm_ir.provider import fused_add_in_place, norm_supports_args, register_norm_impls
 
 from vllm_ir_cuda import ops
 
@@ -47,17 +46,9 @@ def rms_norm(
     return out
 
 
-def fused_add_rms_norm(
-    x: Tensor,
-    x_residual: Tensor,
-    weight: Tensor | None,
-    epsilon: float,
-    variance_size: int | None = None,
-) -> tuple[Tensor, Tensor]:
-    """In place: ``x_residual += x`` (rounded to the dtype), then ``x = rms_norm(x_residual)``.
-
-    Returns ``(x, x_residual)``, the activations it wrote.
-    """
+def _fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: object
+) -> None:
     if weight is not None and not weight.is_contiguous():
         weight = weight.contiguous()
     if x.stride(-1) == 1 and x_residual.stride(-1) == 1:
@@ -67,7 +58,16 @@ def fused_add_rms_norm(
         _fused_add_rms_norm_kernel(x_rows, residual_rows, weight, epsilon)
         x.copy_(x_rows)
         x_residual.copy_(residual_rows)
-    return x, x_residual
+
+
+fused_add_rms_norm = fused_add_in_place(
+    _fused_add_rms_norm,
+    module=__name__,
+    doc="""In place: ``x_residual += x`` (rounded to the dtype), then ``x = rms_norm(x_residual)``.
+
+Returns ``(x, x_residual)``, the activations it wrote.
+""",
+)
 
 
 def supports_args_for(
@@ -100,16 +100,11 @@ def register_kernels(provider: str = "vllm_c") -> None:
     supported = platform_supported()
     # One block per row, its block size fixed by the row length and dtype
     # alone: a row's result never depends on the rest of the batch.
-    ir.ops.rms_norm.register_impl(
+    register_norm_impls(
         provider,
+        rms_norm,
+        fused_add_rms_norm,
         supported=supported,
-        supports_args=rms_norm_supports,
+        supports_args=(rms_norm_supports, fused_add_rms_norm_supports),
         batch_invariant=True,
-    )(rms_norm)
-    ir.ops.fused_add_rms_norm.register_impl(
-        provider,
-        supported=supported,
-        supports_args=fused_add_rms_norm_supports,
-        inplace=True,
-        batch_invariant=True,
-    )(fused_add_rms_norm)
+    )

@@ -25,7 +25,11 @@ Default priorities on ROCm (the vLLM IR design's table):
 
 from __future__ import annotations
 
-from vllm_ir.provider import PlatformDefaults, ProviderSpec
+from vllm_ir.provider import (
+    deferred_register,
+    unsupported_reason_attribute,
+    vendor_provider_spec,
+)
 
 from vllm_ir_rocm._version import __version__
 
@@ -48,41 +52,21 @@ DEFAULTS_RANK = 200
 """Rank of the ROCm defaults: above vllm-ir-cuda's ``100`` and vllm-ir-triton's
 ``-10``, so on ROCm this package's list (``aiter``, ``vllm_c``) comes first."""
 
-_OPS = ("rms_norm", "fused_add_rms_norm")
-
-
-def _register() -> None:
-    # imported here, not at package import: the impls register only during
-    # discovery (attributed to this package, rolled back if loading fails)
-    from vllm_ir_rocm.layernorm import register_kernels
-
-    register_kernels(PROVIDER)
-
-
-provider = ProviderSpec(
-    name=PROVIDER,
+provider = vendor_provider_spec(
+    PROVIDER,
     api_version=API_VERSION,
-    register=_register,
-    defaults=(
-        PlatformDefaults(
-            "rocm",
-            eager={op: [PROVIDER, "vllm_c"] for op in _OPS},
-            compiled={op: ["native"] for op in _OPS},
-            rank=DEFAULTS_RANK,
-        ),
-    ),
+    # imported only during discovery (attributed to this package, rolled back
+    # if loading fails), not at package import
+    register=deferred_register("vllm_ir_rocm.layernorm:register_kernels", PROVIDER),
+    platform="rocm",
+    eager=[PROVIDER, "vllm_c"],
+    rank=DEFAULTS_RANK,
 )
 """The entry point ``aiter`` of the ``vllm_ir.providers`` group."""
 
 
-def __getattr__(name: str) -> object:
-    if name == "UNSUPPORTED_REASON":
-        # computed on first access: on a ROCm machine this imports AITER
-        from vllm_ir_rocm import availability
-
-        return availability.current().reason
-    raise AttributeError(f"module 'vllm_ir_rocm' has no attribute {name!r}")
-
+# computed on first access: on the vendor's machine this imports the vendor library
+__getattr__ = unsupported_reason_attribute(__name__, "vllm_ir_rocm.availability")
 
 UNSUPPORTED_REASON: str | None
 """Why the ``aiter`` impls cannot run in this process, or ``None`` if they can

@@ -16,14 +16,10 @@ with a visible GPU: on any other machine nothing vendor-specific is imported.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import importlib.util
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from vllm_ir.provider import AvailabilityCache, VendorAvailability, import_vendor
 
 __all__ = [
     "MODULE",
@@ -50,23 +46,13 @@ INSTALL_HINT = (
 
 
 @dataclass(frozen=True)
-class Availability:
-    """The outcome of :func:`probe`.
+class Availability(VendorAvailability):
+    """The outcome of :func:`probe` (:class:`vllm_ir.provider.VendorAvailability`), on ``cuda``.
 
-    Attributes:
-        supported: the impls can run here.
-        reason: why they cannot (``None`` when supported).
-        device_type: the device type of the tensors the impls accept.
-        hardware: torch sees the GPU; when the impls are unsupported all the
-            same, the vendor library is missing or broken (worth a warning).
-        vendor_version: AITER's version when it was imported, else ``None``.
+    ``vendor_version`` is AITER's version when it was imported, else ``None``.
     """
 
-    supported: bool
-    reason: str | None = None
     device_type: str = DEVICE_TYPE
-    hardware: bool = False
-    vendor_version: str | None = None
 
 
 def _torch_version() -> str:
@@ -87,18 +73,11 @@ def probe() -> Availability:
             f"torch {_torch_version()} is a ROCm build (HIP {torch.version.hip}) but sees "
             "no GPU (torch.cuda.is_available() is False)",
         )
-    module = sys.modules.get(MODULE)
-    if module is None:
-        try:
-            found = importlib.util.find_spec(MODULE) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            return _no_aiter(f"AITER is not installed (no module named {MODULE!r}); {INSTALL_HINT}")
-        try:
-            module = importlib.import_module(MODULE)
-        except Exception as e:  # a broken vendor install must not break vllm-ir
-            return _no_aiter(f"importing {MODULE!r} failed: {type(e).__name__}: {e}")
+    module = import_vendor(
+        MODULE, not_installed=f"AITER is not installed (no module named {MODULE!r}); {INSTALL_HINT}"
+    )
+    if isinstance(module, str):
+        return _no_aiter(module)
     missing = [name for name in REQUIRED_FUNCTIONS if not callable(getattr(module, name, None))]
     if missing:
         where = getattr(module, "__file__", None) or "an unknown location"
@@ -121,32 +100,11 @@ def _no_aiter(reason: str) -> Availability:
     return Availability(False, reason, DEVICE_TYPE, hardware=True)
 
 
-_detected: Availability | None = None
-_forced: Availability | None = None
+_answers: AvailabilityCache[Availability] = AvailabilityCache(lambda: probe())
 
+current = _answers.current
+""":func:`probe`'s answer for this process, computed on first use and kept."""
 
-def current() -> Availability:
-    """:func:`probe`'s answer for this process, computed on first use and kept."""
-    global _detected
-    if _forced is not None:
-        return _forced
-    if _detected is None:
-        _detected = probe()
-    return _detected
-
-
-@contextlib.contextmanager
-def forced(availability: Availability) -> Iterator[Availability]:
-    """Testing hook: :func:`current` answers ``availability`` inside the block.
-
-    Lets the wiring be tested on machines without a ROCm GPU, with a stand-in
-    ``aiter`` module on CPU tensors (``Availability(True, device_type="cpu")``).
-    It changes only what is registered inside the block.
-    """
-    global _forced
-    previous = _forced
-    _forced = availability
-    try:
-        yield availability
-    finally:
-        _forced = previous
+forced = _answers.forced
+"""Testing hook: :func:`current` answers the given :class:`Availability` inside the block
+(a stand-in ``aiter`` module on CPU tensors: ``Availability(True, device_type="cpu")``)."""

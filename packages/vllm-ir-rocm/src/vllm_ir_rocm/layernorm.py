@@ -18,10 +18,7 @@ them, so a compiled graph never specializes on it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from torch import Tensor
-from vllm_ir.provider import VendorNorm, contiguous, rows_flatten_free
+from vllm_ir.provider import contiguous, rows_flatten_free
 
 from vllm_ir_rocm import availability, ops
 
@@ -35,21 +32,8 @@ __all__ = [
     "supports_args_for",
 ]
 
-
-def _fused_layout(x: Tensor, x_residual: Tensor) -> bool:
-    # AITER's in-place kernel takes no strides: both contiguous
-    return contiguous(x) and contiguous(x_residual)
-
-
-KIT = VendorNorm(
-    provider="aiter",
-    library="AITER",
-    lacks="AITER does not support",
-    dtypes=ops.DTYPES,
-    fused_layout=_fused_layout,
-)
-"""The vendor-wrapper settings; the wiring around the kernels is core's :class:`VendorNorm`."""
-
+KIT = ops.KIT
+"""The vendor-wrapper table (:data:`vllm_ir_rocm.ops.KIT`)."""
 
 rms_norm, fused_add_rms_norm = KIT.impls(
     ops,
@@ -64,20 +48,9 @@ its RMSNorm times ``weight``.
 )
 
 
-def supports_args_for(
-    device_type: str,
-) -> tuple[Callable[..., bool], Callable[..., bool]]:
-    """``(rms_norm_supports, fused_add_rms_norm_supports)`` for tensors on ``device_type``.
-
-    The registered predicates use the platform's device type; the CPU tests
-    use ``cpu`` with stand-in kernels.
-    """
-    return KIT.supports_args_for(device_type)
+supports_args_for = KIT.supports_args_for
 
 
 def register_kernels(provider: str = "aiter") -> availability.Availability:
     """Register both impls, ``supported`` as :func:`availability.current` says; returns it."""
-    found = availability.current()
-    KIT.log_availability(provider, found)
-    KIT.register(provider, found, rms_norm, fused_add_rms_norm)
-    return found
+    return KIT.register_kernels(provider, availability.current(), rms_norm, fused_add_rms_norm)

@@ -89,3 +89,23 @@ def active_problem(
         if d == dtype:
             return f"not equivalent in {dtype_name(d)}: {reason}"
     return f"{dtype_name(dtype)} was not probed (probed: {', '.join(map(dtype_name, verified))})"
+
+
+def weighted_problem(
+    name: str,
+    weight: Tensor | None,
+    dtype: torch.dtype,
+    verified: tuple[torch.dtype, ...],
+    rejected: tuple[tuple[torch.dtype, str], ...],
+    inputs: str = "input",
+) -> str | None:
+    """Why a replacement that multiplies by the weight ``name`` does not run on ``dtype``
+    ``inputs`` (None: it does): a weight it cannot use, of another dtype, or ``dtype``
+    not verified (:func:`active_problem`)."""
+    problem = weight_problem(name, weight)
+    if problem:
+        return problem
+    assert weight is not None  # weight_problem names a missing one
+    if weight.dtype != dtype:
+        return f"{name} is {weight.dtype}, {inputs} {dtype}"
+    return active_problem(verified, rejected, dtype)

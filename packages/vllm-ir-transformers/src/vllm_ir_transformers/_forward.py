@@ -37,6 +37,18 @@ def remove(module: nn.Module) -> None:
     module.__dict__.pop("forward", None)
 
 
+def attach(module: nn.Module, state_attr: str, spec: Any, fn: Callable[..., Any]) -> None:
+    """Route ``module`` through ``fn``, which finds ``spec`` in ``module.__dict__[state_attr]``."""
+    module.__dict__[state_attr] = spec
+    install(module, fn)
+
+
+def detach(module: nn.Module, state_attr: str) -> None:
+    """Undo :func:`attach`: the module's own forward again, its spec dropped."""
+    remove(module)
+    module.__dict__.pop(state_attr, None)
+
+
 def debug_enabled() -> bool:
     """True in eager mode with DEBUG logging on (never inside a compiled graph)."""
     return not torch.compiler.is_compiling() and logger.isEnabledFor(logging.DEBUG)

@@ -52,10 +52,9 @@ from vllm_ir_transformers import _forward as fwd
 from vllm_ir_transformers._checks import (
     FLOAT_DTYPES,
     NotApplicable,
-    active_problem,
     compare,
     probe_input,
-    weight_problem,
+    weighted_problem,
 )
 from vllm_ir_transformers.norm import NormSpec, norm_weight
 
@@ -258,12 +257,8 @@ def _fused_probe(self: Any, spec: DecoderSpec, hidden_states: Tensor, **kwargs: 
 def inactive_reason(module: Any, spec: DecoderSpec, dtype: torch.dtype) -> str | None:
     """Why hidden states in ``dtype`` take the layer's own forward (None: the fused one)."""
     weight = module.post_attention_layernorm.weight
-    problem = weight_problem("post_attention_layernorm.weight", weight)
-    if problem:
-        return problem
-    if weight.dtype != dtype:
-        return f"post_attention_layernorm.weight is {weight.dtype}, hidden states {dtype}"
-    return active_problem(spec.dtypes, spec.rejected, dtype)
+    name = "post_attention_layernorm.weight"
+    return weighted_problem(name, weight, dtype, spec.dtypes, spec.rejected, "hidden states")
 
 
 def probe_call(module: Any, spec: DecoderSpec) -> tuple[Any, ...]:
@@ -292,10 +287,8 @@ def _forward(self: Any, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Ten
 
 
 def apply_decoder(module: Any, spec: DecoderSpec) -> None:
-    module.__dict__[STATE_ATTR] = spec
-    fwd.install(module, _forward)
+    fwd.attach(module, STATE_ATTR, spec, _forward)
 
 
 def revert_decoder(module: Any) -> None:
-    fwd.remove(module)
-    module.__dict__.pop(STATE_ATTR, None)
+    fwd.detach(module, STATE_ATTR)

@@ -273,10 +273,8 @@ _GATED = {"silu_and_mul": ir.ops.silu_and_mul, "gelu_and_mul": ir.ops.gelu_and_m
 
 
 def apply_mlp(module: Any, spec: MlpSpec) -> None:
-    module.__dict__[STATE_ATTR] = spec
-    fwd.install(module, _forward)
+    fwd.attach(module, STATE_ATTR, spec, _forward)
 
 
 def revert_mlp(module: Any) -> None:
-    fwd.remove(module)
-    module.__dict__.pop(STATE_ATTR, None)
+    fwd.detach(module, STATE_ATTR)

@@ -34,10 +34,10 @@ from vllm_ir_transformers import _forward as fwd
 from vllm_ir_transformers._checks import (
     FLOAT_DTYPES,
     NotApplicable,
-    active_problem,
     compare,
     probe_input,
     weight_problem,
+    weighted_problem,
 )
 
 __all__ = ["EPS_ATTRS", "NormSpec", "analyze_norm", "is_norm_candidate"]
@@ -146,13 +146,7 @@ def _probe(module: Any, eps: float, weight: Tensor, dtype: torch.dtype) -> tuple
 def inactive_reason(module: Any, spec: NormSpec, dtype: torch.dtype) -> str | None:
     """Why the replaced forward runs the layer's own code for ``dtype`` inputs (None: it runs
     ``rms_norm``)."""
-    weight = module.weight
-    problem = weight_problem("weight", weight)
-    if problem:
-        return problem
-    if weight.dtype != dtype:
-        return f"weight is {weight.dtype}, input {dtype}"
-    return active_problem(spec.dtypes, spec.rejected, dtype)
+    return weighted_problem("weight", module.weight, dtype, spec.dtypes, spec.rejected)
 
 
 def probe_call(module: Any, spec: NormSpec) -> tuple[Any, ...]:
@@ -181,13 +175,11 @@ def _forward(self: Any, hidden_states: Tensor) -> Tensor:
 
 
 def apply_norm(module: Any, spec: NormSpec) -> None:
-    module.__dict__[STATE_ATTR] = spec
-    fwd.install(module, _forward)
+    fwd.attach(module, STATE_ATTR, spec, _forward)
 
 
 def revert_norm(module: Any) -> None:
-    fwd.remove(module)
-    module.__dict__.pop(STATE_ATTR, None)
+    fwd.detach(module, STATE_ATTR)
 
 
 def norm_weight(module: Any, spec: NormSpec) -> Tensor:

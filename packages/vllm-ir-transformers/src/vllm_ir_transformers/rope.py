@@ -348,10 +348,8 @@ def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def apply_rope(module: Any, spec: RopeSpec) -> None:
-    module.__dict__[STATE_ATTR] = spec
-    fwd.install(module, _forward)
+    fwd.attach(module, STATE_ATTR, spec, _forward)
 
 
 def revert_rope(module: Any) -> None:
-    fwd.remove(module)
-    module.__dict__.pop(STATE_ATTR, None)
+    fwd.detach(module, STATE_ATTR)

@@ -25,7 +25,7 @@ Inductor.
 
 from __future__ import annotations
 
-from vllm_ir.provider import PlatformDefaults, ProviderSpec
+from vllm_ir.provider import PlatformDefaults, ProviderSpec, deferred_register
 
 from vllm_ir_triton._version import __version__
 
@@ -67,18 +67,12 @@ _TRITON_ONLY_OPS = (
 """Ops implemented by ``triton`` alone."""
 
 
-def _register() -> None:
-    # imported here, not at package import: Triton and the kernels load only
-    # when vllm-ir discovers the provider (attributed, rolled back on failure)
-    from vllm_ir_triton.impls import register_impls
-
-    register_impls()
-
-
 provider = ProviderSpec(
     name=PROVIDER,
     api_version=API_VERSION,
-    register=_register,
+    # Triton and the kernels load only when vllm-ir discovers the provider
+    # (attributed, rolled back on failure), not at package import
+    register=deferred_register("vllm_ir_triton.impls:register_impls"),
     defaults=tuple(
         PlatformDefaults(
             platform,

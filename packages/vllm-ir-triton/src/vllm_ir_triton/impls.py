@@ -50,7 +50,7 @@ from collections.abc import Callable
 import torch
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir.provider import get_logger, norm_supports_args
+from vllm_ir.provider import get_logger, norm_supports_args, register_norm_impls
 
 from vllm_ir_triton import BATCH_INVARIANT_PROVIDER, PROVIDER, launch, library, support
 
@@ -376,7 +376,7 @@ def register_impls() -> None:
     if reason is not None:
         logger.debug("%s impls registered as unsupported: %s", PROVIDER, reason)
     supported = reason is None
-    rms_supports, fused_supports = supports_args_for(support.device_types())
+    norm_supports = supports_args_for(support.device_types())
     variants = (
         (PROVIDER, rms_norm, fused_add_rms_norm, False),
         (
@@ -387,16 +387,14 @@ def register_impls() -> None:
         ),
     )
     for provider, rms_fn, fused_fn, invariant in variants:
-        ir.ops.rms_norm.register_impl(
-            provider, supported=supported, supports_args=rms_supports, batch_invariant=invariant
-        )(rms_fn)
-        ir.ops.fused_add_rms_norm.register_impl(
+        register_norm_impls(
             provider,
+            rms_fn,
+            fused_fn,
             supported=supported,
-            supports_args=fused_supports,
-            inplace=True,
+            supports_args=norm_supports,
             batch_invariant=invariant,
-        )(fused_fn)
+        )
     quant_supports = quant_supports_args_for(support.device_types())
     for name, (fn, inplace, invariant) in _QUANT_IMPLS.items():
         ir.get_op(name).register_impl(

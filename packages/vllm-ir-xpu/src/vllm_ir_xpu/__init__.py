@@ -21,7 +21,11 @@ first under Inductor.
 
 from __future__ import annotations
 
-from vllm_ir.provider import PlatformDefaults, ProviderSpec
+from vllm_ir.provider import (
+    deferred_register,
+    unsupported_reason_attribute,
+    vendor_provider_spec,
+)
 
 from vllm_ir_xpu._version import __version__
 
@@ -44,41 +48,21 @@ DEFAULTS_RANK = 100
 """Rank of the XPU defaults: the platform vendor's, like vllm-ir-cuda's on CUDA,
 above vllm-ir-triton's ``-10``."""
 
-_OPS = ("rms_norm", "fused_add_rms_norm")
-
-
-def _register() -> None:
-    # imported here, not at package import: the impls register only during
-    # discovery (attributed to this package, rolled back if loading fails)
-    from vllm_ir_xpu.layernorm import register_kernels
-
-    register_kernels(PROVIDER)
-
-
-provider = ProviderSpec(
-    name=PROVIDER,
+provider = vendor_provider_spec(
+    PROVIDER,
     api_version=API_VERSION,
-    register=_register,
-    defaults=(
-        PlatformDefaults(
-            "xpu",
-            eager={op: [PROVIDER] for op in _OPS},
-            compiled={op: ["native"] for op in _OPS},
-            rank=DEFAULTS_RANK,
-        ),
-    ),
+    # imported only during discovery (attributed to this package, rolled back
+    # if loading fails), not at package import
+    register=deferred_register("vllm_ir_xpu.layernorm:register_kernels", PROVIDER),
+    platform="xpu",
+    eager=[PROVIDER],
+    rank=DEFAULTS_RANK,
 )
 """The entry point ``xpu_kernels`` of the ``vllm_ir.providers`` group."""
 
 
-def __getattr__(name: str) -> object:
-    if name == "UNSUPPORTED_REASON":
-        # computed on first access: on an XPU machine this imports vllm_xpu_kernels
-        from vllm_ir_xpu import availability
-
-        return availability.current().reason
-    raise AttributeError(f"module 'vllm_ir_xpu' has no attribute {name!r}")
-
+# computed on first access: on the vendor's machine this imports the vendor library
+__getattr__ = unsupported_reason_attribute(__name__, "vllm_ir_xpu.availability")
 
 UNSUPPORTED_REASON: str | None
 """Why the ``xpu_kernels`` impls cannot run in this process, or ``None`` if they

@@ -21,18 +21,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from vllm_ir_xpu import API_VERSION, PROVIDER, __version__, availability
+    from vllm_ir_xpu.ops import KIT
 
     found = availability.current()
-    print(f"vllm-ir-xpu {__version__}: provider {PROVIDER!r}, vllm-ir provider API {API_VERSION}")
-    print(f"torch {torch.__version__}, XPU available: {found.hardware}")
-    if found.supported:
-        print(
-            f"supported: yes (vllm-xpu-kernels {found.vendor_version or 'version unknown'}, "
-            f"{found.device_type} tensors)"
-        )
-        return 0
-    print(f"supported: no: {found.reason}")
-    return 1
+    header = f"vllm-ir-xpu {__version__}: provider {PROVIDER!r}, vllm-ir provider API {API_VERSION}"
+    return KIT.report(header, f"torch {torch.__version__}, XPU available: {found.hardware}", found)
 
 
 if __name__ == "__main__":

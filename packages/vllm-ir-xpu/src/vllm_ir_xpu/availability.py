@@ -15,15 +15,12 @@ XPU: on any other machine nothing vendor-specific is imported.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import importlib.util
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 
 import torch
+from vllm_ir.provider import AvailabilityCache, VendorAvailability, import_vendor
 
 __all__ = [
     "DISTRIBUTION",
@@ -60,23 +57,13 @@ INSTALL_HINT = (
 
 
 @dataclass(frozen=True)
-class Availability:
-    """The outcome of :func:`probe`.
+class Availability(VendorAvailability):
+    """The outcome of :func:`probe` (:class:`vllm_ir.provider.VendorAvailability`), on ``xpu``.
 
-    Attributes:
-        supported: the impls can run here.
-        reason: why they cannot (``None`` when supported).
-        device_type: the device type of the tensors the impls accept.
-        hardware: torch sees the GPU; when the impls are unsupported all the
-            same, the vendor library is missing or broken (worth a warning).
-        vendor_version: the installed vllm-xpu-kernels version, when known.
+    ``vendor_version`` is the installed vllm-xpu-kernels version, when known.
     """
 
-    supported: bool
-    reason: str | None = None
     device_type: str = DEVICE_TYPE
-    hardware: bool = False
-    vendor_version: str | None = None
 
 
 def _xpu_available() -> bool:
@@ -123,17 +110,14 @@ def probe() -> Availability:
             f"torch {torch.__version__} sees no Intel GPU (torch.xpu.is_available() is False); "
             "the xpu_kernels impls need an XPU build of torch and an Intel GPU",
         )
-    if sys.modules.get(EXTENSION) is None:
-        try:
-            found = importlib.util.find_spec(PACKAGE) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            return _no_kernels(f"{DISTRIBUTION} is not installed; {INSTALL_HINT}")
-        try:
-            importlib.import_module(EXTENSION)
-        except Exception as e:  # a broken vendor install must not break vllm-ir
-            return _no_kernels(f"importing {EXTENSION} failed: {type(e).__name__}: {e}")
+    extension = import_vendor(
+        EXTENSION,
+        package=PACKAGE,
+        not_installed=f"{DISTRIBUTION} is not installed; {INSTALL_HINT}",
+        shown=EXTENSION,
+    )
+    if isinstance(extension, str):
+        return _no_kernels(extension)
     version = _vendor_version()
     problems = [p for p in map(_check_op, SCHEMAS) if p is not None]
     if problems:
@@ -148,32 +132,11 @@ def _no_kernels(reason: str) -> Availability:
     return Availability(False, reason, DEVICE_TYPE, hardware=True)
 
 
-_detected: Availability | None = None
-_forced: Availability | None = None
+_answers: AvailabilityCache[Availability] = AvailabilityCache(lambda: probe())
 
+current = _answers.current
+""":func:`probe`'s answer for this process, computed on first use and kept."""
 
-def current() -> Availability:
-    """:func:`probe`'s answer for this process, computed on first use and kept."""
-    global _detected
-    if _forced is not None:
-        return _forced
-    if _detected is None:
-        _detected = probe()
-    return _detected
-
-
-@contextlib.contextmanager
-def forced(availability: Availability) -> Iterator[Availability]:
-    """Testing hook: :func:`current` answers ``availability`` inside the block.
-
-    Lets the wiring be tested on machines without an Intel GPU, with stand-in
-    ``_C`` kernels on CPU tensors (``Availability(True, device_type="cpu")``).
-    It changes only what is registered inside the block.
-    """
-    global _forced
-    previous = _forced
-    _forced = availability
-    try:
-        yield availability
-    finally:
-        _forced = previous
+forced = _answers.forced
+"""Testing hook: :func:`current` answers the given :class:`Availability` inside the block
+(stand-in ``_C`` kernels on CPU tensors: ``Availability(True, device_type="cpu")``)."""

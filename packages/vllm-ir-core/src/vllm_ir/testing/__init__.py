@@ -33,7 +33,10 @@ In pytest, :func:`conformance_cases` parametrizes one test per case::
 Also here for the packages' tests: :func:`isolated` (selection state reset
 around a block; the pytest plugin's ``vllm_ir_isolated`` fixture),
 :class:`TinyDecoder` and :func:`compile_agrees` (lazily: they import
-``vllm_ir.compilation``).
+``vllm_ir.compilation``); test classes to subclass in
+:mod:`vllm_ir.testing.compiled` (a provider's norm impls through the compile
+pipeline) and :mod:`vllm_ir.testing.vendor` (the tests vendor-wrapper
+packages share).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ __all__ = [
     "ConformanceReport",
     "NotApplicable",
     "assert_conforms",
+    "assert_discovered",
     "check_provider",
     "conformance_cases",
     "inductor_caches_off",
@@ -532,3 +536,22 @@ def assert_conforms(provider: str, **kwargs: Any) -> None:
             f"{len(report.failures)} conformance failure(s) for {provider!r}:\n"
             + "\n".join(f"  {f}" for f in report.failures)
         )
+
+
+def assert_discovered(provider: str, entry_point: str, spec: object, package: str) -> None:
+    """``provider`` was loaded, without error, from its installed entry point.
+
+    The ``vllm_ir.providers`` entry point named ``provider`` is ``entry_point``
+    (``"my_kernels:provider"``); discovery loaded ``spec`` from it, credited to
+    ``package`` (``"my-kernels 1.0"``). Needs the package installed.
+    """
+    from importlib import metadata
+
+    from vllm_ir.providers import ENTRY_POINT_GROUP, load_errors, loaded_providers
+
+    (ep,) = [e for e in metadata.entry_points(group=ENTRY_POINT_GROUP) if e.name == provider]
+    assert ep.value == entry_point
+    loaded = loaded_providers()[provider]
+    assert loaded.package == package
+    assert loaded.spec is spec
+    assert provider not in load_errors()
