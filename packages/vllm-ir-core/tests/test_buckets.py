@@ -357,14 +357,12 @@ def test_compiled_inplace_impl_in_a_branch(no_recompile: None, dispatch: Any) ->
 
 
 @pytest.mark.slow
-def test_compiled_random_tables_and_programs(
-    tagged: ir.IrOp, no_recompile: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_compiled_random_tables_and_programs(tagged: ir.IrOp, no_recompile: None) -> None:
     """Random tables, random programs over the op (2-D and 3-D activations, so the token
     count is one dim or a product), compiled once with a dynamic token dim per dispatch
     mode: at random sizes, compiled == eager under the table, recompiles refused."""
-    # each compile's passes must run, and each size range's graph be its own
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    from vllm_ir.testing import inductor_caches_off
+
     rng = random.Random(41)
     for case in range(4):
         table = _random_table(rng, max_bound=24)
@@ -382,7 +380,8 @@ def test_compiled_random_tables_and_programs(
             backend = ir.VllmIRBackend(priority={tagged.name: table}, bucket_dispatch=dispatch)
             compiled = torch.compile(fn, backend=backend, dynamic=True)
             shape = (lambda n: (2, n, 8)) if rank3 else (lambda n: (n, 8))
-            compiled(_ints(*shape(3)))
+            with inductor_caches_off():  # each compile's passes run
+                compiled(_ints(*shape(3)))
             torch.compiler.set_stance("fail_on_recompile")
             with tagged.set_priority(table):
                 for rows in rng.sample(range(2, 40), 8):
