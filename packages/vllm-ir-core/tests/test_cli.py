@@ -337,12 +337,14 @@ def test_front_end_knows_every_pass() -> None:
     assert sorted(PASSES) == sorted(IR_PASSES)
 
 
-def test_importing_core_gives_no_numpy_warning() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", "import vllm_ir"], capture_output=True, text=True
-    )
+def test_importing_core_gives_no_numpy_warning_and_loads_no_sympy() -> None:
+    """Also: ``import vllm_ir`` leaves sympy (1.5 s, via torch's symbolic
+    shapes) unloaded; every CLI command and subprocess pays for what it imports."""
+    code = "import sys, vllm_ir; print('sympy loaded:', 'sympy' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "NumPy" not in result.stderr
+    assert "sympy loaded: False" in result.stdout, result.stdout
 
 
 @pytest.mark.slow
