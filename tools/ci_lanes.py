@@ -120,11 +120,19 @@ def main(argv: list[str] | None = None) -> int:
         help="jobs at once (default 2, VLLM_IR_CI_LANES)",
     )
     parser.add_argument("--plan", action="store_true", help="print the jobs and exit")
+    parser.add_argument(
+        "sessions", nargs="*", help="run only these (nox -l names; default: all, vllm too)"
+    )
     args = parser.parse_args(argv)
     if args.lanes < 1:
         parser.error(f"--lanes must be at least 1, got {args.lanes}")
     nox = [sys.executable, "-m", "nox"]
     jobs = plan(default_sessions(nox))
+    if args.sessions:
+        chosen = set(args.sessions)
+        jobs = [job for job in jobs if chosen & set(job.sessions)]
+        for job in jobs:
+            job.sessions = tuple(s for s in job.sessions if s in chosen)
     if args.plan:
         for job in jobs:
             print(" ".join(job.sessions))
