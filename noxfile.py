@@ -158,12 +158,25 @@ def platform(session: nox.Session, platform: str) -> None:
     _pytest(session, *(str(PACKAGES[p] / "tests") for p in present))
 
 
+_BUILT_THIS_RUN: list[Path] = []
+"""The wheels ``build`` made and checked in this nox process, for ``integration``
+(``nox -s build integration``, the default order, builds each wheel once)."""
+
+
 @nox.session
 def integration(session: nox.Session) -> None:
-    """Build every wheel, install them together with third-party providers, test."""
+    """Build every wheel (or reuse those ``build`` just made), install them together
+    with third-party providers, test."""
     dist = ROOT / ".cache" / "dist-integration"
     session.install("-c", CONSTRAINTS, "build", "pytest", "pytest-xdist", "numpy")
-    _build_wheels(session, dist, [*PACKAGES.values(), *INTEGRATION_PACKAGES], sdist=False)
+    if _BUILT_THIS_RUN:
+        # ``build`` ran first in this nox process, on this checkout: its wheels
+        # are the ones this would build (the packages' sources did not change)
+        _build_wheels(session, dist, INTEGRATION_PACKAGES, sdist=False)
+        for wheel in _BUILT_THIS_RUN:
+            shutil.copy2(wheel, dist)
+    else:
+        _build_wheels(session, dist, [*PACKAGES.values(), *INTEGRATION_PACKAGES], sdist=False)
     wheels = sorted(str(w) for w in dist.glob("*.whl"))
     # one command, so the providers' vllm-ir-core requirement resolves to the wheel built here
     session.install("-c", CONSTRAINTS, *wheels)
@@ -197,10 +210,12 @@ def _build_wheels(
 def build(session: nox.Session) -> None:
     """Build every sdist and wheel with hatchling and check their metadata."""
     dist = ROOT / ".cache" / "dist"
+    _BUILT_THIS_RUN.clear()
     session.install("build", "twine")
     _build_wheels(session, dist)
     session.run("twine", "check", "--strict", *sorted(str(p) for p in dist.iterdir()))
     session.run("python", str(ROOT / "tools" / "check_wheels.py"), str(dist))
+    _BUILT_THIS_RUN.extend(sorted(dist.glob("*.whl")))
 
 
 VLLM_PIN = "vllm==0.33.0"

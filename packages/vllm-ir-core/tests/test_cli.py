@@ -337,12 +337,18 @@ def test_front_end_knows_every_pass() -> None:
     assert sorted(PASSES) == sorted(IR_PASSES)
 
 
-def test_importing_core_gives_no_numpy_warning() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", "import vllm_ir"], capture_output=True, text=True
-    )
+def test_importing_core_gives_no_numpy_warning_and_loads_no_sympy() -> None:
+    """Also: ``import vllm_ir`` leaves sympy (1.5 s, via torch's symbolic
+    shapes) unloaded; every CLI command and subprocess pays for what it imports."""
+    code = "import sys, vllm_ir; print('sympy loaded:', 'sympy' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "NumPy" not in result.stderr
+    assert "sympy loaded: False" in result.stdout, result.stdout
+
+
+DEMO_MODEL = ("--layers", "2", "--hidden", "32", "--tokens", "8")
+"""The demo's model in every test that runs it: one set of kernels to compile."""
 
 
 @pytest.mark.slow
@@ -355,7 +361,9 @@ def test_ops_and_demo_report_a_failed_provider_once(tmp_path: Path) -> None:
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
     for args in (
         ["ops"],
-        ["demo", "--layers", "1", "--hidden", "16", "--tokens", "4", "--runs", "1"],
+        # the model of test_demo_runs_eager_and_compiled (and of the integration
+        # test's demo): its kernels come from Inductor's cache, not a compile of their own
+        ["demo", *DEMO_MODEL, "--runs", "1"],
     ):
         result = subprocess.run(
             [sys.executable, "-m", "vllm_ir_cli", *args], capture_output=True, text=True, env=env
@@ -395,7 +403,7 @@ def test_bench_times_impls_side_by_side(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_demo_runs_eager_and_compiled() -> None:
-    out = vllm_ir("demo", "--layers", "2", "--hidden", "32", "--tokens", "8", "--runs", "2").stdout
+    out = vllm_ir("demo", *DEMO_MODEL, "--runs", "2").stdout
     assert "fused_add_rms_norm: priority ['native'] -> native" in out
     assert "fused_add_rms_norm: priority ['native'] -> native (2 nodes)" in out
     assert "maybe_inplace calls functionalized: 2" in out

@@ -54,3 +54,35 @@ def test_random_layouts_agree_with_view_and_is_contiguous() -> None:
         assert contiguous(t) == t.is_contiguous(), (shape, strides)
         checked += 1
     assert checked == 5000
+
+
+def test_symbolic_sizes_answer_without_guards() -> None:
+    """Under compile (a ``SymInt`` row length) the predicates ask torch's
+    symbolic-shapes module, imported on first need: a question the symbols
+    leave open is ``False`` and adds no guard."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    shape_env = ShapeEnv()
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 2)
+    real = torch.empty(8, 64)
+    with FakeTensorMode(shape_env=shape_env) as mode:
+        t = mode.from_tensor(
+            real,
+            static_shapes=False,
+            source=ConstantSource("t"),
+            symbolic_context=dynamic,
+        )
+        part = t[:, :3]  # slicing guards (s1 >= 3); the predicates must add none
+        guards = len(shape_env.guards)
+        assert isinstance(t.shape[-1], torch.SymInt)
+        assert rows_flatten_free(t)  # unit stride rows, whatever the sizes
+        assert rows_flatten_free(part)
+        assert contiguous(t)
+        assert not contiguous(part)  # row stride s1 vs length 3: open, so False
+    assert len(shape_env.guards) == guards

@@ -15,12 +15,22 @@ densely ask :func:`contiguous`.
 from __future__ import annotations
 
 from torch import SymInt, Tensor
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 __all__ = ["contiguous", "may_overlap_itself", "rows_flatten_free"]
 
 
 def _known(condition: object) -> bool:
+    """``condition`` holds for every value its symbols may take.
+
+    Eager sizes are plain ints, so their comparisons are plain bools: answered
+    here, without importing torch's symbolic-shapes module (and sympy with
+    it, 1.5 s of every ``import vllm_ir`` otherwise). Only a ``SymBool``
+    (under compile, where that module is loaded already) asks it.
+    """
+    if isinstance(condition, bool):
+        return condition
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
     return bool(statically_known_true(condition))  # type: ignore[arg-type]
 
 
