@@ -364,7 +364,7 @@ def test_compiled_random_tables_and_programs(tagged: ir.IrOp, no_recompile: None
     from vllm_ir.testing import inductor_caches_off
 
     rng = random.Random(41)
-    for case in range(4):
+    for case in range(2):  # each case costs up to 5 cold compiles
         table = _random_table(rng, max_bound=24)
         rank3 = case % 2 == 1
         factors = [rng.choice([0.5, 2.0, 3.0]) for _ in range(rng.randint(1, 3))]
