@@ -31,6 +31,7 @@ from vllm_ir_cli.flags import BUILTIN_PASSES
 from vllm_ir.buckets import assume_range
 from vllm_ir.compilation.absolute_views import AbsoluteViewPass, AbsoluteViewRecordPass
 from vllm_ir.compilation.autotune import Autotuner
+from vllm_ir.compilation.bucket_branches import ranges_text
 from vllm_ir.compilation.bucket_switch import SizeSwitch, plan_switch, switch_between
 from vllm_ir.compilation.clone_elimination import CloneEliminationPass
 from vllm_ir.compilation.context import PassContext, pass_context
@@ -235,12 +236,14 @@ class VllmIRBackend:
                 selected.append(self.lowering_pass.selected_impls)
         finally:
             self.lowering_pass.selected_impls = outer
-        highs = [high for _low, high in switch.ranges[:-1]] + [None]
+        bounds = [*switch.highs, None]
         for op_name in {name for per_piece in selected for name in per_piece}:
             nodes = {n for per_piece in selected for n in per_piece.get(op_name, {})}
             for node in nodes:
                 ran = [per_piece.get(op_name, {}).get(node, "?") for per_piece in selected]
-                outer.setdefault(op_name, {})[node] = _pieces_text(highs, ran)
+                outer.setdefault(op_name, {})[node] = ranges_text(
+                    list(zip(bounds, ran, strict=True))
+                )
         logger.debug("compiled a graph per size range %s of %s", switch.ranges, switch.expr)
         return switch_between(switch, pieces)
 
@@ -284,17 +287,6 @@ def _graph_copy(graph: fx.Graph) -> fx.Graph:
     output = copy.graph_copy(graph, {})
     copy.output(output)
     return copy
-
-
-def _pieces_text(highs: Sequence[int | None], providers: Sequence[str]) -> str:
-    """``<=16:native;cpu_c`` for what a node runs per size range (neighbours merged)."""
-    merged: list[tuple[int | None, str]] = []
-    for high, provider in zip(highs, providers, strict=True):
-        if merged and merged[-1][1] == provider:
-            merged[-1] = (high, provider)
-        else:
-            merged.append((high, provider))
-    return ";".join(("" if h is None else f"<={h}:") + p for h, p in merged)
 
 
 def vllm_ir_backend(

@@ -23,7 +23,14 @@ from vllm_ir.buckets import bucket_index, bucket_label, symbolic_range
 from vllm_ir.impl import IrOpImpl
 from vllm_ir.op import IrOp
 
-__all__ = ["Branch", "branch_buckets", "bucket_branches", "describe_branches", "emit_cond"]
+__all__ = [
+    "Branch",
+    "branch_buckets",
+    "bucket_branches",
+    "describe_branches",
+    "emit_cond",
+    "ranges_text",
+]
 
 Branch = tuple[int | None, IrOpImpl]
 """``(max_tokens, impl)``: the impl of calls up to ``max_tokens`` tokens (None: the rest)."""
@@ -65,9 +72,20 @@ def bucket_branches(
 
 def describe_branches(branches: Sequence[Branch]) -> str:
     """``<=64:cpu_c;native``: what a branched node runs, in the CLI spelling."""
-    return ";".join(
-        ("" if bound is None else f"<={bound}:") + impl.provider for bound, impl in branches
-    )
+    return ranges_text([(bound, impl.provider) for bound, impl in branches])
+
+
+def ranges_text(ranges: Sequence[tuple[int | None, str]]) -> str:
+    """``<=64:cpu_c;native`` for ``(max_tokens, provider)`` per size range (None:
+    the rest), neighbours running the same provider merged: a branched node, or a
+    node of a graph compiled per size range."""
+    merged: list[tuple[int | None, str]] = []
+    for bound, provider in ranges:
+        if merged and merged[-1][1] == provider:
+            merged[-1] = (bound, provider)
+        else:
+            merged.append((bound, provider))
+    return ";".join(("" if bound is None else f"<={bound}:") + p for bound, p in merged)
 
 
 def branch_buckets(

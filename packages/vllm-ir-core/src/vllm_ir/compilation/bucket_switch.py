@@ -44,13 +44,14 @@ class SizeSwitch:
     read: Callable[[Sequence[Any]], int]
     """The token count of a call, from the compiled graph's arguments."""
 
+    @property
+    def highs(self) -> list[int]:
+        """The largest count of each piece but the last (the cut points)."""
+        return [high for _low, high in self.ranges[:-1]]
+
     def piece(self, tokens: int) -> int:
         """The piece serving a call of ``tokens`` tokens."""
-        return bisect.bisect_left(self._highs, tokens)
-
-    @property
-    def _highs(self) -> list[int]:
-        return [high for _low, high in self.ranges[:-1]]
+        return bisect.bisect_left(self.highs, tokens)
 
 
 def plan_switch(
@@ -111,7 +112,8 @@ def plan_switch(
 
 def switch_between(switch: SizeSwitch, pieces: Sequence[Callable[..., Any]]) -> Callable[..., Any]:
     """The compiled graph: each call runs the piece of its token count."""
-    highs = [high for _low, high in switch.ranges[:-1]]
+    # bound once: a call reads the count and bisects, nothing more
+    highs = switch.highs
     read = switch.read
     cut = bisect.bisect_left
     pieces = list(pieces)
