@@ -30,8 +30,8 @@ from typing import Any
 import torch
 import vllm_ir as ir
 from torch._inductor import config as inductor_config
-from vllm_ir.cli.tune import tune
-from vllm_ir.compilation.autotune import Autotuner, WallClockTimer
+from vllm_ir._cli.tune import tune
+from vllm_ir.compilation._autotune import Autotuner, WallClockTimer
 from vllm_ir.testing import TinyDecoder
 
 OPS = ("rms_norm", "fused_add_rms_norm")

@@ -1,7 +1,7 @@
 """Does choosing kernels per size bucket pay? Kernel crossovers, a compiled decoder, a plan.
 
 Four sections, timed with ``vllm-ir tune --model``'s interleaved rounds
-(:func:`vllm_ir.cli.tune_model.measure_interleaved`: every setting once per
+(:func:`vllm_ir._cli.tune_model.measure_interleaved`: every setting once per
 round, the order rotating; ``vllm-ir bench``'s timer; a p10-p90 spread over
 25 % of the median is flagged ``noisy``). Each compares a *bucketed* setting
 with every *fixed* priority: a selection pass picks each bucket's best fixed
@@ -92,14 +92,14 @@ def _register_aten() -> None:
 
 
 def _label(index: int, bounds: Sequence[int] = BOUNDS) -> str:
-    from vllm_ir.buckets import bucket_label
+    from vllm_ir._buckets import bucket_label
 
     return bucket_label(bounds, index)
 
 
 def _bucket(tokens: int, bounds: Sequence[int] = BOUNDS) -> str:
     """The bucket of ``tokens`` in a table with ``bounds`` (``<=16``, ``<=256``, ``>256``)."""
-    from vllm_ir.buckets import bucket_index
+    from vllm_ir._buckets import bucket_index
 
     return _label(bucket_index(bounds, tokens), bounds)
 
@@ -149,7 +149,7 @@ def kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int)
 
 def _kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int) -> dict[str, Any]:
     import vllm_ir as ir
-    from vllm_ir.cli.tune_model import measure_interleaved
+    from vllm_ir._cli.tune_model import measure_interleaved
 
     op = ir.ops.rms_norm
     weight = torch.randn(hidden)
@@ -219,7 +219,7 @@ def _kernels_bucketed(
     priority scope, the same cost for each setting). ``names``: choose among these
     impls only (default: every impl measured), in buckets with ``bounds``."""
     import vllm_ir as ir
-    from vllm_ir.cli.tune_model import measure_interleaved
+    from vllm_ir._cli.tune_model import measure_interleaved
 
     op = ir.ops.rms_norm
     names = sorted(names or next(iter(picked.values())))
@@ -397,7 +397,7 @@ def compiled_decoder(
     dynamic, recompiles refused), and as the switch between the fixed models."""
     import vllm_ir as ir
     from compiled_priorities import Decoder, candidates
-    from vllm_ir.cli.tune_model import measure_interleaved
+    from vllm_ir._cli.tune_model import measure_interleaved
     from vllm_ir.testing import inductor_caches_off
 
     model = Decoder(hidden, intermediate, layers).eval()
@@ -486,7 +486,7 @@ def eager_decoder(
     of the eager selection key."""
     import vllm_ir as ir
     from compiled_priorities import Decoder, candidates
-    from vllm_ir.cli.tune_model import measure_interleaved
+    from vllm_ir._cli.tune_model import measure_interleaved
 
     model = Decoder(hidden, intermediate, layers).eval()
     fixed = candidates("cpu")
@@ -649,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_end": None,
         "cpus": os.cpu_count(),
         "timing": {
-            "method": "interleaved rounds (vllm_ir.cli.tune_model.measure_interleaved), "
+            "method": "interleaved rounds (vllm_ir._cli.tune_model.measure_interleaved), "
             "host clock, ~10 ms of calls per sample",
             "rounds": args.rounds,
             "noisy": "p90 - p10 over 25 % of the median",

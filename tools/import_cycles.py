@@ -8,7 +8,7 @@ is a module, else ``pkg``. Cycles are the strongly connected components of more
 than one module (or a module importing itself).
 
     python tools/import_cycles.py packages/vllm-ir-core/src vllm_ir
-    python tools/import_cycles.py packages/vllm-ir-core/src vllm_ir --exclude vllm_ir.cli
+    python tools/import_cycles.py packages/vllm-ir-core/src vllm_ir --exclude vllm_ir._cli
 
 Exit status 1 when there is a cycle, so the lint session can run it.
 """

@@ -13,9 +13,10 @@ import pytest
 import torch
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir import priority, providers
-from vllm_ir.eager import set_dispatch_check
-from vllm_ir.runtime import RUNTIME
+from vllm_ir import _providers as providers
+from vllm_ir import priority
+from vllm_ir._eager import set_dispatch_check
+from vllm_ir._runtime import RUNTIME
 from vllm_ir.testing import isolated
 
 _counter = itertools.count()

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir.compilation.autotune import Autotuner, WallClockTimer
+from vllm_ir.compilation._autotune import Autotuner, WallClockTimer
 from vllm_ir.selection import invalidate_caches
 from vllm_ir.testing import inductor_caches_off
 

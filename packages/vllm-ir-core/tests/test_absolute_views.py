@@ -14,7 +14,7 @@ from torch import Tensor, fx
 from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
-from vllm_ir.compilation.absolute_views import rebase_absolute_views, resolve_storage_offsets
+from vllm_ir.compilation._absolute_views import rebase_absolute_views, resolve_storage_offsets
 
 as_strided = torch.ops.aten.as_strided.default
 

@@ -18,8 +18,8 @@ import torch
 import vllm_ir as ir
 from torch import Tensor
 from vllm_ir.compilation import LoweringPass, VllmIRBackend, pass_context
-from vllm_ir.compilation.autotune import Autotuner, candidates, decide
-from vllm_ir.compilation.tuning_cache import TuningCache
+from vllm_ir.compilation._autotune import Autotuner, candidates, decide
+from vllm_ir.compilation._tuning_cache import TuningCache
 from vllm_ir.priority import compiled_selection
 from vllm_ir.selection import invalidate_caches
 
@@ -202,7 +202,7 @@ def test_an_unwritable_cache_keeps_the_measurement(
     """A full disk (or a read-only dir) loses only the persistence, with a warning."""
     import errno
 
-    from vllm_ir.compilation import tuning_cache
+    from vllm_ir.compilation import _tuning_cache as tuning_cache
 
     def full(*args: object, **kwargs: object) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -222,7 +222,7 @@ def test_an_unwritable_cache_keeps_the_measurement(
 
 
 def test_a_tuning_cache_under_a_parent_others_can_write_is_refused(tmp_path: Path) -> None:
-    from vllm_ir.build_cache import UnsafeCacheError
+    from vllm_ir._build_cache import UnsafeCacheError
 
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -253,7 +253,7 @@ def test_tuning_cache_refuses_a_file_others_can_write(tmp_path: Path) -> None:
     cache = TuningCache(torch.device("cpu"), root=tmp_path / "t")
     cache.put("k", {"op": "o", "winner": "native", "times_s": {}})
     cache.path.chmod(0o666)
-    from vllm_ir.build_cache import UnsafeCacheError
+    from vllm_ir._build_cache import UnsafeCacheError
 
     with pytest.raises(UnsafeCacheError, match="writable by group or others"):
         TuningCache(torch.device("cpu"), root=tmp_path / "t").entries()
@@ -282,7 +282,7 @@ def test_inplace_candidates_run_on_fresh_copies(inplace_op: ir.IrOp) -> None:
 
 def test_compile_with_autotune_matches_eager() -> None:
     """One real compile: candidates measured on this CPU, lowered, run."""
-    from vllm_ir.compilation.autotune import WallClockTimer
+    from vllm_ir.compilation._autotune import WallClockTimer
     from vllm_ir.testing import inductor_caches_off
 
     class Block(torch.nn.Module):
@@ -322,7 +322,7 @@ def test_compile_with_autotune_matches_eager() -> None:
 def test_tune_writes_a_loadable_priority_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from vllm_ir.cli.main import main
+    from vllm_ir._cli.main import main
 
     out = tmp_path / "tuned.json"
     argv = ["tune", "--ops", "rms_norm", "--shapes", "decode=2x64,prefill=16x64"]
@@ -366,7 +366,7 @@ def test_cli_flags_and_kernel_config(tmp_path: Path) -> None:
 def test_compiled_call_overhead_is_taken_off_native(
     op: ir.IrOp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vllm_ir.compilation import autotune
+    from vllm_ir.compilation import _autotune as autotune
 
     monkeypatch.setattr(autotune, "_overheads", {"cpu": 2.0})  # as if measured
     times = {"native": 10.0, "slow": 8.5, "fast": 9.9, "invariant": 9.9}  # slow: 15 % faster
@@ -382,7 +382,7 @@ def test_autotune_measures_with_inductor_caches_on(tmp_path: Path) -> None:
     """Inductor's caches as users have them: native is compiled alone (a nested
     compile_fx) while the model's compile is open; a second CPU impl is really
     timed. A random factor in the program makes every run a cache miss."""
-    from vllm_ir.compilation.autotune import WallClockTimer
+    from vllm_ir.compilation._autotune import WallClockTimer
 
     # not torch's generator: an earlier test on this worker may have seeded it, and
     # the same factor again would hit the FX cache a previous run left on disk
@@ -414,7 +414,7 @@ def test_autotune_measures_with_inductor_caches_on(tmp_path: Path) -> None:
 
 def test_integer_inputs_index_valid_rows(make_op: Callable[..., ir.IrOp]) -> None:
     """Embedding-style ops: index tensors get values in range, so candidates run."""
-    from vllm_ir.compilation.autotune import WallClockTimer, measure, real_inputs
+    from vllm_ir.compilation._autotune import WallClockTimer, measure, real_inputs
 
     def embed(ids: Tensor, weight: Tensor) -> Tensor:
         return torch.nn.functional.embedding(ids, weight)

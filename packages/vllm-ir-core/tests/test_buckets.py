@@ -17,7 +17,7 @@ import torch
 import vllm_ir as ir
 from torch import Tensor
 from vllm_ir import priority
-from vllm_ir.buckets import BucketedPriority, as_priority, format_bucket_text, parse_bucket_text
+from vllm_ir._buckets import BucketedPriority, as_priority, format_bucket_text, parse_bucket_text
 from vllm_ir.provider import PlatformDefaults
 
 TAGS = {"t1": 1.0, "t2": 2.0, "t3": 3.0}
@@ -413,7 +413,7 @@ def test_size_switch_reads_the_count_and_picks_the_piece() -> None:
     """The switch's reader and cut: a size argument or a tensor dim, times constants."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
-    from vllm_ir.compilation.bucket_switch import SizeSwitch, _reader
+    from vllm_ir.compilation._bucket_switch import SizeSwitch, _reader
 
     fake = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(
         torch.ones(5, 3, 8), static_shapes=False
@@ -471,7 +471,7 @@ def test_cli_refuses_a_malformed_table_in_one_line() -> None:
 
 
 def test_decide_or_refuse_keeps_the_priority_order_on_noise() -> None:
-    from vllm_ir.timing import Timing, decide_or_refuse
+    from vllm_ir._timing import Timing, decide_or_refuse
 
     clear = {"a": Timing(10.0, 9.8, 10.2), "b": Timing(8.0, 7.9, 8.1)}
     assert decide_or_refuse(clear, ["a", "b"], "b").winner == "b"
@@ -487,7 +487,7 @@ def test_decide_or_refuse_keeps_the_priority_order_on_noise() -> None:
 def test_autotuner_measures_each_bucket_and_branches(tagged: ir.IrOp, no_recompile: None) -> None:
     """A fake timer with a crossover (t1 costs 1 us per token, t2 a flat 50 us):
     t1 wins the <=16 bucket, t2 the others; one compile runs each bucket's winner."""
-    from vllm_ir.compilation.autotune import Autotuner
+    from vllm_ir.compilation._autotune import Autotuner
 
     seen: list[int] = []
 
@@ -529,7 +529,7 @@ def test_autotuner_measures_each_bucket_and_branches(tagged: ir.IrOp, no_recompi
 
 
 def test_autotuner_bucket_settings_are_checked() -> None:
-    from vllm_ir.compilation.autotune import Autotuner
+    from vllm_ir.compilation._autotune import Autotuner
 
     with pytest.raises(ValueError, match="ascend strictly"):
         Autotuner(buckets=(256, 16))
@@ -562,7 +562,7 @@ def _fake_interleaved(noisy_at: int | None = None) -> Callable[..., dict[str, li
 
 def _sampled(op: ir.IrOp) -> None:
     """An input generator, which ``vllm-ir tune`` builds its calls from."""
-    from vllm_ir.samples import SampleInput
+    from vllm_ir._samples import SampleInput
 
     @op.register_input_generator
     def samples(dtype: torch.dtype, device: torch.device) -> Iterator[SampleInput]:
@@ -572,7 +572,7 @@ def _sampled(op: ir.IrOp) -> None:
 def test_tune_buckets_writes_a_bucketed_table(
     tagged: ir.IrOp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vllm_ir.cli import tune_buckets
+    from vllm_ir._cli import tune_buckets
 
     monkeypatch.setattr(tune_buckets, "time_interleaved", _fake_interleaved())
     _sampled(tagged)
@@ -596,7 +596,7 @@ def test_tune_buckets_writes_a_bucketed_table(
 def test_tune_buckets_refuses_to_rank_on_noise(
     tagged: ir.IrOp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vllm_ir.cli import tune_buckets
+    from vllm_ir._cli import tune_buckets
 
     monkeypatch.setattr(tune_buckets, "time_interleaved", _fake_interleaved(noisy_at=256))
     _sampled(tagged)
@@ -642,7 +642,7 @@ def test_symbolic_tokens_select_without_guards(tagged: ir.IrOp) -> None:
         ShapeEnv,
         StatelessSymbolicContext,
     )
-    from vllm_ir.buckets import AmbiguousBucket
+    from vllm_ir._buckets import AmbiguousBucket
 
     mode = FakeTensorMode(shape_env=ShapeEnv())
     context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])

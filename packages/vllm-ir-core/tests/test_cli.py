@@ -258,7 +258,7 @@ def test_bad_input_with_files_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_tune_leaves_no_temporary_file_when_writing_fails(tmp_path: Path) -> None:
-    from vllm_ir.cli.args import UsageError, write_atomically
+    from vllm_ir._cli.args import UsageError, write_atomically
 
     target = tmp_path / "t.json"
     target.mkdir()  # os.replace onto a directory fails after the temporary file is written
@@ -415,7 +415,7 @@ def test_demo_runs_eager_and_compiled() -> None:
 
 
 def test_spread_and_noise() -> None:
-    from vllm_ir.cli.bench import is_noisy, spread
+    from vllm_ir._cli.bench import is_noisy, spread
 
     samples = [float(v) for v in range(1, 12)]  # 1 .. 11
     assert spread(samples) == (6.0, 2.0, 10.0)
@@ -428,7 +428,7 @@ def test_explain_lists_every_candidate() -> None:
     import torch
     import vllm_ir as ir
     from torch import Tensor
-    from vllm_ir.cli.explain import candidate_lines
+    from vllm_ir._cli.explain import candidate_lines
 
     op = ir.ops.rms_norm
 

@@ -39,8 +39,8 @@ import torch
 from torch import Tensor, fx
 from torch.fx.experimental.proxy_tensor import make_fx
 from vllm_ir.compilation import eliminate_clones
-from vllm_ir.compilation.aliasing import AliasGroups
-from vllm_ir.compilation.lowering import ACTIVATION_CLONE_META
+from vllm_ir.compilation._aliasing import AliasGroups
+from vllm_ir.compilation._lowering import ACTIVATION_CLONE_META
 
 PROGRAMS = int(os.environ.get("VLLM_IR_FUZZ_PROGRAMS", "600"))
 SEED = int(os.environ.get("VLLM_IR_FUZZ_PASS_SEED", "1234"))

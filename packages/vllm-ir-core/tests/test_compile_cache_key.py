@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from vllm_ir.compilation.fingerprint import code_fingerprint
+from vllm_ir.compilation._fingerprint import code_fingerprint
 
 CHILD = textwrap.dedent(
     """

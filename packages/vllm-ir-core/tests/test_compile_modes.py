@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 import vllm_ir as ir
-from vllm_ir.compilation import backend as backend_module
+from vllm_ir.compilation import _backend as backend_module
 
 
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune-no-cudagraphs"])

@@ -18,7 +18,7 @@ from vllm_ir.compilation import (
     LoweringPass,
     pass_context,
 )
-from vllm_ir.compilation.context import DONATED_META
+from vllm_ir.compilation._context import DONATED_META
 
 H = 16
 FUSED = ir.ops.fused_add_rms_norm
@@ -295,7 +295,7 @@ def test_graphs_are_dumped_after_each_pass(tmp_path, monkeypatch) -> None:  # ty
 
 def test_graph_dumps_never_follow_planted_links(tmp_path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
     """Dump names are predictable: a link planted under the next one is not written through."""
-    from vllm_ir.compilation import pass_base
+    from vllm_ir.compilation import _pass_base as pass_base
 
     dumps = tmp_path / "dumps"
     dumps.mkdir()

@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from vllm_ir.compilation import eliminate_clones
-from vllm_ir.compilation.lowering import ACTIVATION_CLONE_META
+from vllm_ir.compilation._lowering import ACTIVATION_CLONE_META
 from vllm_ir.testing import inductor_caches_off
 
 # -- ops and kernels ---------------------------------------------------------
@@ -555,7 +555,7 @@ def _no_leaked_priorities() -> Iterator[None]:
     torch._dynamo.reset()
 
 
-# -- programs torch itself compiles wrongly (compilation/upstream_hazards.py) ---
+# -- programs torch itself compiles wrongly (compilation/_upstream_hazards.py) ---
 
 
 def strided_view_of_a_written_input(x: Tensor) -> Tensor:

@@ -54,7 +54,7 @@ def test_child_forked_during_discovery_discovers_again() -> None:
         """
         import os, threading, time, torch, vllm_ir as ir
         from torch import Tensor
-        from vllm_ir import providers
+        from vllm_ir import _providers as providers
 
         started = threading.Event()
         loads = []
@@ -93,8 +93,8 @@ def test_child_forked_while_another_thread_holds_the_cache_lock() -> None:
     out = _run(
         """
         import os, threading, torch, vllm_ir as ir
-        from vllm_ir import cache
-        from vllm_ir.runtime import RUNTIME
+        from vllm_ir import _cache as cache
+        from vllm_ir._runtime import RUNTIME
 
         op = ir.ops.rms_norm
         op(torch.ones(2, 8), None, 1e-6)

@@ -8,8 +8,8 @@ import vllm_ir as ir
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 from vllm_ir.compilation import NormQuantFusionPass, pass_context
-from vllm_ir.compilation.context import DONATED_META
-from vllm_ir.compilation.functionalize import InplaceFunctionalizationPass
+from vllm_ir.compilation._context import DONATED_META
+from vllm_ir.compilation._functionalize import InplaceFunctionalizationPass
 
 H = 32
 SCALE = torch.tensor([0.02])

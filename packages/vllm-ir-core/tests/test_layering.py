@@ -72,7 +72,7 @@ def test_bench_times_only_what_selection_accepts(
     scale_op: ir.IrOp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``vllm-ir bench`` used to time impls that VLLM_BATCH_INVARIANT rules out."""
-    from vllm_ir.cli.bench import _candidates
+    from vllm_ir._cli.bench import _candidates
 
     _register(scale_op, "fast")
     _register(scale_op, "stable", batch_invariant=True)
@@ -87,7 +87,7 @@ def test_bench_times_only_what_selection_accepts(
 def test_autotune_candidates_use_the_same_rule(
     scale_op: ir.IrOp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vllm_ir.compilation.autotune import candidates
+    from vllm_ir.compilation._autotune import candidates
 
     _register(scale_op, "fast")
     _register(scale_op, "declines", accepts=False)
@@ -124,7 +124,7 @@ def test_backend_from_config_and_the_deprecated_shim() -> None:
 
 
 def test_one_list_of_builtin_passes() -> None:
-    from vllm_ir.compilation import backend
+    from vllm_ir.compilation import _backend as backend
     from vllm_ir_cli import flags
 
     assert set(backend._BUILTIN_PASSES) == set(flags.BUILTIN_PASSES)

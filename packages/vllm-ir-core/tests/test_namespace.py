@@ -2,7 +2,7 @@
 
 vLLM 0.32/0.33's ``vllm/ir/op.py`` defines ``vllm_ir::rms_norm`` and friends
 at import. A stand-in package doing the same (no vLLM needed here) checks that
-vllm-ir moves to :data:`vllm_ir.namespace.FALLBACK_NAMESPACE` and that both
+vllm-ir moves to :data:`vllm_ir._namespace.FALLBACK_NAMESPACE` and that both
 import orders work; the real wheel is checked by ``nox -s vllm``.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import vllm_ir as ir
-from vllm_ir import namespace
+from vllm_ir import _namespace as namespace
 
 # what vllm/ir/__init__.py of vLLM 0.33 does, reduced to the clashing part
 _FAKE_VLLM_IR = """

@@ -9,9 +9,9 @@ import pytest
 import torch
 import vllm_ir as ir
 from torch import Tensor, nn
-from vllm_ir.buckets import ALL_SIZES
-from vllm_ir.callsite import bucket_of, module_path_of, token_count
-from vllm_ir.planning import Plan, PlanFormatError
+from vllm_ir._buckets import ALL_SIZES
+from vllm_ir._callsite import bucket_of, module_path_of, token_count
+from vllm_ir._planning import Plan, PlanFormatError
 
 
 def _big_only(x: Tensor, factor: float) -> bool:
@@ -175,7 +175,7 @@ def test_bad_plan_files_say_what_is_wrong(text: str, says: str) -> None:
 
 
 def test_plan_is_served_beside_the_twenty_names() -> None:
-    from vllm_ir import planning
+    from vllm_ir import _planning as planning
 
     assert ir.plan is planning.plan
     assert ir.Plan is planning.Plan

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import torch
 import vllm_ir as ir
-from vllm_ir import platform as platform_mod
-from vllm_ir import priority, providers
+from vllm_ir import _platform as platform_mod
+from vllm_ir import _providers as providers
+from vllm_ir import priority
 from vllm_ir.provider import (
     Platform,
     PlatformDefaults,

@@ -10,8 +10,8 @@ import torch
 import vllm_ir as ir
 from conftest import unique
 from torch import Tensor
-from vllm_ir import providers
-from vllm_ir.runtime import RUNTIME
+from vllm_ir import _providers as providers
+from vllm_ir._runtime import RUNTIME
 
 
 def _rms_impl(

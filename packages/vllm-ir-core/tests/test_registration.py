@@ -311,7 +311,7 @@ def test_reserved_parameter_names_are_refused_and_rolled_back(param: str) -> Non
 
 
 def test_a_failure_after_the_torch_definition_rolls_it_back(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from vllm_ir import op as op_module
+    from vllm_ir import _op as op_module
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("code generation failed")

@@ -85,7 +85,7 @@ def test_values_without_a_token_dimension_are_left_alone() -> None:
     tokens cannot be split over ranks: the pass says why and leaves them."""
     import torch
     from torch import fx
-    from vllm_ir.compilation.sequence_parallel import SequenceParallelismPass
+    from vllm_ir.compilation._sequence_parallel import SequenceParallelismPass
 
     graph = fx.Graph()
     reduce = graph.call_function(torch.ops.aten.clone.default, (graph.placeholder("x"),))

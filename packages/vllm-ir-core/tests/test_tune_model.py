@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import vllm_ir as ir
-from vllm_ir.cli.tune_model import DEFAULT, Timing, bucket_table, decide_bucket
+from vllm_ir._cli.tune_model import DEFAULT, Timing, bucket_table, decide_bucket
 from vllm_ir_cli import main
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from torch import Tensor, fx
-from vllm_ir.compilation.upstream_hazards import as_strided_input_mutation, has_dynamic_inputs
+from vllm_ir.compilation._upstream_hazards import as_strided_input_mutation, has_dynamic_inputs
 
 
 def check(fn: Callable[..., Tensor], x: Tensor) -> tuple[str | None, str | None, bool]:

@@ -13,7 +13,7 @@ import pytest
 import vllm_ir as ir
 import vllm_ir_cuda
 from cuda_stand_ins import STANDIN, StandInKernels
-from vllm_ir import providers
+from vllm_ir import _providers as providers
 from vllm_ir.testing import SELECTION_ENV, isolated
 from vllm_ir_cuda import layernorm
 

@@ -240,7 +240,7 @@ def test_importing_the_package_imports_no_kernels(tmp_path: Path) -> None:
     code = (
         "import sys, vllm_ir_cuda\n"
         "assert vllm_ir_cuda.provider.name == 'vllm_c'\n"
-        "loaded = [m for m in ('vllm_ir_cuda.ops', 'vllm_ir_cuda.layernorm', 'vllm_ir.extension')"
+        "loaded = [m for m in ('vllm_ir_cuda.ops', 'vllm_ir_cuda.layernorm', 'vllm_ir._extension')"
         " if m in sys.modules]\n"
         "print(loaded)\n"
     )

@@ -1,7 +1,7 @@
 """The eager hot path, generated per op from its signature.
 
 From an op's signature we generate, once, straight-line Python: the dispatch
-key (:mod:`vllm_ir.dispatch_key`), the "does any tensor need grad" test, and
+key (:mod:`vllm_ir._dispatch_key`), the "does any tensor need grad" test, and
 the whole eager ``__call__`` with the op's own parameters. Each saved
 attribute read, ``*args`` pack or extra call is 30-100 ns; generic code over
 ``args`` cost about twice the generated code's overhead on the hot path.
@@ -12,7 +12,7 @@ its lines.
 
 Generated code shares its function scope with the op's parameter names, so
 every name it defines or reads itself — globals, locals, its ``self`` —
-starts with :data:`~vllm_ir.signature.GENERATED_PREFIX`, which parameter
+starts with :data:`~vllm_ir._signature.GENERATED_PREFIX`, which parameter
 names may not (``check_native_signature``): a parameter called ``fn`` or
 ``_miss`` reaches the impl unchanged.
 """
@@ -29,9 +29,9 @@ from typing import Any
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-from vllm_ir.dispatch_key import key_expression, key_namespace
-from vllm_ir.signature import GENERATED_PREFIX as P
-from vllm_ir.signature import params_source, tensor_kind
+from vllm_ir._dispatch_key import key_expression, key_namespace
+from vllm_ir._signature import GENERATED_PREFIX as P
+from vllm_ir._signature import params_source, tensor_kind
 
 __all__ = ["compile_source", "make_eager_call", "make_needs_grad_fn", "make_route_fn"]
 
@@ -134,7 +134,7 @@ def make_eager_call(
     ``__torch_function__`` arguments, an open forward-AD level, or with
     tensors that need grad call ``routed`` (the torch op, so a tracer records
     one node and autograd sees the op; the native function under torch.func
-    transforms and for nested tensors — see :meth:`vllm_ir.eager.EagerCall.routed`).
+    transforms and for nested tensors — see :meth:`vllm_ir._eager.EagerCall.routed`).
 
     The function is called after the ``try``: an exception from it (the
     impl's) propagates unchanged and the impl runs exactly once.

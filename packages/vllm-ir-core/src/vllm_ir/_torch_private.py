@@ -1,14 +1,14 @@
 """The private torch internals that undoing a registration needs, in one place.
 
 ``torch.library`` has no public way to undefine an op: a failed provider load
-(:mod:`vllm_ir.registration`) and an op's teardown (``IrOp._unregister``)
+(:mod:`vllm_ir._registration`) and an op's teardown (``IrOp._unregister``)
 read and edit the bookkeeping below. Written against torch 2.11 to 2.13
 (``torch/library.py``: ``_defs``, ``_impls``, ``Library._op_defs``,
 ``Library._op_impls``, ``Library._destroy``; ``torch/_library/custom_ops.py``:
 ``OPDEFS``, ``OPDEF_TO_LIB``); a torch that moves them breaks only these
 functions, and ``tests/test_registration.py`` says so.
 
-Imports torch lazily: :mod:`vllm_ir.registration` imports nothing at load.
+Imports torch lazily: :mod:`vllm_ir._registration` imports nothing at load.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from vllm_ir_cli.flags import (
     PRIORITY_FLAG,
 )
 
-from vllm_ir.buckets import BucketedPriority, parse_bucket_text, spec_to_json
-from vllm_ir.op import IrOp, get_op
+from vllm_ir._buckets import BucketedPriority, parse_bucket_text, spec_to_json
+from vllm_ir._op import IrOp, get_op
 from vllm_ir.priority import scoped_priority, set_process_priority
 
 __all__ = [
@@ -60,7 +60,7 @@ def _short(value: object, limit: int = 80) -> str:
 
 
 PriorityValue = Sequence[str] | Sequence[Mapping[str, Any]] | BucketedPriority
-"""One op's entry as given: provider names, or size buckets (:mod:`vllm_ir.buckets`)."""
+"""One op's entry as given: provider names, or size buckets (:mod:`vllm_ir._buckets`)."""
 
 
 class IrOpPriorityConfig:
@@ -311,7 +311,7 @@ class KernelConfig:
             DeprecationWarning,
             stacklevel=2,
         )
-        backend = importlib.import_module("vllm_ir.compilation.backend")  # no import cycle
+        backend = importlib.import_module("vllm_ir.compilation._backend")  # no import cycle
         return backend.VllmIRBackend.from_config(self, **kwargs)
 
 

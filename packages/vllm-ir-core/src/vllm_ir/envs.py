@@ -135,7 +135,7 @@ def _seconds(raw: str) -> float:
     return 0.0 if value >= threading.TIMEOUT_MAX else value
 
 
-# the known platforms (built in, declared, installed): set by vllm_ir.platform
+# the known platforms (built in, declared, installed): set by vllm_ir._platform
 _platform_names: list[Callable[[], tuple[str, ...]]] = [lambda: PLATFORMS]
 
 
@@ -185,7 +185,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "off",
         "Every cached eager call is re-validated against an uncached `select()`; a mismatch "
         "raises `DispatchMismatch`. Read when an op is declared; "
-        "`vllm_ir.eager.set_dispatch_check` switches it at run time. Slow: for tests and "
+        "`vllm_ir._eager.set_dispatch_check` switches it at run time. Slow: for tests and "
         "debugging.",
         _flag,
         False,

@@ -35,18 +35,18 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from vllm_ir.buckets import (
+from vllm_ir._buckets import (
     BucketedPriority,
     PrioritySpec,
     as_priority,
     merged_bounds,
     priority_for_tokens,
 )
-from vllm_ir.cache import invalidating
-from vllm_ir.impl import NATIVE
-from vllm_ir.platform import current_platform, platform_problem
-from vllm_ir.registration import RegistrationHandle, on_snapshot, record
-from vllm_ir.runtime import RUNTIME
+from vllm_ir._cache import invalidating
+from vllm_ir._impl import NATIVE
+from vllm_ir._platform import current_platform, platform_problem
+from vllm_ir._registration import RegistrationHandle, on_snapshot, record
+from vllm_ir._runtime import RUNTIME
 
 __all__ = [
     "Mode",
@@ -188,7 +188,7 @@ _frozen = freeze_priority
 
 _EMPTY_PROCESS = PriorityState({}, "user (process-wide)")
 _EMPTY_SCOPE = PriorityState({}, "user (scoped)")
-# the data lives on the runtime (vllm_ir.runtime); this module holds the rules
+# the data lives on the runtime (vllm_ir._runtime); this module holds the rules
 _store = RUNTIME.priorities
 _store.process = _EMPTY_PROCESS
 

@@ -22,10 +22,10 @@ What is here:
 * layout predicates that never guard a compiled graph: :func:`contiguous`,
   :func:`rows_flatten_free`, :func:`may_overlap_itself`;
 * tolerances: :class:`Tolerance` and the shared constants;
-* what the norm family's impls share (:mod:`vllm_ir.norms`):
+* what the norm family's impls share (:mod:`vllm_ir._norms`):
   :func:`norm_supports_args`, :func:`fused_add_in_place`, :func:`register_norm_impls`;
 * the vendor-wrapper helper that vendor packages configure from a table
-  (:mod:`vllm_ir.vendor`): :class:`VendorNorm` (opaque ops, impls, their
+  (:mod:`vllm_ir._vendor`): :class:`VendorNorm` (opaque ops, impls, their
   ``supports_args``, registration, the ``python -m`` report),
   :class:`VendorAvailability` and :class:`AvailabilityCache` (the probe's
   answer), :func:`import_vendor`, :func:`rows_view`, :func:`vendor_provider_spec`,
@@ -47,22 +47,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vllm_ir import envs
-from vllm_ir._version import API_VERSION
-from vllm_ir.impl import NATIVE
-from vllm_ir.layout import contiguous, may_overlap_itself, rows_flatten_free
-from vllm_ir.logger import get_logger
-from vllm_ir.norms import (
+from vllm_ir._impl import NATIVE
+from vllm_ir._layout import contiguous, may_overlap_itself, rows_flatten_free
+from vllm_ir._logger import get_logger
+from vllm_ir._norms import (
     TensorCheck,
     fused_add_in_place,
     norm_supports_args,
     register_norm_impls,
 )
-from vllm_ir.platform import Platform, current_platform, device_type, privateuse1_available
-from vllm_ir.priority import PlatformDefaults
-from vllm_ir.providers import ProviderSpec, register_platform
-from vllm_ir.registration import RegistrationHandle, RegistrationLog, recording_registrations
-from vllm_ir.samples import SampleInput
-from vllm_ir.tolerances import (
+from vllm_ir._platform import Platform, current_platform, device_type, privateuse1_available
+from vllm_ir._providers import ProviderSpec, register_platform
+from vllm_ir._registration import RegistrationHandle, RegistrationLog, recording_registrations
+from vllm_ir._samples import SampleInput
+from vllm_ir._tolerances import (
     DEFAULT_TOLERANCES,
     EXACT,
     FP8_DYNAMIC_SCALE,
@@ -71,7 +69,7 @@ from vllm_ir.tolerances import (
     Tolerance,
     fp8_steps_apart,
 )
-from vllm_ir.vendor import (
+from vllm_ir._vendor import (
     AvailabilityCache,
     VendorAvailability,
     VendorNorm,
@@ -80,9 +78,11 @@ from vllm_ir.vendor import (
     unsupported_reason_attribute,
     vendor_provider_spec,
 )
+from vllm_ir._version import API_VERSION
+from vllm_ir.priority import PlatformDefaults
 
 if TYPE_CHECKING:
-    from vllm_ir.extension import ExtensionBuildError, cache_root
+    from vllm_ir._extension import ExtensionBuildError, cache_root
 
 __all__ = [
     "API_VERSION",
@@ -129,13 +129,13 @@ __all__ = [
 
 
 def build_extension(*args: Any, **kwargs: Any) -> Any:
-    """:func:`vllm_ir.extension.build_extension`: compile and load a C++/CUDA extension, cached.
+    """:func:`vllm_ir._extension.build_extension`: compile and load a C++/CUDA extension, cached.
 
     Imported on first use (importing a provider package builds nothing), and
-    looked up per call, so replacing ``vllm_ir.extension.build_extension``
+    looked up per call, so replacing ``vllm_ir._extension.build_extension``
     (a test's fake build) reaches here too.
     """
-    from vllm_ir import extension
+    from vllm_ir import _extension as extension
 
     return extension.build_extension(*args, **kwargs)
 
@@ -166,7 +166,7 @@ def deferred_register(target: str, *args: Any) -> Callable[[], None]:
 def __getattr__(name: str) -> Any:
     # the kernel-build module loads on first use: a provider package's import stays light
     if name in ("ExtensionBuildError", "cache_root"):
-        from vllm_ir import extension
+        from vllm_ir import _extension as extension
 
         return getattr(extension, name)
     raise AttributeError(f"module 'vllm_ir.provider' has no attribute {name!r}")

@@ -3,7 +3,7 @@
 Importing anything under ``vllm_ir`` imports the package and with it torch,
 which takes seconds. This module is separate and imports neither, so
 ``vllm-ir --help``, ``--version`` and malformed command lines answer at
-once; the commands (:mod:`vllm_ir.cli`) are imported only once the arguments
+once; the commands (:mod:`vllm_ir._cli`) are imported only once the arguments
 parse.
 
 Every error is one line, ``vllm-ir: error: ...``, with exit status 2.
@@ -28,11 +28,11 @@ from vllm_ir_cli.flags import (  # shared with vllm_ir.config
 )
 
 COMMANDS = {
-    "ops": "vllm_ir.cli.ops_cmd",
-    "explain": "vllm_ir.cli.explain",
-    "bench": "vllm_ir.cli.bench",
-    "demo": "vllm_ir.cli.demo",
-    "tune": "vllm_ir.cli.tune",
+    "ops": "vllm_ir._cli.ops_cmd",
+    "explain": "vllm_ir._cli.explain",
+    "bench": "vllm_ir._cli.bench",
+    "demo": "vllm_ir._cli.demo",
+    "tune": "vllm_ir._cli.tune",
 }
 """Command name -> the module whose ``run(args)`` carries it out."""
 
@@ -355,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             priority, passes, rest = split_selection_flags(argv)
             args = build_parser().parse_args(rest)
             args.torch_wrap = torch_wrap
-            command = importlib.import_module("vllm_ir.cli.main")
+            command = importlib.import_module("vllm_ir._cli.main")
             status = int(command.run(args, priority, passes))
             sys.stdout.flush()
             return status

@@ -1,4 +1,7 @@
-"""Recognizing IR op nodes in FX graphs."""
+"""Recognizing IR op nodes in FX graphs (for pass authors).
+
+``IrOpInplaceOverload`` is the type of ``op.maybe_inplace``, the overload a
+functionalized graph may turn back into an in-place call."""
 
 from __future__ import annotations
 
@@ -7,9 +10,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from vllm_ir.op import NAMESPACE, IrOp, get_op
+from vllm_ir._op import NAMESPACE, IrOp, IrOpInplaceOverload, get_op
 
-__all__ = ["call_args", "ir_op_of", "is_ir_node"]
+__all__ = ["IrOpInplaceOverload", "call_args", "ir_op_of", "is_ir_node"]
 
 
 def is_ir_node(node: fx.Node, overload: str | None = None) -> bool:

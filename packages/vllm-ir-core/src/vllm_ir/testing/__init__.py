@@ -14,7 +14,7 @@ For each op the provider implements, and each dtype:
   batch size — it is called with FakeTensors of a symbolic batch dimension,
   where reading a size yields a ``SymBool`` (a guard on the batch size) —
   and for every arguments that share the dispatch key
-  (:mod:`vllm_ir.dispatch_key`): it is re-asked with another batch size of
+  (:mod:`vllm_ir._dispatch_key`): it is re-asked with another batch size of
   the same class, another storage offset of the same alignment and other
   values, and must not change its answer (the eager cache would otherwise
   run an impl ``select()`` rejects);
@@ -49,10 +49,10 @@ from typing import Any
 
 import torch
 
-from vllm_ir.dispatch_key import ALIGNMENT
-from vllm_ir.impl import IrOpImpl
-from vllm_ir.op import IrOp
-from vllm_ir.samples import SampleInput
+from vllm_ir._dispatch_key import ALIGNMENT
+from vllm_ir._impl import IrOpImpl
+from vllm_ir._op import IrOp
+from vllm_ir._samples import SampleInput
 from vllm_ir.testing.isolation import SELECTION_ENV, inductor_caches_off, isolated
 from vllm_ir.testing.models import TinyDecoder, compile_agrees
 
@@ -265,7 +265,7 @@ def _check_supports_args(case: ConformanceCase) -> Iterator[str]:
                 yield (
                     f"sample {sample.name}: answered {answer} but {again!r} for the same "
                     f"arguments with {what}, which share the dispatch key: it reads a fact "
-                    "the key does not hold (see vllm_ir.dispatch_key)"
+                    "the key does not hold (see vllm_ir._dispatch_key)"
                 )
 
 
@@ -445,7 +445,7 @@ def conformance_cases(
 
     ``compiled`` runs for the first dtype only (a compile costs seconds).
     """
-    from vllm_ir.providers import ensure_loaded
+    from vllm_ir._providers import ensure_loaded
 
     unknown = [c for c in checks if c not in _CHECKS]
     if unknown:
@@ -471,8 +471,8 @@ def _no_cases_message(provider: str, checked: Sequence[IrOp]) -> str:
     import difflib
 
     from vllm_ir import envs
-    from vllm_ir.op import IrOp as _IrOp
-    from vllm_ir.providers import load_errors
+    from vllm_ir._op import IrOp as _IrOp
+    from vllm_ir._providers import load_errors
 
     everywhere = sorted({p for op in _IrOp.registry.values() for p in op.impls})
     mine = sorted(op.name for op in _IrOp.registry.values() if provider in op.impls)
@@ -547,7 +547,7 @@ def assert_discovered(provider: str, entry_point: str, spec: object, package: st
     """
     from importlib import metadata
 
-    from vllm_ir.providers import ENTRY_POINT_GROUP, load_errors, loaded_providers
+    from vllm_ir._providers import ENTRY_POINT_GROUP, load_errors, loaded_providers
 
     (ep,) = [e for e in metadata.entry_points(group=ENTRY_POINT_GROUP) if e.name == provider]
     assert ep.value == entry_point

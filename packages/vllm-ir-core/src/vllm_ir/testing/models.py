@@ -17,7 +17,7 @@ from vllm_ir.config import IrOpPriorityConfig
 from vllm_ir.testing.isolation import inductor_caches_off
 
 if TYPE_CHECKING:
-    from vllm_ir.compilation.backend import VllmIRBackend
+    from vllm_ir.compilation._backend import VllmIRBackend
 
 __all__ = ["TinyDecoder", "compile_agrees"]
 
@@ -81,7 +81,7 @@ def compile_agrees(
     backend for further checks; ``assert_close`` goes to
     ``torch.testing.assert_close``.
     """
-    from vllm_ir.compilation.backend import VllmIRBackend
+    from vllm_ir.compilation._backend import VllmIRBackend
 
     backend = VllmIRBackend(priority=priority)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic)

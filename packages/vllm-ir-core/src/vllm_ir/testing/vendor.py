@@ -46,15 +46,16 @@ import pytest
 import torch
 from torch import Tensor
 
-from vllm_ir import ops, providers
-from vllm_ir.op import IrOp, get_op
+from vllm_ir import _providers as providers
+from vllm_ir import ops
+from vllm_ir._op import IrOp, get_op
+from vllm_ir._providers import loaded_providers
 from vllm_ir.priority import (
     PlatformDefaults,
     add_platform_defaults,
     platform_default_contributions,
     remove_platform_defaults,
 )
-from vllm_ir.providers import loaded_providers
 from vllm_ir.selection import invalidate_caches
 from vllm_ir.testing import ConformanceCase, conformance_cases
 from vllm_ir.testing.compiled import CompiledDecoderChecks

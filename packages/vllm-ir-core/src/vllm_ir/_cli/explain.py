@@ -1,0 +1,115 @@
+"""``vllm-ir explain OP``: the effective priority list and every decision, per mode."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from vllm_ir._buckets import bucket_index
+from vllm_ir._cli import plan_cmd, tune
+from vllm_ir._cli.args import (
+    UsageError,
+    call_args_for,
+    parse_assignments,
+    parse_device,
+    parse_dtype,
+    parse_op,
+    parse_shape,
+)
+from vllm_ir._op import IrOp
+from vllm_ir._platform import current_platform
+from vllm_ir._platform import describe as describe_platform
+from vllm_ir._torch_wrap import torch_wrap_enabled
+from vllm_ir.priority import MODES, Mode
+from vllm_ir.selection import describe
+
+__all__ = ["bucket_lines", "candidate_lines", "run"]
+
+
+def bucket_lines(op: IrOp, call: tuple[Any, ...], mode: Mode) -> list[str]:
+    """The size-bucket table of the effective priorities (empty without buckets):
+    one line per bucket with its list, the call's bucket marked."""
+    bounds = op.bucket_bounds(mode)
+    if not bounds:
+        return []
+    tokens = op.tokens(*call)
+    mine = bucket_index(bounds, tokens)
+    act = op.activations[0] if op.activations else "-"
+    dims = "dim" if op.feature_dims == 1 else f"{op.feature_dims} dims"
+    lines = [f"size buckets (tokens: all but the last {dims} of {act}; this call: {tokens}):"]
+    for i, bound in enumerate((*bounds, None)):
+        label = f"<= {bound}" if bound is not None else f"> {bounds[-1]}"
+        rep = bound if bound is not None else bounds[-1] + 1
+        listed = ", ".join(p.provider for p in op.get_priority_entries(mode, tokens=rep))
+        marker = "   <- this call" if i == mine else ""
+        lines.append(f"  {label:>10} tokens: {listed}{marker}")
+    return lines
+
+
+def candidate_lines(op: IrOp, call: tuple[Any, ...], mode: Mode) -> list[str]:
+    """One line per registered impl: selected, rejected (why), not reached, or not listed.
+
+    Entries after the selected one are not asked by dispatch; their line says
+    what they would answer, so that a reordered list can be judged here.
+    """
+    found = op.candidates(*call, mode=mode)
+    lines = []
+    reached = True  # up to and including the selected entry: what dispatch asks
+    for decision in found:
+        provider = decision.provider
+        would = "would accept" if decision.accepted else f"would be rejected: {decision.reason}"
+        if not decision.listed:
+            lines.append(
+                f"{provider}: not on the priority list ({would}; "
+                f"--ir-op-priority.{op.name}={provider} puts it first)"
+            )
+        elif not reached:
+            lines.append(f"{provider}: not reached ({would})")
+        elif decision.accepted:
+            lines.append(f"{provider}: selected (first on the list that accepts)")
+            reached = False
+        else:
+            lines.append(f"{provider}: rejected: {decision.reason}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plan is not None:
+        return plan_cmd.print_plan(args.plan, op=args.op)
+    if args.op is None:
+        raise UsageError("explain needs an op name (e.g. rms_norm) or --plan FILE.json")
+    op = parse_op(args.op)
+    dtype = parse_dtype(args.dtype)
+    shape = parse_shape(args.shape)
+    device = parse_device(args.device)
+    call = call_args_for(op, shape, dtype, device, parse_assignments(args.arg))
+    tuned = tune.read_tuned(args.tuned, op) if args.tuned else None  # checked before output
+    modes: list[Mode] = ["compiled"] if args.compiled else ["eager"] if args.eager else list(MODES)
+    print(f"{op.name}{describe(call)} on {current_platform()}")
+    print(f"platform: {describe_platform()}")
+    if not torch_wrap_enabled():
+        print(
+            "torch wrap off (trace-through): traced calls run the selected impl, "
+            "with no IR node in the graph"
+        )
+    for mode in modes:
+        if mode == "compiled":
+            print("\ncompiled mode (Inductor lowering, on FakeTensors)")
+            print(f"  IR passes before lowering: {', '.join(args.passes.enabled()) or 'none'}")
+        else:
+            print("\neager mode")
+        for line in bucket_lines(op, call, mode):
+            print(f"  {line}")
+        tokens = op.tokens(*call) if op.bucket_bounds(mode) else None
+        print("  priority list:" if tokens is None else "  priority list (this call's bucket):")
+        for i, entry in enumerate(op.get_priority_entries(mode, tokens=tokens), 1):
+            print(f"    {i}. {entry.provider}  <- {entry.source}")
+        print("  candidates:")
+        for line in candidate_lines(op, call, mode):
+            print(f"    {line}")
+        print(f"  selected: {op.select(*call, mode=mode).impl.provider}")
+        if mode == "compiled" and args.autotune:
+            tune.explain_autotune(op, call)
+    if tuned is not None:
+        tune.explain_tuned(args.tuned, op, tuned)
+    return 0

@@ -1,0 +1,132 @@
+"""The model ``vllm-ir tune --model`` sweeps, and its example inputs per token count.
+
+``--model`` is one of:
+
+* a local Hugging Face model directory (or a name already in the local
+  Hugging Face cache): loaded with ``AutoModelForCausalLM.from_pretrained``
+  on the CPU in float32, in eval mode. Its inputs for ``tokens`` are random
+  ``input_ids`` (fixed seed): ``(tokens, 1)`` — one decode step of ``tokens``
+  sequences — at decode sizes (up to the first bucket bound), ``(1, tokens)``
+  — one prefill — above, called with ``use_cache=False``;
+* ``module:callable``: ``callable()`` returns ``(model, example_inputs)``
+  where ``example_inputs(tokens: int)`` returns the positional arguments of
+  one step as a tuple, or its keyword arguments as a dict. The module is
+  imported from ``sys.path`` (the current directory included).
+
+Either way the model is kernelized (``vllm_ir_transformers.kernelize``) when
+that package is installed and the model is not yet; a model that already
+calls IR ops needs nothing more.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+
+from vllm_ir._cli.args import UsageError
+
+__all__ = ["ModelSource", "load_model"]
+
+
+@dataclass
+class ModelSource:
+    """A model to sweep and how to build one step's inputs for a token count."""
+
+    name: str
+    model: Callable[..., Any]
+    example_inputs: Callable[[int], Any]
+    kernelized: str
+    """What kernelize did (or why it did not run), for the report."""
+
+    def call(self, tokens: int) -> Callable[[], Any]:
+        """One step at ``tokens`` as a no-argument callable (inputs built once)."""
+        inputs = self.example_inputs(tokens)
+        model = self.model
+        if isinstance(inputs, dict):
+            return lambda: model(**inputs)
+        if not isinstance(inputs, tuple):
+            raise UsageError(
+                f"--model {self.name}: example_inputs({tokens}) returned "
+                f"{type(inputs).__name__}; it must return a tuple of arguments or a dict"
+            )
+        return lambda: model(*inputs)
+
+
+def load_model(spec: str, decode_max: int) -> ModelSource:
+    """The model named by ``--model spec`` (see the module doc)."""
+    if ":" in spec and not Path(spec).exists():
+        model, inputs = _from_callable(spec)
+    else:
+        model, inputs = _from_pretrained(spec, decode_max)
+    return ModelSource(spec, model, inputs, _kernelize(spec, model))
+
+
+def _from_callable(spec: str) -> tuple[Any, Callable[[int], Any]]:
+    module_name, _, attr = spec.partition(":")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # like `python -m`: the current directory's modules
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UsageError(f"--model {spec}: cannot import {module_name!r} ({e})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise UsageError(f"--model {spec}: {module_name} has no callable {attr!r}")
+    made = factory()
+    if not (isinstance(made, tuple) and len(made) == 2 and callable(made[1])):
+        raise UsageError(
+            f"--model {spec}: {attr}() must return (model, example_inputs) with "
+            f"example_inputs(tokens) -> args tuple or kwargs dict; got {type(made).__name__}"
+        )
+    return made
+
+
+def _from_pretrained(spec: str, decode_max: int) -> tuple[Any, Callable[[int], Any]]:
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        raise UsageError(
+            f"--model {spec}: loading a Hugging Face model needs transformers "
+            "(pip install vllm-ir-transformers)"
+        ) from None
+    local = Path(spec).is_dir()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            spec, dtype=torch.float32, local_files_only=True
+        )
+    except (OSError, ValueError) as e:
+        where = "a model directory" if local else "not a directory nor a cached model name"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(
+            f"--model {spec}: cannot load it ({where}: {first}); give a local Hugging Face "
+            "model directory or module:callable"
+        ) from None
+    model = cast(Any, model).to("cpu").eval()
+    vocab = int(getattr(model.config, "vocab_size", 0) or 2)
+
+    def example_inputs(tokens: int) -> dict[str, Any]:
+        generator = torch.Generator().manual_seed(tokens)
+        shape = (tokens, 1) if tokens <= decode_max else (1, tokens)
+        ids = torch.randint(0, vocab, shape, generator=generator)
+        return {"input_ids": ids, "use_cache": False}
+
+    return model, example_inputs
+
+
+def _kernelize(spec: str, model: Any) -> str:
+    if not isinstance(model, torch.nn.Module):
+        return "not a torch.nn.Module: run as given"
+    try:
+        from vllm_ir_transformers import is_kernelized, kernelize
+    except ImportError:
+        return "vllm-ir-transformers is not installed: run as given"
+    if is_kernelized(model):
+        return "already kernelized"
+    report = kernelize(model)
+    return f"kernelized: {len(report.replaced)} modules ({report.by_op()})"

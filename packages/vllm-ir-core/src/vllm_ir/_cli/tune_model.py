@@ -1,0 +1,411 @@
+"""``vllm-ir tune --model PATH_OR_NAME``: sweep a whole model, write a bucketed priority file.
+
+For each token count (``--tokens``) the model's kernel plan
+(:func:`vllm_ir.plan`) says which IR ops it calls and which impls accept each
+call. Then, one op at a time with the others at their defaults, the
+end-to-end step time is measured with each candidate first on that op's
+priority list, interleaved with the default (every round times each setting
+once, in rotating order, so a load spike hits all settings alike; the timing
+itself is ``vllm-ir bench``'s). Per op and size bucket (``--buckets``) a
+candidate replaces the default only when it is faster at every token count of
+the bucket by more than the spread of both (its p90 below the default's p10);
+a spread above ``bench``'s limit refuses to decide and says so. Finally the
+combined winners are re-measured against the defaults.
+
+The file written has the bucketed priority format under ``ir_op_priority``
+(``{"rms_norm": [{"max_tokens": 16, "priority": [...]}, {"priority": [...]}]}``:
+ascending bounds, the last entry for the rest) and the figures under
+``_measurements``; priority loaders read ``ir_op_priority`` of such a
+document and ignore the other keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from vllm_ir._buckets import bucket_index, bucket_label
+from vllm_ir._cli.args import UsageError, apply_threads, writable_file, write_atomically
+from vllm_ir._cli.bench import NOISY, is_noisy, spread, time_call
+from vllm_ir._cli.model_source import ModelSource, load_model
+from vllm_ir._cli.table import render_table
+from vllm_ir._op import get_op
+from vllm_ir.compilation._tuning_cache import environment
+from vllm_ir.priority import scoped_priority
+
+__all__ = [
+    "DEFAULT",
+    "Timing",
+    "bucket_table",
+    "decide_bucket",
+    "explain_sweep",
+    "is_sweep",
+    "measure_interleaved",
+    "parse_ints",
+    "priority_for",
+    "run",
+    "sweep",
+    "sweep_problem",
+]
+
+DEFAULT = "default"
+"""The setting with every op at its current priority."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Microseconds per step: median and p10-p90 over the interleaved rounds."""
+
+    median_us: float
+    p10_us: float
+    p90_us: float
+    noisy: bool
+    rounds: int
+
+
+def parse_ints(option: str, text: str) -> list[int]:
+    """``"1,16,256"`` -> ``[1, 16, 256]`` (positive, ascending, no repeats)."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected integers joined by commas") from None
+    if not values or any(v < 1 for v in values) or values != sorted(set(values)):
+        raise UsageError(f"{option} {text!r}: give positive integers in ascending order")
+    return values
+
+
+def _scoped(step: Callable[[], Any], priority: dict[str, list[str]]) -> Callable[[], Any]:
+    checked = {op: get_op(op).check_providers(p) for op, p in priority.items()}
+
+    def run() -> Any:
+        with scoped_priority(checked):
+            return step()
+
+    return run
+
+
+def measure_interleaved(
+    steps: dict[str, Callable[[], Any]], rounds: int, warmup: int
+) -> dict[str, Timing]:
+    """Time every setting once per round (~10 ms of calls each, ``bench``'s
+    :func:`~vllm_ir._cli.bench.time_call`), the order rotating between rounds."""
+    names = list(steps)
+    for name in names:
+        for _ in range(warmup):
+            steps[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].extend(time_call(steps[name], "cpu", rounds=1, warmup=0))
+    timings = {}
+    for name, values in samples.items():
+        median, p10, p90 = spread(values)
+        timings[name] = Timing(
+            round(median, 2), round(p10, 2), round(p90, 2), is_noisy(median, p10, p90), len(values)
+        )
+    return timings
+
+
+def decide_bucket(
+    per_tokens: dict[int, dict[str, Timing]], default: dict[int, str]
+) -> tuple[str | None, str]:
+    """The provider to put first for a bucket, or None to keep the defaults; and why.
+
+    ``per_tokens[t][provider]``: the step time with ``provider`` first (the
+    default's under ``DEFAULT``); ``default[t]``: the provider that runs by default.
+    """
+    if not per_tokens:
+        return None, "no token count measured in this bucket: defaults kept"
+    common = set.intersection(*(set(v) for v in per_tokens.values())) - {DEFAULT}
+
+    def score(p: str) -> float:
+        ratios = [v[p].median_us / v[DEFAULT].median_us for v in per_tokens.values()]
+        return math.exp(sum(map(math.log, ratios)) / len(ratios))
+
+    if not common:
+        return None, "one candidate only: defaults kept"
+    best = min(sorted(common), key=score)
+    involved = [v[name] for v in per_tokens.values() for name in (best, DEFAULT)]
+    noisy = [t for t in involved if t.noisy]
+    if noisy:
+        worst = max((t.p90_us - t.p10_us) / t.median_us for t in noisy)
+        fewer = ", --threads 1" if torch.get_num_threads() != 1 else ""
+        return None, (
+            f"too noisy to decide (spread {worst:.0%} of the median > {NOISY:.0%}): defaults "
+            f"kept; rerun with more --rounds{fewer}, or on an idle machine"
+        )
+    if all(default[t] == best for t in per_tokens):
+        return None, f"the default ({best}) is fastest"
+    if all(v[best].p90_us < v[DEFAULT].p10_us for v in per_tokens.values()):
+        return best, f"{best} is faster at every size ({score(best):.2f}x the default's time)"
+    return None, (
+        f"{best} ({score(best):.2f}x the default's time) is within the spread of the default: "
+        "defaults kept"
+    )
+
+
+def priority_for(op: str, first: str | None) -> list[str]:
+    """The op's effective eager list now, with ``first`` moved to the front."""
+    current = get_op(op).get_priority("eager")
+    return current if first is None else [first, *(p for p in current if p != first)]
+
+
+def bucket_table(lists: Sequence[list[str]], bounds: Sequence[int]) -> list[dict[str, Any]]:
+    """The bucketed priority format: ``max_tokens`` per bound, the last entry for the rest."""
+    table: list[dict[str, Any]] = [
+        {"max_tokens": bound, "priority": p} for bound, p in zip(bounds, lists, strict=False)
+    ]
+    table.append({"priority": lists[len(bounds)]})
+    return table
+
+
+def _bucket_of(tokens: int, bounds: Sequence[int]) -> int:
+    return bucket_index(bounds, tokens)
+
+
+def sweep(
+    source: ModelSource,
+    tokens: Sequence[int],
+    bounds: Sequence[int],
+    *,
+    rounds: int,
+    warmup: int,
+    ops: Sequence[str] = (),
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """The ``tune --model`` document (see the module doc). Steps run under
+    ``torch.inference_mode()``, as served models do (no autograd bookkeeping)."""
+    with torch.inference_mode():
+        return _sweep(source, tokens, bounds, rounds=rounds, warmup=warmup, ops=ops, log=log)
+
+
+def _sweep(
+    source: ModelSource,
+    tokens: Sequence[int],
+    bounds: Sequence[int],
+    *,
+    rounds: int,
+    warmup: int,
+    ops: Sequence[str],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    from vllm_ir._planning import plan
+
+    steps = {t: source.call(t) for t in tokens}
+    plans = {t: _plan(plan, source, t) for t in tokens}
+    used = sorted({s.op for p in plans.values() for s in p})
+    chosen = [op for op in used if not ops or op in ops]
+    # per op and token count: what runs by default, and every impl that accepts a call
+    default_ran: dict[str, dict[int, str]] = {op: {} for op in chosen}
+    accepted: dict[str, dict[int, list[str]]] = {op: {} for op in chosen}
+    for t, p in plans.items():
+        for s in p:
+            if s.op in accepted:
+                default_ran[s.op].setdefault(t, s.ran)
+                found = accepted[s.op].setdefault(t, [])
+                for c in s.candidates:
+                    if c.status != "rejected" and c.provider not in found:
+                        found.append(c.provider)
+    timings: dict[int, dict[str, Timing]] = {}
+    for t in tokens:
+        settings: dict[str, Callable[[], Any]] = {DEFAULT: steps[t]}
+        for op in chosen:
+            for p in accepted[op].get(t, []):
+                if p != default_ran[op].get(t):
+                    settings[f"{op}={p}"] = _scoped(steps[t], {op: [p]})
+        log(f"tokens {t}: {len(settings)} settings x {rounds} interleaved rounds")
+        timings[t] = measure_interleaved(settings, rounds, warmup)
+    table: dict[str, list[dict[str, Any]]] = {}
+    per_op: dict[str, Any] = {}
+    for op in chosen:
+        lists, buckets = [], {}
+        for b in range(len(bounds) + 1):
+            in_bucket = [t for t in tokens if _bucket_of(t, bounds) == b]
+            per_tokens = {t: _op_timings(timings[t], op, default_ran[op].get(t)) for t in in_bucket}
+            first, why = decide_bucket(per_tokens, default_ran[op])
+            lists.append(priority_for(op, first))
+            label = bucket_label(bounds, b)
+            buckets[label] = {
+                "tokens": in_bucket,
+                "first": first,
+                "reason": why,
+                "default_ran": {str(t): default_ran[op].get(t) for t in in_bucket},
+                "times_us": {
+                    str(t): {p: asdict(v) for p, v in times.items()}
+                    for t, times in per_tokens.items()
+                },
+            }
+        table[op] = bucket_table(lists, bounds)
+        per_op[op] = buckets
+    combined = _combined(plan, source, steps, table, bounds, rounds, warmup, log)
+    return {
+        "ir_op_priority": table,
+        "_measurements": {
+            "model": source.name,
+            "kernelized": source.kernelized,
+            "threads": torch.get_num_threads(),
+            "rounds": rounds,
+            "warmup": warmup,
+            "tokens": list(tokens),
+            "bucket_bounds": list(bounds),
+            "ops": per_op,
+            "combined": combined,
+            "environment": environment(torch.device("cpu")),
+        },
+    }
+
+
+def _plan(plan: Callable[..., Any], source: ModelSource, tokens: int) -> Any:
+    inputs = source.example_inputs(tokens)
+    with torch.inference_mode():
+        if isinstance(inputs, dict):
+            return plan(source.model, **inputs)
+        return plan(source.model, *inputs)
+
+
+def _op_timings(times: dict[str, Timing], op: str, default: str | None) -> dict[str, Timing]:
+    """The settings varying ``op``, by provider; the default also under its provider."""
+    mine = {k.split("=", 1)[1]: v for k, v in times.items() if k.startswith(f"{op}=")}
+    mine[DEFAULT] = times[DEFAULT]
+    if default is not None:
+        mine[default] = times[DEFAULT]
+    return mine
+
+
+def _combined(
+    plan: Callable[..., Any],
+    source: ModelSource,
+    steps: dict[int, Callable[[], Any]],
+    table: dict[str, list[dict[str, Any]]],
+    bounds: Sequence[int],
+    rounds: int,
+    warmup: int,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Every op's bucket winner at once, re-measured against the defaults per token count."""
+    result: dict[str, Any] = {}
+    for t, step in steps.items():
+        b = _bucket_of(t, bounds)
+        tuned = {op: entries[b]["priority"] for op, entries in table.items()}
+        if all(p == priority_for(op, None) for op, p in tuned.items()):
+            result[str(t)] = {"same_as_default": True}
+            continue
+        with scoped_priority({op: get_op(op).check_providers(p) for op, p in tuned.items()}):
+            ran = _plan(plan, source, t).by_op()
+        log(f"tokens {t}: combined winners vs defaults")
+        times = measure_interleaved({DEFAULT: step, "tuned": _scoped(step, tuned)}, rounds, warmup)
+        result[str(t)] = {
+            "default_us": asdict(times[DEFAULT]),
+            "tuned_us": asdict(times["tuned"]),
+            "speedup": round(times[DEFAULT].median_us / times["tuned"].median_us, 3),
+            "tuned_ran": ran,
+        }
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    tokens = parse_ints("--tokens", args.tokens)
+    bounds = parse_ints("--buckets", args.buckets or "16,256")
+    out = writable_file("--out", args.out)
+    ops = [name.strip() for name in args.ops.split(",") if name.strip()]
+    for name in ops:
+        try:
+            get_op(name)
+        except KeyError as e:
+            raise UsageError(str(e.args[0])) from None
+    print(apply_threads(args.threads))
+    source = load_model(args.model, bounds[0])
+    print(f"{args.model}: {source.kernelized}")
+    doc = sweep(source, tokens, bounds, rounds=args.rounds, warmup=args.warmup, ops=ops)
+    if not doc["ir_op_priority"]:
+        raise UsageError(
+            f"--model {args.model}: it calls no IR op (or none of --ops); nothing to tune"
+        )
+    write_atomically("--out", out, json.dumps(doc, indent=2) + "\n")
+    _print(doc)
+    print(f"wrote {out}; use it with --ir-op-priority=@{out} (bucketed priorities)")
+    return 0
+
+
+def _print(doc: dict[str, Any]) -> None:
+    rows = []
+    for op, buckets in doc["_measurements"]["ops"].items():
+        for label, b in buckets.items():
+            rows.append(
+                [op, label, ",".join(map(str, b["tokens"])), b["first"] or "-", b["reason"]]
+            )
+    print(render_table(["op", "bucket", "tokens", "first", "decision"], rows))
+    for t, c in doc["_measurements"]["combined"].items():
+        if c.get("same_as_default"):
+            print(f"tokens {t}: the defaults won in its bucket: nothing to re-measure")
+            continue
+        noisy = (
+            " (too noisy to trust)" if c["default_us"]["noisy"] or c["tuned_us"]["noisy"] else ""
+        )
+        print(
+            f"tokens {t}: default {c['default_us']['median_us']:.1f} us, tuned "
+            f"{c['tuned_us']['median_us']:.1f} us ({c['speedup']:.2f}x){noisy}"
+        )
+
+
+# -- explain --tuned on a sweep's file ---------------------------------------------
+
+
+def is_sweep(doc: object) -> bool:
+    """Whether ``doc`` is a ``tune --model`` document (its figures under ``_measurements``)."""
+    return isinstance(doc, dict) and "_measurements" in doc and "measured" not in doc
+
+
+def sweep_problem(doc: dict[str, Any], op_name: str) -> str | None:
+    """What keeps ``doc`` from being a well-formed sweep document for ``op_name``
+    (``None``: nothing; an op the sweep did not measure is fine)."""
+    from vllm_ir._buckets import as_priority
+
+    figures, priority = doc["_measurements"], doc.get("ir_op_priority")
+    if not isinstance(figures, dict) or not isinstance(figures.get("ops"), dict):
+        return "'_measurements' has no 'ops' object"
+    if not isinstance(priority, dict):
+        return "'ir_op_priority' is missing or not an object"
+    buckets = figures["ops"].get(op_name)
+    if buckets is None:
+        return None
+    try:
+        as_priority(priority.get(op_name), op_name)
+    except (TypeError, ValueError) as e:
+        return f"{op_name} is measured but its 'ir_op_priority' entry is not valid ({e})"
+    if not isinstance(buckets, dict):
+        return f"'_measurements.ops.{op_name}' is not an object"
+    for label, b in buckets.items():
+        where = f"'_measurements.ops.{op_name}.{label}'"
+        if not isinstance(b, dict) or not isinstance(b.get("times_us"), dict):
+            return f"{where} has no 'times_us' object"
+        if not isinstance(b.get("reason"), str):
+            return f"{where} has no 'reason'"
+    return None
+
+
+def explain_sweep(path: str, op_name: str, doc: dict[str, Any]) -> None:
+    """Print a sweep's decision for ``op_name`` per bucket, with the step times behind it."""
+    from vllm_ir._buckets import as_priority, format_bucket_text
+
+    figures = doc["_measurements"]
+    print(f"\ntuned in {path} (tune --model {figures.get('model')}, end-to-end step times)")
+    buckets = figures["ops"].get(op_name)
+    if buckets is None:
+        print(f"  {op_name}: not called by the model (or not swept)")
+        return
+    print(f"  priority: {format_bucket_text(as_priority(doc['ir_op_priority'][op_name], op_name))}")
+    for label, b in buckets.items():
+        print(f"  {label}: {b['reason']}")
+        for tokens, times in b["times_us"].items():
+            each = ", ".join(
+                f"{p} {t['median_us']:.1f} us" for p, t in times.items() if isinstance(t, dict)
+            )
+            print(f"    tokens {tokens}: {each}")

@@ -1,0 +1,136 @@
+"""Old import paths of core's internal modules, served for one release.
+
+Core's internal modules carry private names (``vllm_ir._op``,
+``vllm_ir.compilation._lowering``, ``vllm_ir._cli``); their public names are
+``vllm_ir``, ``vllm_ir.ops``, ``vllm_ir.provider``, ``vllm_ir.testing``,
+``vllm_ir.compilation`` (with ``ir_nodes``), ``vllm_ir.priority``,
+``vllm_ir.selection``, ``vllm_ir.config`` and ``vllm_ir.envs``. Code that still
+imports an old path gets the very module object of the new one (so a patch
+applied through either name is seen through both) and a ``DeprecationWarning``.
+
+>>> import warnings
+>>> with warnings.catch_warnings(record=True) as caught:
+...     warnings.simplefilter("always")
+...     import vllm_ir.build_cache as old
+>>> import vllm_ir._build_cache as new
+>>> old is new, caught[0].category.__name__
+(True, 'DeprecationWarning')
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import warnings
+from types import ModuleType
+
+__all__ = ["MOVED", "install", "new_name"]
+
+_TOP = [
+    "arguments",
+    "autograd",
+    "buckets",
+    "build_cache",
+    "cache",
+    "callsite",
+    "compiled_eager",
+    "dispatch_key",
+    "eager",
+    "extension",
+    "impl",
+    "layout",
+    "logger",
+    "namespace",
+    "norms",
+    "op",
+    "planning",
+    "platform",
+    "providers",
+    "registration",
+    "runtime",
+    "samples",
+    "selector",
+    "signature",
+    "timing",
+    "tolerances",
+    "torch_wrap",
+    "vendor",
+]
+_COMPILATION = [
+    "absolute_views",
+    "aliasing",
+    "autotune",
+    "backend",
+    "bucket_branches",
+    "bucket_switch",
+    "clone_elimination",
+    "context",
+    "fingerprint",
+    "functionalize",
+    "fusion",
+    "lowering",
+    "pass_base",
+    "sequence_parallel",
+    "tuning_cache",
+    "upstream_hazards",
+]
+
+MOVED: dict[str, str] = {
+    **{f"vllm_ir.{name}": f"vllm_ir._{name}" for name in _TOP},
+    **{f"vllm_ir.compilation.{name}": f"vllm_ir.compilation._{name}" for name in _COMPILATION},
+    "vllm_ir.cli": "vllm_ir._cli",  # a package: its submodules move with it
+    "vllm_ir.dispatch": "vllm_ir.selection",  # it always held selection
+}
+"""Old module path -> where it lives now."""
+
+
+def new_name(old: str) -> str | None:
+    """Where the module ``old`` lives now, or ``None`` if it did not move.
+
+    >>> new_name("vllm_ir.cli.args"), new_name("vllm_ir.ops")
+    ('vllm_ir._cli.args', None)
+    """
+    if old in MOVED:
+        return MOVED[old]
+    package, _, rest = old.partition(".cli.")
+    if package == "vllm_ir" and rest:
+        return f"vllm_ir._cli.{rest}"
+    return None
+
+
+class _Alias(importlib.abc.Loader):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        # the import system's own frames are skipped: the warning points at the importer
+        warnings.warn(
+            f"{self.old} is deprecated: import {self.new} (internal) or a public module "
+            "(the old path goes in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module(self.new)
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass  # the module ran under its new name
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: object = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        new = new_name(fullname)
+        if new is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, _Alias(fullname, new))
+
+
+def install() -> None:
+    """Put the finder first on ``sys.meta_path`` (once): before the path finder,
+    which would otherwise load a moved package's submodules a second time."""
+    if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _MovedModuleFinder())

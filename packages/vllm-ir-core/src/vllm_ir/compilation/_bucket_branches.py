@@ -1,0 +1,211 @@
+"""Runtime branches over size buckets in a compiled graph.
+
+With a dynamic token count whose known range spans several buckets of an
+op's priority table, no one impl serves every size the graph runs at. The
+lowering then emits ``torch.cond`` on ``tokens <= bound``, nested one level
+per bucket, each branch the traced impl of its bucket: one graph serves
+every size without recompiling or adding a guard. Buckets outside the
+symbol's value range (its ShapeEnv's) are pruned; neighbouring buckets
+selecting the same impl are merged; one impl left means no branch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from vllm_ir._buckets import bucket_index, bucket_label, symbolic_range
+from vllm_ir._impl import IrOpImpl
+from vllm_ir._op import IrOp
+
+__all__ = [
+    "Branch",
+    "branch_buckets",
+    "bucket_branches",
+    "describe_branches",
+    "emit_cond",
+    "ranges_text",
+]
+
+Branch = tuple[int | None, IrOpImpl]
+"""``(max_tokens, impl)``: the impl of calls up to ``max_tokens`` tokens (None: the rest)."""
+
+
+def bucket_branches(
+    op: IrOp, args: Sequence[Any], select: Callable[[int], IrOpImpl] | None = None
+) -> list[Branch] | None:
+    """The impl of every bucket a symbolic token count can fall into, merged;
+    ``None`` when the count is static or the table has no buckets (select as usual).
+
+    ``select(tokens)`` picks the impl of a representative call (default: the
+    priority list's selection for that token count).
+    """
+    bounds = op.bucket_bounds()
+    tokens = op.tokens(*args)
+    if not bounds or type(tokens) is int:
+        return None
+    if select is None:
+        full = tuple(args)
+
+        def select(n: int) -> IrOpImpl:
+            return op.selector.select(full, tokens=n).impl
+
+    low, high = symbolic_range(tokens)
+    first, last = bucket_index(bounds, low), bucket_index(bounds, high)
+    branches: list[Branch] = []
+    for i in range(first, last + 1):
+        # the smallest count of bucket i the symbol can take represents it
+        rep = max(low, bounds[i - 1] + 1) if i else low
+        impl = select(rep)
+        bound = bounds[i] if i < last else None
+        if branches and branches[-1][1] is impl:
+            branches[-1] = (bound, impl)  # same impl as the bucket below: one branch
+        else:
+            branches.append((bound, impl))
+    return branches
+
+
+def describe_branches(branches: Sequence[Branch]) -> str:
+    """``<=64:cpu_c;native``: what a branched node runs, in the CLI spelling."""
+    return ranges_text([(bound, impl.provider) for bound, impl in branches])
+
+
+def ranges_text(ranges: Sequence[tuple[int | None, str]]) -> str:
+    """``<=64:cpu_c;native`` for ``(max_tokens, provider)`` per size range (None:
+    the rest), neighbours running the same provider merged: a branched node, or a
+    node of a graph compiled per size range."""
+    merged: list[tuple[int | None, str]] = []
+    for bound, provider in ranges:
+        if merged and merged[-1][1] == provider:
+            merged[-1] = (bound, provider)
+        else:
+            merged.append((bound, provider))
+    return ";".join(("" if bound is None else f"<={bound}:") + p for bound, p in merged)
+
+
+def branch_buckets(
+    op: IrOp, args: Sequence[Any], branches: Sequence[Branch]
+) -> list[tuple[str, int, IrOpImpl]]:
+    """Per branch of a node: its bucket label (``<=16``; ``>256`` for the last),
+    the smallest token count it runs at (its representative), and its impl.
+
+    One branch (every bucket the count can reach selects alike) is labelled
+    with its bucket of the op's table, or ``all sizes`` if it spans several.
+    """
+    from vllm_ir._callsite import range_label
+
+    low, high = symbolic_range(op.tokens(*args))
+    found: list[tuple[str, int, IrOpImpl]] = []
+    below: int | None = None
+    for bound, impl in branches:
+        rep = low if below is None else max(low, below + 1)
+        if bound is not None:
+            label = bucket_label((bound,), 0)
+        elif below is not None:
+            label = bucket_label((below,), 1)
+        else:
+            label = range_label(op.bucket_bounds(), low, high)
+        found.append((label, rep, impl))
+        below = bound
+    return found
+
+
+def _token_count(graph: fx.Graph, act: fx.Node, val: torch.Tensor, feature_dims: int) -> Any:
+    """Nodes computing the token count of activation ``act`` (or an int if static):
+    the product of its dims but the last ``feature_dims`` (``IrOp.tokens``)."""
+    total: Any = 1
+    for dim in range(val.dim() - feature_dims):
+        size = val.shape[dim]
+        if type(size) is int:
+            factor: Any = size
+        else:
+            factor = graph.call_function(torch.ops.aten.sym_size.int, (act, dim))
+            factor.meta["val"] = size
+        if total == 1:
+            total = factor
+        elif isinstance(total, int) and isinstance(factor, int):
+            total = total * factor
+        else:
+            prod = graph.call_function(operator.mul, (total, factor))
+            prod.meta["val"] = _val(total) * _val(factor)
+            total = prod
+    return total
+
+
+def _val(x: Any) -> Any:
+    return x.meta["val"] if isinstance(x, fx.Node) else x
+
+
+def emit_cond(
+    graph: fx.Graph,
+    owner: torch.nn.Module,
+    operands: Sequence[fx.Node],
+    act_index: int,
+    bound: int,
+    then_gm: fx.GraphModule,
+    else_gm: fx.GraphModule,
+    fake_mode: Any,
+    feature_dims: int = 1,
+) -> list[fx.Node]:
+    """Insert ``cond(tokens <= bound, then_gm, else_gm, operands)`` into ``graph``
+    (at its insertion point); returns one node per output. Both branches take
+    ``operands`` and return a tuple."""
+    vals = [o.meta["val"] for o in operands]
+    tokens = _token_count(graph, operands[act_index], vals[act_index], feature_dims)
+    pred = graph.call_function(operator.le, (tokens, bound))
+    pred.meta["val"] = _val(tokens) <= bound
+    names = []
+    for gm in (then_gm, else_gm):
+        i = 0
+        while hasattr(owner, f"_vllm_ir_bucket{i}"):
+            i += 1
+        owner.register_module(f"_vllm_ir_bucket{i}", gm)
+        attr = graph.get_attr(f"_vllm_ir_bucket{i}")
+        attr.meta["val"] = gm
+        names.append(attr)
+    cond = graph.call_function(
+        torch.ops.higher_order.cond, (pred, names[0], names[1], tuple(operands))
+    )
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        out = torch.ops.higher_order.cond(pred.meta["val"], then_gm, else_gm, tuple(vals))
+    cond.meta["val"] = out
+    items = []
+    for k, v in enumerate(out):
+        item = graph.call_function(operator.getitem, (cond, k))
+        item.meta["val"] = v
+        items.append(item)
+    return items
+
+
+def nested_cond_module(
+    operand_vals: Sequence[torch.Tensor],
+    act_index: int,
+    bounds: Sequence[int],
+    modules: Sequence[fx.GraphModule],
+    fake_mode: Any,
+    feature_dims: int = 1,
+) -> fx.GraphModule:
+    """A module of ``operands`` running ``modules[i]`` for calls of at most
+    ``bounds[i]`` tokens and ``modules[-1]`` for the rest (one fewer bound)."""
+    if not bounds:
+        return modules[0]
+    rest = nested_cond_module(
+        operand_vals, act_index, bounds[1:], modules[1:], fake_mode, feature_dims
+    )
+    root = torch.nn.Module()
+    graph = fx.Graph(owning_module=None)
+    phs = []
+    for k, v in enumerate(operand_vals):
+        ph = graph.placeholder(f"arg{k}")
+        ph.meta["val"] = v
+        phs.append(ph)
+    outs = emit_cond(
+        graph, root, phs, act_index, bounds[0], modules[0], rest, fake_mode, feature_dims
+    )
+    graph.output(tuple(outs))
+    return fx.GraphModule(root, graph)
