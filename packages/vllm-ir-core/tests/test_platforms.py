@@ -211,10 +211,10 @@ def test_privateuse1_backend_detection_without_tensors() -> None:
         print("before rename", current_platform())
         torch.utils.rename_privateuse1_backend("nova")
         torch.utils.generate_methods_for_privateuse1_backend()
-        ir.platform.redetect()
+        ir._platform.redetect()
         print("renamed, no device module", current_platform())
         torch._register_device_module("nova", types.SimpleNamespace(is_available=lambda: True))
-        ir.platform.redetect()
+        ir._platform.redetect()
         print("available", current_platform(), device_type(), torch.device("nova:0").type)
         """
     )

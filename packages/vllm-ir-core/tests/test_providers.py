@@ -121,7 +121,7 @@ def test_provider_registering_a_new_op_is_rolled_back(fresh_discovery) -> None: 
         name=name, api_version=ir.API_VERSION, register=register
     )
     assert "ImportError: missing dependency" in ir.load_errors()[name].cause
-    assert op_name not in ir.op.IrOp.registry
+    assert op_name not in ir._op.IrOp.registry
     assert not hasattr(torch.ops.vllm_ir, op_name)
 
 
@@ -226,4 +226,4 @@ def test_conformance_cases_load_the_providers_first(fresh_discovery) -> None:  #
         assert [c.op.name for c in cases] == [op_name]
     finally:
         registrations[name].remove()
-    assert op_name not in ir.op.IrOp.registry
+    assert op_name not in ir._op.IrOp.registry

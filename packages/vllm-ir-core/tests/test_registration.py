@@ -82,10 +82,10 @@ def test_register_op_rejects(kwargs, fn_src, error, match) -> None:
 
     fns = {"scale": scale, "two_out": two_out, "unannotated": unannotated, "kwonly": kwonly}
     kwargs = {"name": unique("rejected"), **kwargs}
-    before = set(ir.op.IrOp.registry)
+    before = set(ir._op.IrOp.registry)
     with pytest.raises(error, match=match):
         ir.register_op(**kwargs)(fns[fn_src])
-    assert set(ir.op.IrOp.registry) == before
+    assert set(ir._op.IrOp.registry) == before
     assert not hasattr(torch.ops.vllm_ir, kwargs["name"]) or kwargs["name"] in before
 
 
@@ -96,7 +96,7 @@ def test_failed_torch_definition_registers_nothing() -> None:
     name = unique("bad_schema")
     with pytest.raises(TypeError, match="has no torch schema"):
         ir.register_op(name=name)(bad_schema)
-    assert name not in ir.op.IrOp.registry
+    assert name not in ir._op.IrOp.registry
     # the name is free again: a corrected definition succeeds
     ok = ir.register_op(name=name)(scale)
     ok._unregister()
@@ -321,7 +321,7 @@ def test_a_failure_after_the_torch_definition_rolls_it_back(monkeypatch) -> None
     with pytest.raises(RuntimeError, match="code generation failed"):
         ir.register_op(name=name)(scale)
     assert f"vllm_ir::{name}" not in torch.library._defs
-    assert name not in ir.op.IrOp.registry
+    assert name not in ir._op.IrOp.registry
     monkeypatch.undo()
     ir.register_op(name=name)(scale)._unregister()
 

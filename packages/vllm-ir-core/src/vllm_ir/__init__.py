@@ -79,6 +79,12 @@ def __getattr__(name: str) -> object:
         return getattr(importlib.import_module(_MOVED[name]), name)
     if name in ("compilation", "testing", "provider"):
         return importlib.import_module(f"vllm_ir.{name}")
+    if f"vllm_ir.{name}" in _moved_modules.MOVED:  # an internal module's old name
+        import warnings
+
+        old = f"vllm_ir.{name}"
+        warnings.warn(_moved_modules.message(old), DeprecationWarning, stacklevel=2)
+        return importlib.import_module(_moved_modules.MOVED[old])
     raise AttributeError(f"module 'vllm_ir' has no attribute {name!r}")
 
 

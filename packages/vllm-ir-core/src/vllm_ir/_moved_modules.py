@@ -27,7 +27,7 @@ import sys
 import warnings
 from types import ModuleType
 
-__all__ = ["MOVED", "install", "new_name"]
+__all__ = ["MOVED", "install", "message", "new_name"]
 
 _TOP = [
     "arguments",
@@ -101,18 +101,21 @@ def new_name(old: str) -> str | None:
     return None
 
 
+def message(old: str) -> str:
+    """The deprecation message for an import of the old path ``old``."""
+    return (
+        f"{old} is deprecated: import {new_name(old)} (internal) or a public module "
+        "(the old path goes in the next release)"
+    )
+
+
 class _Alias(importlib.abc.Loader):
     def __init__(self, old: str, new: str) -> None:
         self.old, self.new = old, new
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         # the import system's own frames are skipped: the warning points at the importer
-        warnings.warn(
-            f"{self.old} is deprecated: import {self.new} (internal) or a public module "
-            "(the old path goes in the next release)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+        warnings.warn(message(self.old), DeprecationWarning, stacklevel=2)
         return importlib.import_module(self.new)
 
     def exec_module(self, module: ModuleType) -> None:

@@ -1,0 +1,67 @@
+"""Internal modules are private by name; their old import paths still work for one release."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import vllm_ir
+from vllm_ir import _moved_modules
+
+SRC = Path(vllm_ir.__file__).parent
+PUBLIC = {"ops", "provider", "testing", "compilation", "priority", "selection", "config", "envs"}
+"""Core's public modules: everything else at the top of the package is internal."""
+
+
+def test_only_the_public_modules_have_public_names() -> None:
+    names = {p.name.removesuffix(".py") for p in SRC.iterdir() if p.name != "py.typed"}
+    public = {n for n in names if not n.startswith("_")}
+    assert public == PUBLIC
+    compilation = {p.stem for p in (SRC / "compilation").glob("[!_]*.py")}
+    assert compilation == {"ir_nodes"}
+
+
+@pytest.mark.parametrize("old", [*sorted(_moved_modules.MOVED), "vllm_ir.cli.args"])
+def test_an_old_path_imports_the_same_module_with_a_warning(old: str) -> None:
+    new = _moved_modules.new_name(old)
+    assert new is not None and importlib.import_module(new)
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: import {new}"):
+        module = importlib.import_module(old)
+    assert module is sys.modules[new]  # one module: a patch through either name is seen by both
+
+
+def test_the_old_attribute_of_the_package_warns_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(vllm_ir, "op", raising=False)
+    with pytest.warns(DeprecationWarning, match="vllm_ir.op is deprecated"):
+        assert vllm_ir.op is vllm_ir._op  # type: ignore[attr-defined]
+
+
+def test_unmoved_names_are_left_to_the_import_system() -> None:
+    assert _moved_modules.new_name("vllm_ir.ops") is None
+    assert _moved_modules.new_name("vllm_ir.client") is None
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("vllm_ir.no_such_module")
+
+
+def test_loggers_keep_their_public_names() -> None:
+    from vllm_ir._logger import get_logger
+
+    assert get_logger("vllm_ir._providers") is logging.getLogger("vllm_ir.providers")
+    assert get_logger("vllm_ir.compilation._backend").name == "vllm_ir.compilation.backend"
+
+
+def test_the_old_paths_work_in_a_fresh_process() -> None:
+    """First thing in a process, as an old script would: no prior import of the new names."""
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "try:\n    from vllm_ir.op import IrOp\nexcept DeprecationWarning as e:\n    print(e)\n"
+        "warnings.simplefilter('ignore')\n"
+        "from vllm_ir.op import IrOp\nfrom vllm_ir._op import IrOp as New\nprint(IrOp is New)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == [_moved_modules.message("vllm_ir.op"), "True"]
