@@ -37,7 +37,7 @@ def test_an_old_path_imports_the_same_module_with_a_warning(old: str) -> None:
 
 
 def test_the_old_attribute_of_the_package_warns_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(vllm_ir, "op", raising=False)
+    monkeypatch.delitem(vllm_ir.__dict__, "op", raising=False)  # as before any import of it
     with pytest.warns(DeprecationWarning, match="vllm_ir.op is deprecated"):
         assert vllm_ir.op is vllm_ir._op  # type: ignore[attr-defined]
 
