@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from cpu_c_testing import run_python
-from vllm_ir._extension import cache_root
+from vllm_ir.provider import cache_root
 from vllm_ir_cpu import build
 
 

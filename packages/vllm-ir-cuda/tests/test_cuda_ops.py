@@ -108,7 +108,7 @@ def _first_call_args() -> tuple[Any, ...]:
 @pytest.mark.skipif(torch.version.cuda is not None, reason="needs a CPU-only torch")
 def test_first_cuda_call_builds_and_reports_why_it_cannot() -> None:
     kernel = ops._build_on_first_call("rms_norm")
-    with pytest.raises(vllm_ir._extension.ExtensionBuildError, match="not a CUDA build"):
+    with pytest.raises(vllm_ir.provider.ExtensionBuildError, match="not a CUDA build"):
         kernel(*_first_call_args())
     assert not _build.is_loaded()
 

@@ -1,7 +1,7 @@
 """Building and loading the C++ kernels: JIT, cached, on first use.
 
 The sources ship inside the package (``vllm_ir_cpu/csrc``) and are compiled by
-:func:`vllm_ir._extension.build_extension` into ``$VLLM_IR_CACHE_DIR/extensions``
+:func:`vllm_ir.provider.build_extension` into ``$VLLM_IR_CACHE_DIR/extensions``
 (default ``~/.cache/vllm_ir``), keyed by this package's version, torch's
 version, the sources and the flags. The flags name the instruction set picked
 for this CPU, so a cache shared between machines (CI) never hands an AVX-512
@@ -147,7 +147,7 @@ def build(*, verbose: bool = False) -> Path:
     """Build the kernels (or reuse the cached build), load them, return the library path.
 
     Idempotent and thread safe; concurrent processes are serialized by the
-    build cache's file lock. Raises :class:`vllm_ir._extension.ExtensionBuildError`
+    build cache's file lock. Raises :class:`vllm_ir.provider.ExtensionBuildError`
     when the toolchain is missing.
     """
     global _library

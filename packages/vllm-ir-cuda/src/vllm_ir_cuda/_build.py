@@ -1,6 +1,6 @@
 """Building and loading the CUDA kernels, once per process, on first use.
 
-:func:`load` compiles ``csrc/`` with :func:`vllm_ir._extension.build_extension`
+:func:`load` compiles ``csrc/`` with :func:`vllm_ir.provider.build_extension`
 (JIT with ninja, cached per package version, torch version, sources and
 flags; process safe) and loads the library, whose ``TORCH_LIBRARY_IMPL``
 registers the CUDA implementations of ``torch.ops.vllm_ir_cuda.*``. Nothing
@@ -135,7 +135,7 @@ def is_loaded() -> bool:
 def load(*, verbose: bool = False) -> Path:
     """Build the kernels (or reuse the cached build) and load them; returns the library.
 
-    Raises :class:`vllm_ir._extension.ExtensionBuildError` when they cannot be
+    Raises :class:`vllm_ir.provider.ExtensionBuildError` when they cannot be
     built here (no CUDA build of torch, no nvcc, no ninja ...), before compiling.
     """
     global _library

@@ -15,7 +15,7 @@ the impl.
 first ``rotary_dim`` channels of ``query`` and ``key`` where they lie and the
 impl returns the very tensors it wrote.
 
-Numerics (``vllm_ir._tolerances``): ``rotary_embedding`` gives native's bits (no
+Numerics (``vllm_ir.provider``): ``rotary_embedding`` gives native's bits (no
 FMA contraction); ``gelu_and_mul`` is within the op's tolerance (``erff`` /
 ``tanhf`` against ATen's); ``silu_and_mul``, ``static_scaled_fp8_quant``
 and ``dynamic_per_token_fp8_quant`` give native's CUDA bits; the norm + quant
