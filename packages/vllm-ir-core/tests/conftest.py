@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import sys
-import types
 from collections.abc import Callable, Iterator
 from importlib import metadata
-from typing import Any
 
 import pytest
 import torch
 import vllm_ir as ir
+from fake_entry_points import Entry, serving
 from torch import Tensor
 from vllm_ir import _providers as providers
 from vllm_ir import priority
@@ -35,6 +33,13 @@ def _isolated_state() -> Iterator[None]:
     """Process-wide priorities, env-driven selection and caches reset per test."""
     with isolated():
         yield
+
+
+@pytest.fixture
+def dynamo_reset_after() -> Iterator[None]:
+    """Dynamo's caches emptied after the test (modules that compile many programs use it)."""
+    yield
+    torch._dynamo.reset()
 
 
 @pytest.fixture
@@ -96,24 +101,11 @@ def inplace_op(make_op: Callable[..., ir.IrOp]) -> ir.IrOp:
 def fresh_discovery(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
     """Discovery state reset, and a fake entry-point table the test fills in."""
     table: dict[str, object] = {}
-    real = metadata.entry_points
 
-    def entry_points(**params: Any) -> Any:
-        # importlib.metadata is shared: other libraries (triton) keep their entry points
-        if params.get("group") != providers.ENTRY_POINT_GROUP:
-            return real(**params)
-        eps = []
-        for name, obj in table.items():
-            module = types.ModuleType(f"fake_provider_{name}")
-            module.provider = obj  # type: ignore[attr-defined]
-            monkeypatch.setitem(sys.modules, module.__name__, module)
-            eps.append(
-                metadata.EntryPoint(
-                    name, f"{module.__name__}:provider", providers.ENTRY_POINT_GROUP
-                )
-            )
-        return eps
+    def listed() -> Iterator[Entry]:
+        return ((name, f"fake_provider_{name}", "provider", obj) for name, obj in table.items())
 
+    entry_points = serving(monkeypatch, providers.ENTRY_POINT_GROUP, listed, metadata.entry_points)
     monkeypatch.setattr(providers.metadata, "entry_points", entry_points)
     monkeypatch.setattr(RUNTIME.discovery, "loaded_once", False)
     monkeypatch.setattr(RUNTIME.discovery, "loaded", {})

@@ -11,21 +11,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 
 import compile_fuzz
 import pytest
-import torch
 from test_clone_elimination_fuzz import write_report
 
 COMPILES = int(os.environ.get("VLLM_IR_FUZZ_COMPILES", "6"))
 SEED = int(os.environ.get("VLLM_IR_FUZZ_COMPILE_SEED", "0"))
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo() -> Iterator[None]:
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("dynamo_reset_after")
 
 
 def test_compiled_equals_eager_on_random_programs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 
 import inductor_fuzz
 import pytest
-import torch
 from test_clone_elimination_fuzz import write_report
 
 CASES = int(os.environ.get("VLLM_IR_FUZZ_INDUCTOR", "1"))
 SEED = int(os.environ.get("VLLM_IR_FUZZ_INDUCTOR_SEED", "0"))
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo() -> Iterator[None]:
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("dynamo_reset_after")
 
 
 @pytest.mark.parametrize("family", inductor_fuzz.FAMILIES)

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import types
 from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import vllm_ir as ir
+from fake_entry_points import Entry, serving
 from vllm_ir import _platform as platform_mod
 from vllm_ir import _providers as providers
 from vllm_ir import priority
@@ -138,23 +138,13 @@ def fake_platform_eps(
 ) -> Iterator[tuple[dict[str, object], list[tuple[str, str, object]]]]:
     """``(providers table, platform entries)``: platform entries are ``(name, package, obj)``."""
     entries: list[tuple[str, str, object]] = []
-    patched = metadata.entry_points
 
-    def entry_points(**params: Any) -> Any:
-        if params.get("group") != platform_mod.ENTRY_POINT_GROUP:
-            return patched(**params)
-        eps = []
+    def listed() -> Iterator[Entry]:
         for i, (name, package, obj) in enumerate(entries):
-            module = types.ModuleType(f"{package}_{i}")
-            module.platform = obj  # type: ignore[attr-defined]
-            monkeypatch.setitem(sys.modules, module.__name__, module)
-            eps.append(
-                metadata.EntryPoint(
-                    name, f"{module.__name__}:platform", platform_mod.ENTRY_POINT_GROUP
-                )
-            )
-        return eps
+            yield name, f"{package}_{i}", "platform", obj
 
+    group = platform_mod.ENTRY_POINT_GROUP
+    entry_points = serving(monkeypatch, group, listed, metadata.entry_points)
     monkeypatch.setattr(providers.metadata, "entry_points", entry_points)
     yield fresh_discovery, entries
     for name in list(platform_mod._registered):

@@ -73,7 +73,7 @@ def test_matches_native_on_every_layout(op: ir.IrOp, dtype: torch.dtype, provide
 
 
 # (rows, hidden): >= 16M elements on a GPU, where two-ulp differences from native's
-# summation order do occur (the tolerances of vllm_ir.provider); a slice of that under the interpreter
+# summation order do occur (vllm_ir.provider's tolerances); a slice of that under the interpreter
 _LARGE = [(4096, 4096), (2048, 8192)] if DEVICE != "cpu" else [(16, 4096)]
 
 

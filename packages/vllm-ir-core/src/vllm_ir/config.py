@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from vllm_ir_cli.flags import (
     AUTOTUNE_FLAG,
@@ -26,6 +26,7 @@ from vllm_ir_cli.flags import (
     DEFAULT_AUTOTUNE_MARGIN,
     PASS_FLAG,
     PRIORITY_FLAG,
+    ArgvCursor,
 )
 
 from vllm_ir._buckets import BucketedPriority, parse_bucket_text, spec_to_json
@@ -61,6 +62,16 @@ def _short(value: object, limit: int = 80) -> str:
 
 PriorityValue = Sequence[str] | Sequence[Mapping[str, Any]] | BucketedPriority
 """One op's entry as given: provider names, or size buckets (:mod:`vllm_ir._buckets`)."""
+
+
+_Config = TypeVar("_Config")
+
+
+def _only_flags(config: _Config, rest: list[str]) -> _Config:
+    """``config`` when its parser left nothing over: ``from_cli_args`` takes flags only."""
+    if rest:
+        raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
+    return config
 
 
 class IrOpPriorityConfig:
@@ -102,10 +113,7 @@ class IrOpPriorityConfig:
     @classmethod
     def from_cli_args(cls, argv: Sequence[str]) -> IrOpPriorityConfig:
         """Parse ``--ir-op-priority`` flags; any other argument is an error."""
-        config, rest = parse_ir_op_priority_args(argv)
-        if rest:
-            raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
-        return config
+        return _only_flags(*parse_ir_op_priority_args(argv))
 
     @classmethod
     def from_json(cls, source: str | Path) -> IrOpPriorityConfig:
@@ -179,10 +187,8 @@ class IrPassConfig:
 
     @classmethod
     def from_cli_args(cls, argv: Sequence[str]) -> IrPassConfig:
-        config, rest = parse_ir_pass_args(argv)
-        if rest:
-            raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
-        return config
+        """Parse ``--ir-pass.NAME=on|off`` flags; any other argument is an error."""
+        return _only_flags(*parse_ir_pass_args(argv))
 
     def enabled(self) -> list[str]:
         return [name for name, on in self._flags.items() if on]
@@ -209,20 +215,16 @@ def parse_ir_pass_args(argv: Sequence[str]) -> tuple[IrPassConfig, list[str]]:
     """
     flags: dict[str, bool] = {}
     rest: list[str] = []
-    args = list(argv)
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
+    cursor = ArgvCursor(argv)
+    for arg in cursor:
         if not arg.startswith(PASS_FLAG + "."):
             rest.append(arg)
             continue
         flag, eq, value = arg.partition("=")
         if not eq:
-            if i >= len(args):
+            if cursor.peek() is None:
                 raise ValueError(f"{flag} expects on or off")
-            value = args[i]
-            i += 1
+            value = str(cursor.take())
         name = flag[len(PASS_FLAG) + 1 :].replace("-", "_")
         if value.strip().lower() not in _ON:
             raise ValueError(f"{flag}={value!r}: expected on or off")
@@ -493,22 +495,19 @@ def parse_ir_op_priority_args(
     """
     priorities: dict[str, list[str]] = {}
     rest: list[str] = []
-    args = list(argv)
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
+    cursor = ArgvCursor(argv)
+    for arg in cursor:
         if not arg.startswith(CLI_FLAG):
             rest.append(arg)
             continue
         flag, eq, value = arg.partition("=")
         if not eq:
-            if i >= len(args):
+            following = cursor.peek()
+            if following is None:
                 raise ValueError(f"{flag} expects a value")
-            value = args[i]
-            if value.startswith("--"):  # provider lists never start so: a missing value
-                raise ValueError(f"{flag} expects a value, got the next flag {_short(value)}")
-            i += 1
+            if following.startswith("--"):  # provider lists never start so: a missing value
+                raise ValueError(f"{flag} expects a value, got the next flag {_short(following)}")
+            value = str(cursor.take())
         if flag == CLI_FLAG and value.startswith("@"):  # @file: a JSON file
             priorities.update(_parse_json(*_read_json_source(Path(value[1:]))))
         elif flag == CLI_FLAG:

@@ -25,6 +25,7 @@ from vllm_ir_cli.flags import (  # shared with vllm_ir.config
     PASSES,
     PRIORITY_FLAG,
     TORCH_WRAP_FLAG,
+    ArgvCursor,
 )
 
 COMMANDS = {
@@ -271,13 +272,10 @@ def split_selection_flags(argv: Sequence[str]) -> tuple[list[str], list[str], li
     priority: list[str] = []
     passes: list[str] = []
     rest: list[str] = []
-    args = list(argv)
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
+    cursor = ArgvCursor(argv)
+    for arg in cursor:
         if arg == "--":
-            rest.extend(args[i - 1 :])
+            rest.extend(cursor.rest())
             break
         if arg.startswith(PRIORITY_FLAG):
             target, example = priority, f"{PRIORITY_FLAG}.rms_norm=native"
@@ -290,14 +288,13 @@ def split_selection_flags(argv: Sequence[str]) -> tuple[list[str], list[str], li
         if eq:
             target.append(arg)
             continue
-        value = args[i] if i < len(args) else None
+        value = cursor.peek()
         if value is None or value.startswith("--") or value in COMMANDS:
             got = "nothing" if value is None else repr(value)
             raise UsageError(
                 f"{flag} expects a value before the command, got {got}; write e.g. {example}"
             )
-        target.append(f"{flag}={value}")
-        i += 1
+        target.append(f"{flag}={cursor.take()}")
     return priority, passes, rest
 
 
@@ -312,21 +309,17 @@ def take_torch_wrap_flag(argv: Sequence[str]) -> tuple[bool | None, list[str]]:
     """
     value: bool | None = None
     rest: list[str] = []
-    args = list(argv)
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
+    cursor = ArgvCursor(argv)
+    for arg in cursor:
         if arg == "--":
-            rest.extend(args[i - 1 :])
+            rest.extend(cursor.rest())
             break
         flag, eq, text = arg.partition("=")
         if flag != TORCH_WRAP_FLAG:
             rest.append(arg)
             continue
         if not eq:
-            text = args[i] if i < len(args) else ""
-            i += 1
+            text = cursor.take() or ""
         if text.lower() not in _WRAP_VALUES:
             raise UsageError(
                 f"{TORCH_WRAP_FLAG} takes on or off, got {text!r}; "

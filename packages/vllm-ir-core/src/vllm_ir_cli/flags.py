@@ -7,10 +7,12 @@ the compile backend read the same names: there is one list of built-in passes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from types import MappingProxyType
 
 __all__ = [
     "AUTOTUNE_FLAG",
+    "ArgvCursor",
     "BUILTIN_PASSES",
     "DEFAULT_AUTOTUNE_BUCKETS",
     "DEFAULT_AUTOTUNE_MARGIN",
@@ -37,3 +39,38 @@ BUILTIN_PASSES = MappingProxyType({"fuse_norm_quant": True, "sequence_parallel":
 
 PASSES = tuple(BUILTIN_PASSES)
 """The names of :data:`BUILTIN_PASSES`."""
+
+
+class ArgvCursor:
+    """Walks ``argv`` once, for the flag splitters: a flag written ``--flag VALUE``
+    takes its value with :meth:`take`.
+
+    >>> cursor = ArgvCursor(["--a", "1", "b"])
+    >>> [(arg, cursor.take() if arg == "--a" else None) for arg in cursor]
+    [('--a', '1'), ('b', None)]
+    """
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        self._args = list(argv)
+        self._next = 0
+
+    def __iter__(self) -> Iterator[str]:
+        while self._next < len(self._args):
+            self._next += 1
+            yield self._args[self._next - 1]
+
+    def peek(self) -> str | None:
+        """The argument after the current one (``None`` at the end)."""
+        return self._args[self._next] if self._next < len(self._args) else None
+
+    def take(self) -> str | None:
+        """Consume the argument after the current one: the current flag's value."""
+        value = self.peek()
+        self._next += 1
+        return value
+
+    def rest(self) -> list[str]:
+        """Consume and return the current argument and all after it (``--`` and what follows)."""
+        left = self._args[self._next - 1 :]
+        self._next = len(self._args)
+        return left
