@@ -135,17 +135,32 @@ def test_a_cache_hit_times_nothing(op: ir.IrOp, cache_dir: Path) -> None:
     assert third.timed
 
 
-def test_a_corrupted_cache_is_retuned_with_a_warning(
-    op: ir.IrOp, cache_dir: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def _retuned_after(
+    damage: Callable[[Path], None],
+    op: ir.IrOp,
+    cache_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> Path:
+    """Tune, ``damage`` the cache file, tune again with ``fast`` now the fastest: the
+    damaged record must be measured anew, not trusted. The cache file's path."""
     times = {"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0}
     choose(op, Autotuner(timer=FakeTimer(times)), ALL)
     (path,) = cache_dir.glob("autotune/*.json")
-    path.write_text(path.read_text()[:40])  # truncated
+    damage(path)
     timer = FakeTimer({**times, "fast": 0.5})
     with caplog.at_level(logging.WARNING, logger="vllm_ir"):
         assert choose(op, Autotuner(timer=timer), ALL) == "fast"
     assert timer.timed
+    return path
+
+
+def test_a_corrupted_cache_is_retuned_with_a_warning(
+    op: ir.IrOp, cache_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def truncate(path: Path) -> None:
+        path.write_text(path.read_text()[:40])
+
+    path = _retuned_after(truncate, op, cache_dir, caplog)
     assert "unreadable" in caplog.text
     assert json.loads(path.read_text())["entries"]  # rewritten whole
 
@@ -167,17 +182,13 @@ def test_a_corrupted_cache_is_retuned_with_a_warning(
 def test_a_malformed_record_is_retuned_with_a_warning(
     op: ir.IrOp, cache_dir: Path, caplog: pytest.LogCaptureFixture, edit: Callable[..., Any]
 ) -> None:
-    times = {"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0}
-    choose(op, Autotuner(timer=FakeTimer(times)), ALL)
-    (path,) = cache_dir.glob("autotune/*.json")
-    doc = json.loads(path.read_text())
-    (record,) = doc["entries"].values()
-    edit(record)
-    path.write_text(json.dumps(doc))
-    timer = FakeTimer({**times, "fast": 0.5})
-    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
-        assert choose(op, Autotuner(timer=timer), ALL) == "fast"
-    assert timer.timed
+    def edit_the_record(path: Path) -> None:
+        doc = json.loads(path.read_text())
+        (record,) = doc["entries"].values()
+        edit(record)
+        path.write_text(json.dumps(doc))
+
+    path = _retuned_after(edit_the_record, op, cache_dir, caplog)
     assert "malformed" in caplog.text
     (rewritten,) = json.loads(path.read_text())["entries"].values()
     assert rewritten["winner"] == "fast"

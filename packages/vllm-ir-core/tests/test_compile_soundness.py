@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import vllm_ir as ir
+from compile_fuzz import acc, copy, scale_add
 from torch import Tensor, fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -27,78 +28,15 @@ from vllm_ir.compilation import eliminate_clones
 from vllm_ir.compilation._lowering import ACTIVATION_CLONE_META
 from vllm_ir.testing import inductor_caches_off
 
-# -- ops and kernels ---------------------------------------------------------
-
-
-@torch.library.custom_op("vllm_ir_soundness::scale_add_", mutates_args=("x",))
-def _scale_add_kernel(x: Tensor, y: Tensor) -> None:
-    x.mul_(2).add_(y)
-
-
-@torch.library.custom_op("vllm_ir_soundness::acc_", mutates_args=("x_acc",))
-def _acc_kernel(x: Tensor, x_acc: Tensor) -> None:
-    x_acc.add_(x)
-
-
-@ir.register_op(name="soundness_scale_add", allow_inplace=True)
-def scale_add(x: Tensor, y: Tensor) -> Tensor:
-    return x * 2 + y
-
-
-@scale_add.register_impl("soundness_inplace", inplace=True)
-def _scale_add_inplace(x: Tensor, y: Tensor) -> Tensor:
-    torch.ops.vllm_ir_soundness.scale_add_(x, y)
-    return x
-
-
-@scale_add.register_impl("soundness_strided", inplace=True)
-def _scale_add_strided(x: Tensor, y: Tensor) -> Tensor:
-    # the identity view, taken with an absolute storage offset
-    torch.ops.vllm_ir_soundness.scale_add_(
-        x.as_strided(x.size(), x.stride(), x.storage_offset()), y
-    )
-    return x
-
-
-@scale_add.register_impl("soundness_reads_offset")
-def _scale_add_reads_offset(x: Tensor, y: Tensor) -> Tensor:
-    return x.as_strided(x.size(), x.stride(), x.storage_offset()) * 2 + y
+# -- ops and kernels: compile_fuzz's, and one impl of this module's own -----------
 
 
 @scale_add.register_impl("soundness_constant")
 def _scale_add_constant(x: Tensor, y: Tensor) -> Tensor:
-    return x * torch.tensor([2.0, 2.0, 2.0]) + y
+    return x * torch.tensor([2.0, 2.0, 2.0]) + y  # a graph constant of the rows' width
 
 
-@scale_add.register_impl("soundness_copy_then_inplace")
-def _scale_add_copy_then_inplace(x: Tensor, y: Tensor) -> Tensor:
-    out = x.clone()
-    out.mul_(2).add_(y)
-    return out
-
-
-@ir.register_op(name="soundness_copy")
-def copy(x: Tensor) -> Tensor:
-    return x * 1
-
-
-@copy.register_impl("soundness_clone")
-def _copy_clone(x: Tensor) -> Tensor:
-    return x.clone()
-
-
-@ir.register_op(name="soundness_acc", allow_inplace=True)
-def acc(x: Tensor, x_acc: Tensor) -> tuple[Tensor, Tensor]:
-    return x * 1, x_acc + x
-
-
-@acc.register_impl("soundness_inplace", inplace=True)
-def _acc_inplace(x: Tensor, x_acc: Tensor) -> tuple[Tensor, Tensor]:
-    torch.ops.vllm_ir_soundness.acc_(x, x_acc)  # writes x_acc only
-    return x, x_acc
-
-
-INPLACE = {"soundness_scale_add": ["soundness_inplace"]}
+INPLACE = {"fuzz_scale_add": ["fuzz_inplace"]}
 
 
 # -- the check ---------------------------------------------------------------
@@ -153,7 +91,7 @@ def test_donating_a_copy_leaves_the_original() -> None:
     backend = compare(
         donate_copies,
         [arange(2, 3), torch.ones(2, 3)],
-        {**INPLACE, "soundness_copy": ["soundness_clone"]},
+        {**INPLACE, "fuzz_copy": ["fuzz_clone"]},
     )
     assert backend.pass_contexts[0].clones_kept  # the copies' originals were protected
 
@@ -170,7 +108,7 @@ class Stateful(torch.nn.Module):
 def test_donating_a_copy_of_a_buffer_leaves_the_buffer() -> None:
     y = torch.ones(2, 3)
     eager, compiled_model = Stateful(), Stateful()
-    with scale_add.set_priority(["soundness_inplace"]), torch.no_grad():
+    with scale_add.set_priority(["fuzz_inplace"]), torch.no_grad():
         want = [eager(y), eager(y)]
     torch._dynamo.reset()
     compiled = torch.compile(compiled_model, backend=ir.VllmIRBackend(priority=INPLACE))
@@ -237,7 +175,7 @@ def as_strided_graph(write: bool) -> fx.GraphModule:
     }
     v = g.call_function(aten.as_strided.default, (c, [4, 6], [6, 1], 0))
     if write:
-        g.call_function(torch.ops.vllm_ir_soundness.scale_add_.default, (v, y))
+        g.call_function(torch.ops.vllm_ir_fuzz.scale_add_.default, (v, y))
         g.output((c,))
     else:
         g.output((g.call_function(aten.mul.Tensor, (v, 1.0)),))
@@ -264,10 +202,10 @@ def donate_rows(x: Tensor, y: Tensor) -> Tensor:
 def test_donated_row_slice_writes_only_its_rows() -> None:
     base, y = arange(6, 6), torch.ones(4, 6)
     want_base = base.clone()
-    with scale_add.set_priority(["soundness_strided"]), torch.no_grad():
+    with scale_add.set_priority(["fuzz_strided"]), torch.no_grad():
         want = donate_rows(want_base, y)
     torch._dynamo.reset()
-    backend = ir.VllmIRBackend(priority={"soundness_scale_add": ["soundness_strided"]})
+    backend = ir.VllmIRBackend(priority={"fuzz_scale_add": ["fuzz_strided"]})
     got_base = base.clone()
     with inductor_caches_off(), torch.no_grad():
         got = torch.compile(donate_rows, backend=backend)(got_base, y)
@@ -310,7 +248,7 @@ def test_autograd_inputs_are_never_donated(
         if compiled:
             torch._dynamo.reset()
             run = torch.compile(fn, backend=backend)
-        with scale_add.set_priority(["soundness_inplace"]), inductor_caches_off():
+        with scale_add.set_priority(["fuzz_inplace"]), inductor_caches_off():
             out = run(x, y)
         grads = torch.autograd.grad(out.sum(), [t for t in (x, y) if t.requires_grad])
         results.append((x.detach().clone(), out.detach(), grads))
@@ -333,7 +271,7 @@ def test_trace_cache_keys_on_storage_offset() -> None:
     compare(
         two_row_blocks,
         [arange(4, 6), torch.zeros(2, 6)],
-        {"soundness_scale_add": ["soundness_reads_offset"]},
+        {"fuzz_scale_add": ["fuzz_offset_read"]},
     )
 
 
@@ -341,7 +279,7 @@ def test_impl_creating_a_tensor_constant_compiles() -> None:
     compare(
         lambda x, y: scale_add(x, y),
         [arange(2, 3), torch.ones(2, 3)],
-        {"soundness_scale_add": ["soundness_constant"]},
+        {"fuzz_scale_add": ["soundness_constant"]},
     )
 
 
@@ -409,7 +347,7 @@ def test_functional_impl_mutating_its_own_copy() -> None:
     compare(
         lambda x, y: scale_add(x, y) + x,
         [arange(2, 3), torch.ones(2, 3)],
-        {"soundness_scale_add": ["soundness_copy_then_inplace"]},
+        {"fuzz_scale_add": ["fuzz_copy_then_inplace"]},
     )
 
 
@@ -449,7 +387,7 @@ def test_unwritten_output_then_donated_leaves_the_input() -> None:
     backend = compare(
         unwritten_then_donated,
         [arange(2, 3), torch.ones(2, 3)],
-        {"soundness_acc": ["soundness_inplace"], **INPLACE},
+        {"fuzz_acc": ["fuzz_inplace"], **INPLACE},
     )
     assert backend.pass_contexts[0].clones_kept
 
@@ -463,12 +401,12 @@ def same_tensor_twice_then_two(a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor,
     return scale_add(c, c), scale_add(a, b)
 
 
-@pytest.mark.parametrize("impl", ["soundness_inplace", "native"])
+@pytest.mark.parametrize("impl", ["fuzz_inplace", "native"])
 def test_trace_cache_keys_on_repeated_arguments(impl: str) -> None:
     compare(
         same_tensor_twice_then_two,
         [arange(2, 3), torch.ones(2, 3), arange(2, 3) - 3],
-        {"soundness_scale_add": [impl]},
+        {"fuzz_scale_add": [impl]},
     )
 
 
@@ -486,7 +424,7 @@ def test_offset_reading_impl_on_a_slice_of_an_intermediate() -> None:
     backend = compare(
         offset_read_of_an_intermediate_slice,
         [arange(4, 3)],
-        {"soundness_scale_add": ["soundness_reads_offset"]},
+        {"fuzz_scale_add": ["fuzz_offset_read"]},
     )
     assert backend.pass_contexts[0].views_rebased == 1
 
@@ -511,7 +449,7 @@ def test_offset_reading_impl_on_an_intermediate_slice_with_dynamic_shapes() -> N
     compare(
         offset_read_of_a_later_slice,
         [arange(5, 3)],
-        {"soundness_scale_add": ["soundness_reads_offset"]},
+        {"fuzz_scale_add": ["fuzz_offset_read"]},
         dynamic=True,
     )
 
@@ -527,9 +465,9 @@ def test_offset_reading_impl_on_a_row_slice_input_with_dynamic_shapes() -> None:
         return scale_add(x, torch.ones_like(x))
 
     torch._dynamo.reset()
-    backend = ir.VllmIRBackend(priority={"soundness_scale_add": ["soundness_reads_offset"]})
+    backend = ir.VllmIRBackend(priority={"fuzz_scale_add": ["fuzz_offset_read"]})
     compiled = torch.compile(fn, backend=backend, dynamic=True)
-    with scale_add.set_priority(["soundness_reads_offset"]), inductor_caches_off():
+    with scale_add.set_priority(["fuzz_offset_read"]), inductor_caches_off():
         for first, rows in ((1, 4), (2, 5)):
             base = arange(rows + 2, 8)
             got, want = compiled(base[first : first + rows]), fn(base[first : first + rows])
