@@ -127,8 +127,9 @@ def _pytest(
     )
 
 
-# Core's docstring examples (vllm_ir and its CLI front end), imported from the installed package (not src/, which
-# would import vllm_ir a second time under another path).
+# Core's docstring examples (vllm_ir and its CLI front end), imported from the
+# installed package (not src/, which would import vllm_ir a second time under
+# another path).
 CORE_DOCTESTS = ["--doctest-modules", "--pyargs", "vllm_ir", "vllm_ir_cli"]
 
 
