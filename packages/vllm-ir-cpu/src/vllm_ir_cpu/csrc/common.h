@@ -210,4 +210,35 @@ inline at::TensorOptions fp8_options(const at::Tensor& x) {
   return x.options().dtype(at::kFloat8_e4m3fn);
 }
 
+// ---------------------------------------------------------------------------
+// Walking rows: the frame every row kernel shares.
+
+// x viewed as rows of its last dimension, in x's dtype: calls
+// f(tag, data, stride, rows, width), where `tag` is a scalar_t{} (recover the
+// type with decltype(tag)) and `data` the first element of rows `stride`
+// apart (rows_of: x itself, or a contiguous copy). x must not be empty.
+template <typename F>
+void dispatch_rows(const char* op, const at::Tensor& x, F&& f) {
+  const int64_t width = x.size(-1);
+  const int64_t rows = x.numel() / width;
+  const Rows src = rows_of(x);
+  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    f(tag, src.tensor.const_data_ptr<scalar_t>(), src.stride, rows, width);
+  });
+}
+
+// A new contiguous float8_e4m3fn tensor of x's shape, filled row by row by
+// f(tag, q, data, stride, rows, hidden) (dispatch_rows' arguments after the
+// output); an empty x gives an empty result without calling f.
+template <typename F>
+at::Tensor fp8_of_rows(const char* op, const at::Tensor& x, F&& f) {
+  at::Tensor q = at::empty(x.sizes(), fp8_options(x));
+  if (x.numel() == 0) return q;
+  dispatch_rows(op, x, [&](auto tag, const auto* data, int64_t stride, int64_t rows, int64_t hidden) {
+    f(tag, q.data_ptr<fp8_t>(), data, stride, rows, hidden);
+  });
+  return q;
+}
+
 }  // namespace vllm_ir_cpu

@@ -374,20 +374,13 @@ at::Tensor rms_norm_static_fp8_quant(
   check_input(op, x);
   const at::Tensor w = checked_weight(op, weight, x);
   const float qscale = scalar_of(op, "scale", scale);
-  at::Tensor q = at::empty(x.sizes(), fp8_options(x));
-  if (x.numel() == 0) return q;
-
-  const int64_t hidden = x.size(-1);
-  const int64_t rows = x.numel() / hidden;
-  const Rows src = rows_of(x);
-  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+  return fp8_of_rows(op, x, [&](auto tag, fp8_t* q, const auto* data, int64_t stride, int64_t rows, int64_t hidden) {
     using scalar_t = decltype(tag);
     std::vector<float> buffer;
     rms_norm_quant_rows<scalar_t>(
-        q.data_ptr<fp8_t>(), src.tensor.const_data_ptr<scalar_t>(), src.stride,
-        weight_as_float<scalar_t>(w, buffer), rows, hidden, static_cast<float>(epsilon), qscale);
+        q, data, stride, weight_as_float<scalar_t>(w, buffer), rows, hidden,
+        static_cast<float>(epsilon), qscale);
   });
-  return q;
 }
 
 // x_residual <- round(x + x_residual) in place; returns the FP8 quantization
@@ -402,22 +395,17 @@ at::Tensor fused_add_rms_norm_static_fp8_quant(
   at::assert_no_overlap(x, x_residual);
   const at::Tensor w = checked_weight(op, weight, x);
   const float qscale = scalar_of(op, "scale", scale);
-  at::Tensor q = at::empty(x.sizes(), fp8_options(x));
-  if (x.numel() == 0) return q;
-
-  const int64_t hidden = x.size(-1);
-  const int64_t rows = x.numel() / hidden;
-  const Rows xs = rows_of(x);
-  const Rows rs = rows_of(x_residual);
-  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+  at::Tensor written = x_residual;  // the residual rows the kernel writes: x_residual or a copy
+  at::Tensor q = fp8_of_rows(op, x, [&](auto tag, fp8_t* out, const auto* data, int64_t stride, int64_t rows, int64_t hidden) {
     using scalar_t = decltype(tag);
+    const Rows rs = rows_of(x_residual);
+    written = rs.tensor;
     std::vector<float> buffer;
     fused_add_rms_norm_quant_rows<scalar_t>(
-        q.data_ptr<fp8_t>(), xs.tensor.const_data_ptr<scalar_t>(), xs.stride,
-        rs.tensor.data_ptr<scalar_t>(), rs.stride, weight_as_float<scalar_t>(w, buffer), rows,
-        hidden, static_cast<float>(epsilon), qscale);
+        out, data, stride, rs.tensor.data_ptr<scalar_t>(), rs.stride,
+        weight_as_float<scalar_t>(w, buffer), rows, hidden, static_cast<float>(epsilon), qscale);
   });
-  if (!rs.tensor.is_same(x_residual)) x_residual.copy_(rs.tensor);  // written into a copy
+  if (!written.is_same(x_residual)) x_residual.copy_(written);
   return q;
 }
 
