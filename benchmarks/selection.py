@@ -533,20 +533,14 @@ def plan_of_llama(tokens: Sequence[int]) -> dict[str, Any] | None:
     try:
         import transformers
         from vllm_ir_transformers import kernelize
+        from vllm_ir_transformers.tiny import tiny_config
     except ImportError as e:
         print(f"plan: skipped ({e})")
         return None
     import vllm_ir as ir
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-    )
+    config = transformers.LlamaConfig(**tiny_config(token_ids=False))
     model = transformers.LlamaForCausalLM(config).eval()
     report = kernelize(model)
     plans = {}
