@@ -84,6 +84,21 @@ inline std::tuple<fVec, fVec> round_to(const fVec& a, const fVec& b) {
   return at::vec::convert_to_float<scalar_t>(at::vec::convert_from_float<scalar_t>(a, b));
 }
 
+// Walks x[0:n] one vector of scalar_t (a 16-bit type) at a time: calls
+// f(i, count, a0, a1) with the `count` elements at i (at most 2 * fVec::size())
+// converted to two fp32 vectors, the lanes past `count` zero.
+template <typename scalar_t, typename F>
+inline void for_each_vec(const scalar_t* x, int64_t n, F&& f) {
+  using bVec = Vectorized<scalar_t>;
+  constexpr int64_t V = bVec::size();
+  static_assert(V == 2 * fVec::size(), "a vector of scalar_t converts to two fp32 vectors");
+  for (int64_t i = 0; i < n; i += V) {
+    const int64_t count = std::min<int64_t>(V, n - i);
+    auto [a0, a1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(x + i, count));
+    f(i, count, a0, a1);
+  }
+}
+
 // Lanes already holding scalar_t values, as a vector of scalar_t.
 template <typename scalar_t>
 inline Vectorized<scalar_t> pack_exact(const fVec& a, const fVec& b) {

@@ -39,14 +39,10 @@ inline void quantize_row(fp8_t* q, const scalar_t* x, const fVec& scale, int64_t
       quantize_store(q + i, fVec::loadu(x + i, count), scale, count);
     }
   } else {
-    using bVec = Vectorized<scalar_t>;
-    constexpr int64_t V = bVec::size();
-    for (int64_t i = 0; i < n; i += V) {
-      const int64_t count = std::min<int64_t>(V, n - i);
-      auto [a0, a1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(x + i, count));
+    for_each_vec(x, n, [&](int64_t i, int64_t count, const fVec& a0, const fVec& a1) {
       quantize_store(q + i, a0, scale, std::min<int64_t>(count, fV));
       if (count > fV) quantize_store(q + i + fV, a1, scale, count - fV);
-    }
+    });
   }
 }
 
@@ -61,14 +57,10 @@ inline float abs_max(const scalar_t* x, int64_t n) {
       m0 = at::vec::maximum(m0, fVec::loadu(x + i, std::min<int64_t>(fV, n - i)).abs());
     }
   } else {
-    using bVec = Vectorized<scalar_t>;
-    constexpr int64_t V = bVec::size();
-    for (int64_t i = 0; i < n; i += V) {
-      auto [a0, a1] = at::vec::convert_to_float<scalar_t>(
-          bVec::loadu(x + i, std::min<int64_t>(V, n - i)));
+    for_each_vec(x, n, [&](int64_t, int64_t, const fVec& a0, const fVec& a1) {
       m0 = at::vec::maximum(m0, a0.abs());
       m1 = at::vec::maximum(m1, a1.abs());
-    }
+    });
   }
   alignas(64) float lanes[fV];
   at::vec::maximum(m0, m1).store(lanes);  // at::vec::maximum propagates NaN
