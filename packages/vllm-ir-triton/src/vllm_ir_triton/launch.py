@@ -219,6 +219,44 @@ def _launch_on_rows(
     )
 
 
+def _launch_norm(
+    kernel: Launcher,
+    inputs: tuple[Tensor, ...],
+    weight: Tensor | None,
+    out_rows: Tensor,
+    scale: Tensor | None,
+    epsilon: float,
+    batch_invariant: bool,
+    max_block: int | None,
+) -> None:
+    """Launch a norm kernel, one program per row: it takes the 2-D ``inputs`` (``x``, and
+    for the fused kernel the residual) with their strides, the weight, ``out_rows`` (the
+    result; FP8 bits with ``scale``), the scale, the row length, ``epsilon``, then its
+    flags. An absent weight or scale is a placeholder pointer the kernel never reads."""
+    rows = inputs[0]
+    hidden = rows.shape[1]
+    cfg = launch_config(
+        hidden, rows.element_size(), batch_invariant=batch_invariant, max_block=max_block
+    )
+    kernel(
+        rows.shape[0],
+        cfg.num_warps,
+        *(arg for t in inputs for arg in (t, t.stride(0), t.stride(1))),
+        weight if weight is not None else rows,
+        weight.stride(0) if weight is not None else 0,
+        out_rows,
+        out_rows.stride(0),
+        out_rows.stride(1),
+        scale if scale is not None else rows,
+        hidden,
+        epsilon,
+        weight is not None,
+        scale is not None,
+        cfg.block,
+        cfg.single_pass,
+    )
+
+
 def rms_norm(
     x: Tensor,
     weight: Tensor | None,
@@ -241,29 +279,9 @@ def rms_norm(
     weight = _checked_weight(x, weight, "rms_norm")
     if scale is not None:
         scale = _checked_scale(x, scale, "rms_norm_static_fp8_quant")
-    rows = _input_rows(x)
     out_rows = _fp8_rows(out) if quant else out.view(-1, hidden)
-    cfg = launch_config(
-        hidden, x.element_size(), batch_invariant=batch_invariant, max_block=max_block
-    )
-    _rms_norm(
-        rows.shape[0],
-        cfg.num_warps,
-        rows,
-        rows.stride(0),
-        rows.stride(1),
-        weight if weight is not None else rows,
-        weight.stride(0) if weight is not None else 0,
-        out_rows,
-        out_rows.stride(0),
-        out_rows.stride(1),
-        scale if scale is not None else rows,
-        hidden,
-        epsilon,
-        weight is not None,
-        quant,
-        cfg.block,
-        cfg.single_pass,
+    _launch_norm(
+        _rms_norm, (_input_rows(x),), weight, out_rows, scale, epsilon, batch_invariant, max_block
     )
     return out
 
@@ -329,30 +347,15 @@ def _fused_add(
         x_rows = x.contiguous().view(-1, hidden)
         r_rows = x_residual.contiguous().view(-1, hidden)
     q_rows = _fp8_rows(q) if q is not None else x_rows
-    cfg = launch_config(
-        hidden, x.element_size(), batch_invariant=batch_invariant, max_block=max_block
-    )
-    _fused_add_rms_norm(
-        x_rows.shape[0],
-        cfg.num_warps,
-        x_rows,
-        x_rows.stride(0),
-        x_rows.stride(1),
-        r_rows,
-        r_rows.stride(0),
-        r_rows.stride(1),
-        weight if weight is not None else x_rows,
-        weight.stride(0) if weight is not None else 0,
+    _launch_norm(
+        _fused_add_rms_norm,
+        (x_rows, r_rows),
+        weight,
         q_rows,
-        q_rows.stride(0),
-        q_rows.stride(1),
-        scale if scale is not None else x_rows,
-        hidden,
+        scale,
         epsilon,
-        weight is not None,
-        q is not None,
-        cfg.block,
-        cfg.single_pass,
+        batch_invariant,
+        max_block,
     )
     if copy_back:
         if q is None:
