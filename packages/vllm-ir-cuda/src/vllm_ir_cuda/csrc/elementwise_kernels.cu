@@ -43,22 +43,19 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(kElementwiseThreads)
     silu_and_mul_kernel(T* __restrict__ out, int64_t out_stride, const T* __restrict__ x,
                         int64_t x_stride, int d) {
-  const int64_t row = blockIdx.x;
-  const T* gate_row = x + row * x_stride;
-  const T* up_row = gate_row + d;
-  T* out_row = out + row * out_stride;
+  const GatedRow<T> r = gated_row(out, out_stride, x, x_stride, d);
   const int num_vecs = d / VEC;
   for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < num_vecs;
        i += gridDim.y * blockDim.x) {
-    const Vec<T, VEC> g = load_vec<T, VEC>(gate_row + i * VEC);
-    const Vec<T, VEC> u = load_vec<T, VEC>(up_row + i * VEC);
+    const Vec<T, VEC> g = load_vec<T, VEC>(r.gate + i * VEC);
+    const Vec<T, VEC> u = load_vec<T, VEC>(r.up + i * VEC);
     Vec<T, VEC> o;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const T s = from_float<T>(silu(to_float(g.data[j])));
       o.data[j] = from_float<T>(to_float(s) * to_float(u.data[j]));
     }
-    store_vec(out_row + i * VEC, o);
+    store_vec(r.out + i * VEC, o);
   }
 }
 

@@ -45,14 +45,11 @@ template <typename T, bool TANH>
 __global__ void __launch_bounds__(kThreads)
     gelu_and_mul_kernel(T* __restrict__ out, int64_t out_stride, const T* __restrict__ x,
                         int64_t x_stride, int d) {
-  const int64_t row = blockIdx.x;
-  const T* gate = x + row * x_stride;
-  const T* up = gate + d;
-  T* o = out + row * out_stride;
+  const GatedRow<T> r = gated_row(out, out_stride, x, x_stride, d);
   for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < d; i += gridDim.y * blockDim.x) {
-    const float g = to_float(gate[i]);
+    const float g = to_float(r.gate[i]);
     const T act = from_float<T>(TANH ? gelu_tanh(g) : gelu_erf(g));
-    o[i] = from_float<T>(__fmul_rn(to_float(act), to_float(up[i])));
+    r.out[i] = from_float<T>(__fmul_rn(to_float(act), to_float(r.up[i])));
   }
 }
 
