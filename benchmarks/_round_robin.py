@@ -104,6 +104,29 @@ def kernel_line(label: str, row: Mapping[str, Any], name: str = "cpu_c") -> str:
     )
 
 
+def timing_row(
+    seconds: Mapping[str, float], ratio: tuple[str, str, str], **facts: Any
+) -> dict[str, Any]:
+    """One row of a timing table: ``facts`` (op, dtype, sizes, ...), the median µs of
+    each variant in ``seconds``, and ``ratio = (key, slower, faster)``: the key
+    ``key`` holding ``seconds[slower] / seconds[faster]`` (> 1: ``faster`` is)."""
+    key, slower, faster = ratio
+    return {
+        **facts,
+        "median_us": {k: round(v * 1e6, 2) for k, v in seconds.items()},
+        key: round(seconds[slower] / seconds[faster], 2),
+    }
+
+
+def model_line(label: str, row: Mapping[str, Any]) -> str:
+    """The printed line of a compiled-model row (:func:`timing_row` of ``native`` over
+    ``cpu_c``, from :func:`time_on_copies`)."""
+    return (
+        f"model {label}  native {row['median_us']['native']:>9.1f} us  cpu_c "
+        f"{row['median_us']['cpu_c']:>9.1f} us  x{row['native_over_cpu_c']:.2f}"
+    )
+
+
 def run_facts(load_at_start: list[float], rounds: int, elapsed: float) -> dict[str, Any]:
     """What every CPU benchmark report says of the run: versions, machine, clock, load."""
     import os

@@ -34,6 +34,7 @@ from _round_robin import (
     parse_cpu_bench_args,
     run_facts,
     time_round_robin,
+    timing_row,
     write_report,
 )
 
@@ -85,18 +86,15 @@ def bench(tokens: tuple[int, ...], hidden: tuple[int, ...], rounds: int) -> list
                         call = lambda a=args, f=op: f(*a)  # noqa: E731
                         variants = {"native": call, "native_compiled": call}
                         scopes = {"native": plain, "native_compiled": compiled}
-                        med = time_round_robin(variants, rounds, 0.01, scopes)
-                        row = {
-                            "op": op_name,
-                            "dtype": dtype_name,
-                            "tokens": t,
-                            "hidden": h,
-                            "median_us": {k: round(v * 1e6, 2) for k, v in med.items()},
-                            "native_over_compiled": round(
-                                med["native"] / med["native_compiled"], 2
-                            ),
-                            "compile_s": round(compile_s, 1) if t == tokens[0] else None,
-                        }
+                        row = timing_row(
+                            time_round_robin(variants, rounds, 0.01, scopes),
+                            ("native_over_compiled", "native", "native_compiled"),
+                            op=op_name,
+                            dtype=dtype_name,
+                            tokens=t,
+                            hidden=h,
+                        )
+                        row["compile_s"] = round(compile_s, 1) if t == tokens[0] else None
                         rows.append(row)
                         print(
                             f"{op_name:>20} {dtype_name} {t:>5}x{h:<5} native "

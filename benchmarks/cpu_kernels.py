@@ -49,9 +49,11 @@ from _round_robin import (
     cpu_bench_parser,
     kernel_line,
     kernel_vs_native,
+    model_line,
     parse_cpu_bench_args,
     run_facts,
     time_on_copies,
+    timing_row,
     write_report,
 )
 from vllm_ir_cpu import build, impls
@@ -203,22 +205,16 @@ def bench_model(
             compiled[provider] = fn
         for t in tokens:
             x = torch.randn(t, hidden).to(dtype)
-            net = time_on_copies(compiled, x, rounds)
-            row = {
-                "dtype": dtype_name,
-                "tokens": t,
-                "hidden": hidden,
-                "layers": layers,
-                "median_us": {k: round(v * 1e6, 2) for k, v in net.items()},
-                "native_over_cpu_c": round(net["native"] / net["cpu_c"], 2),
-            }
-            rows.append(row)
-            print(
-                f"model {dtype_name} {t}x{hidden}x{layers}L  native "
-                f"{row['median_us']['native']:>9.1f} us  cpu_c {row['median_us']['cpu_c']:>9.1f} us"
-                f"  x{row['native_over_cpu_c']:.2f}",
-                flush=True,
+            row = timing_row(
+                time_on_copies(compiled, x, rounds),
+                ("native_over_cpu_c", "native", "cpu_c"),
+                dtype=dtype_name,
+                tokens=t,
+                hidden=hidden,
+                layers=layers,
             )
+            rows.append(row)
+            print(model_line(f"{dtype_name} {t}x{hidden}x{layers}L", row), flush=True)
     return rows
 
 

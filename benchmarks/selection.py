@@ -384,25 +384,62 @@ def _lowered(backend: Any) -> dict[str, list[str]]:
     return {op: sorted(set(n.values())) for op, n in backend.lowering_pass.selected_impls.items()}
 
 
-def compiled_decoder(
-    tokens: Sequence[int],
-    hidden: int,
-    intermediate: int,
-    layers: int,
-    rounds: int,
-    decode_weight: int,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DecoderRun:
+    """The decoder comparison's sizes and timing, shared by its compiled and eager forms."""
+
+    tokens: Sequence[int]
+    hidden: int
+    intermediate: int
+    layers: int
+    rounds: int
+    decode_weight: int
+    """How many times a decode step (1 token) counts in the mix against a prefill."""
+
+    def setup(self) -> tuple[torch.nn.Module, dict[str, Any], dict[int, Tensor]]:
+        """The decoder (eval mode), the fixed candidate priorities on CPU, and one input
+        per token count (seeded by it)."""
+        from compiled_priorities import Decoder, candidates
+
+        model = Decoder(self.hidden, self.intermediate, self.layers).eval()
+        fixed = candidates("cpu")
+        inputs = {
+            t: torch.randn(t, self.hidden, generator=torch.Generator().manual_seed(t))
+            for t in self.tokens
+        }
+        return model, fixed, inputs
+
+    def passes(
+        self,
+        picked: dict[int, Any],
+        evaluated: dict[int, Any],
+        fixed: dict[str, Any],
+        bucketed: list[str],
+        choice: dict[str, str],
+    ) -> dict[str, Any]:
+        """The report's timings of the selection and evaluation passes, and their summary."""
+        tokens = self.tokens
+        return {
+            "selection_pass": {
+                str(t): {n: _timing(v) for n, v in picked[t].items()} for t in tokens
+            },
+            "evaluation_pass": {
+                str(t): {n: _timing(v) for n, v in evaluated[t].items()} for t in tokens
+            },
+            **_summary(tokens, evaluated, list(fixed), bucketed, choice, self.decode_weight),
+        }
+
+
+def compiled_decoder(run: DecoderRun) -> dict[str, Any]:
     """Fixed priorities vs the per-bucket choice on the compiled decoder: the choice run
     as ONE graph under the bucketed table (a runtime branch per bucket, token dim
     dynamic, recompiles refused), and as the switch between the fixed models."""
     import vllm_ir as ir
-    from compiled_priorities import Decoder, candidates
     from vllm_ir._cli.tune_model import measure_interleaved
     from vllm_ir.testing import inductor_caches_off
 
-    model = Decoder(hidden, intermediate, layers).eval()
-    fixed = candidates("cpu")
-    inputs = {t: torch.randn(t, hidden, generator=torch.Generator().manual_seed(t)) for t in tokens}
+    model, fixed, inputs = run.setup()
+    tokens, rounds = run.tokens, run.rounds
     compiled: dict[str, Any] = {}
     selected: dict[str, Any] = {}
 
@@ -455,7 +492,7 @@ def compiled_decoder(
         same_model[str(t)] = round(abs(evaluated[t]["bucketed_switch"].median_us / same - 1), 4)
     bucketed = ["bucketed_graph", "bucketed_graphs", "bucketed_switch"]
     return {
-        "model": {"hidden": hidden, "intermediate": intermediate, "layers": layers},
+        "model": {"hidden": run.hidden, "intermediate": run.intermediate, "layers": run.layers},
         "fixed_priorities": fixed,
         "bucketed_table": table,
         "selected_by_lowering": selected,
@@ -464,33 +501,20 @@ def compiled_decoder(
             "(Dynamo's 0/1 specialization)"
         ),
         "bucket_bounds": list(BOUNDS),
-        "selection_pass": {str(t): {n: _timing(v) for n, v in picked[t].items()} for t in tokens},
-        "evaluation_pass": {
-            str(t): {n: _timing(v) for n, v in evaluated[t].items()} for t in tokens
-        },
-        **_summary(tokens, evaluated, list(fixed), bucketed, choice, decode_weight),
+        **run.passes(picked, evaluated, fixed, bucketed, choice),
         "same_model_difference": same_model,
     }
 
 
-def eager_decoder(
-    tokens: Sequence[int],
-    hidden: int,
-    intermediate: int,
-    layers: int,
-    rounds: int,
-    decode_weight: int,
-) -> dict[str, Any]:
+def eager_decoder(run: DecoderRun) -> dict[str, Any]:
     """The same comparison in eager mode: each fixed priority in a scope, against the
     bucketed table (chosen by an eager selection pass) in a scope: the bucket is part
     of the eager selection key."""
     import vllm_ir as ir
-    from compiled_priorities import Decoder, candidates
     from vllm_ir._cli.tune_model import measure_interleaved
 
-    model = Decoder(hidden, intermediate, layers).eval()
-    fixed = candidates("cpu")
-    inputs = {t: torch.randn(t, hidden, generator=torch.Generator().manual_seed(t)) for t in tokens}
+    model, fixed, inputs = run.setup()
+    tokens, rounds = run.tokens, run.rounds
 
     def step(priority: dict[str, Any], x: Tensor) -> Callable[[], Any]:
         config = ir.IrOpPriorityConfig(**priority)
@@ -519,11 +543,7 @@ def eager_decoder(
     return {
         "bucketed_table": table,
         "ran_under_table": {str(t): r for t, r in ran.items()},
-        "selection_pass": {str(t): {n: _timing(v) for n, v in picked[t].items()} for t in tokens},
-        "evaluation_pass": {
-            str(t): {n: _timing(v) for n, v in evaluated[t].items()} for t in tokens
-        },
-        **_summary(tokens, evaluated, list(fixed), ["bucketed_table"], choice, decode_weight),
+        **run.passes(picked, evaluated, fixed, ["bucketed_table"], choice),
     }
 
 
@@ -533,20 +553,14 @@ def plan_of_llama(tokens: Sequence[int]) -> dict[str, Any] | None:
     try:
         import transformers
         from vllm_ir_transformers import kernelize
+        from vllm_ir_transformers.tiny import tiny_config
     except ImportError as e:
         print(f"plan: skipped ({e})")
         return None
     import vllm_ir as ir
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-    )
+    config = transformers.LlamaConfig(**tiny_config(token_ids=False))
     model = transformers.LlamaForCausalLM(config).eval()
     report = kernelize(model)
     plans = {}
@@ -639,6 +653,9 @@ def main(argv: list[str] | None = None) -> int:
         kernel_tokens = [1, 4, 16, 64, 256, 1024, 4096]
         decoder_tokens = [1, 4, 16, 64, 256, 1024, 4096]
         plan_tokens = [1, 256]
+    decoder = DecoderRun(
+        decoder_tokens, args.hidden, args.intermediate, args.layers, args.rounds, args.decode_weight
+    )
     report = {
         "benchmark": "selection",
         "machine": platform.processor() or platform.machine(),
@@ -657,26 +674,8 @@ def main(argv: list[str] | None = None) -> int:
         "kernels": kernels(kernel_tokens, args.kernel_hidden, args.rounds, args.decode_weight)
         if "kernels" in sections
         else None,
-        "compiled_decoder": compiled_decoder(
-            decoder_tokens,
-            args.hidden,
-            args.intermediate,
-            args.layers,
-            args.rounds,
-            args.decode_weight,
-        )
-        if "decoder" in sections
-        else None,
-        "eager_decoder": eager_decoder(
-            decoder_tokens,
-            args.hidden,
-            args.intermediate,
-            args.layers,
-            args.rounds,
-            args.decode_weight,
-        )
-        if "eager" in sections
-        else None,
+        "compiled_decoder": compiled_decoder(decoder) if "decoder" in sections else None,
+        "eager_decoder": eager_decoder(decoder) if "eager" in sections else None,
         "plan": plan_of_llama(plan_tokens) if "plan" in sections else None,
     }
     report["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]

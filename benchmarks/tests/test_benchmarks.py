@@ -111,6 +111,16 @@ def test_cpu_timer_rows_and_reports(tmp_path: Path) -> None:
     assert row["native_over_cpu_c"] > 0
     assert row["compiled_over_cpu_c"] > 0
     assert "cpu_c" in rr.kernel_line("relu 64x64", row)
+    model = rr.timing_row(
+        rr.time_on_copies({"native": torch.relu, "cpu_c": torch.relu}, x, rounds=2),
+        ("native_over_cpu_c", "native", "cpu_c"),
+        dtype="fp32",
+        tokens=64,
+    )
+    assert list(model) == ["dtype", "tokens", "median_us", "native_over_cpu_c"]
+    assert set(model["median_us"]) == {"native", "cpu_c"}
+    assert rr.timing_row({"a": 2.0, "b": 1.0}, ("a_over_b", "a", "b"))["a_over_b"] == 2.0
+    assert rr.model_line("fp32 64x64", model).startswith("model fp32 64x64  native ")
     facts = rr.run_facts([0.0, 0.0, 0.0], rounds=2, elapsed=1.04)
     assert facts["seconds"] == 1.0
     assert facts["clock"] in ("thread_time", "perf_counter")

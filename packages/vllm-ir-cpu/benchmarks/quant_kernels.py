@@ -48,9 +48,11 @@ from _round_robin import (  # noqa: E402
     cpu_bench_parser,
     kernel_line,
     kernel_vs_native,
+    model_line,
     parse_cpu_bench_args,
     run_facts,
     time_on_copies,
+    timing_row,
     write_report,
 )
 
@@ -168,25 +170,23 @@ def bench_model(
             for t in tokens:
                 width = 2 * hidden if kind == "silu" else hidden
                 x = torch.randn(t, width).to(dtype)
-                net = time_on_copies(compiled, x, rounds)
+                net = time_on_copies(compiled, x, rounds)  # compiles on the first call
                 selected = backends["cpu_c"].lowering_pass.selected_impls
-                row = {
-                    "model": kind,
-                    "dtype": dtype_name,
-                    "tokens": t,
-                    "hidden": hidden,
-                    "layers": layers,
-                    "cpu_c_lowered": sorted(
+                row = timing_row(
+                    net,
+                    ("native_over_cpu_c", "native", "cpu_c"),
+                    model=kind,
+                    dtype=dtype_name,
+                    tokens=t,
+                    hidden=hidden,
+                    layers=layers,
+                    cpu_c_lowered=sorted(
                         op for op, nodes in selected.items() if "cpu_c" in nodes.values()
                     ),
-                    "median_us": {k: round(v * 1e6, 2) for k, v in net.items()},
-                    "native_over_cpu_c": round(net["native"] / net["cpu_c"], 2),
-                }
+                )
                 rows.append(row)
                 print(
-                    f"model {kind:>13} {dtype_name} {t:>5}x{hidden}x{layers}L  native "
-                    f"{row['median_us']['native']:>9.1f} us  cpu_c "
-                    f"{row['median_us']['cpu_c']:>9.1f} us  x{row['native_over_cpu_c']:.2f}",
+                    model_line(f"{kind:>13} {dtype_name} {t:>5}x{hidden}x{layers}L", row),
                     flush=True,
                 )
     return rows

@@ -9,6 +9,8 @@ mapping, the in-place contract, tracing and compiling) runs without a GPU.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -24,6 +26,34 @@ requires_cuda = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.version.cuda is None,
     reason="needs an NVIDIA GPU and a CUDA build of torch (torch.cuda.is_available() is False)",
 )
+
+
+def conformance_params(names: Sequence[str]) -> list[Any]:
+    """The conformance kit's cases for the ops ``names`` over the stand-ins, as pytest
+    params ``(op_name, check, dtype)``: every check in every dtype the kernels take,
+    ``compiled`` in float32 only (a compile per case)."""
+    cases = [
+        (op, check, dtype)
+        for op in names
+        for check in ("correctness", "supports_args", "mutation", "opcheck")
+        for dtype in ops.DTYPES
+    ] + [(op, "compiled", torch.float32) for op in names]
+    return [
+        pytest.param(o, c, d, id=f"{o}-{c}-{str(d).removeprefix('torch.')}") for o, c, d in cases
+    ]
+
+
+def accepted_samples(
+    op: ir.IrOp, dtype: torch.dtype, declined: Callable[[Any], None] = lambda sample: None
+) -> Iterator[Any]:
+    """``op``'s sample inputs in ``dtype`` that the :data:`STANDIN` impl's ``supports_args``
+    accepts; each one it declines goes to ``declined`` (which may assert why)."""
+    supports = op.impls[STANDIN].supports_args
+    for sample in op.sample_inputs(dtype):
+        if supports(*sample.args):
+            yield sample
+        else:
+            declined(sample)
 
 
 def _check_rows(op: str, *tensors: Tensor) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import vllm_ir as ir
-from cuda_stand_ins import STANDIN, StandInKernels
+from cuda_stand_ins import STANDIN, StandInKernels, conformance_params
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from vllm_ir.testing import ConformanceCase
@@ -112,19 +112,7 @@ def test_opcheck_kernel_ops_over_standins(cpu_kernels: StandInKernels) -> None:
 # -- the impls over the stand-ins ---------------------------------------------------
 
 
-_KIT = [
-    (op, check, dtype)
-    for op in NAMES
-    for check in ("correctness", "supports_args", "mutation", "opcheck")
-    for dtype in ops.DTYPES
-] + [(op, "compiled", torch.float32) for op in NAMES]
-
-
-@pytest.mark.parametrize(
-    ("op_name", "check", "dtype"),
-    _KIT,
-    ids=[f"{o}-{c}-{str(d).removeprefix('torch.')}" for o, c, d in _KIT],
-)
+@pytest.mark.parametrize(("op_name", "check", "dtype"), conformance_params(NAMES))
 def test_conformance_kit(new_standin: StandInKernels, op_name: str, check: str, dtype) -> None:  # type: ignore[no-untyped-def]
     ConformanceCase(ir.get_op(op_name), STANDIN, check, dtype, "cpu").check()
 

@@ -8,10 +8,12 @@ tracing and compiling with zero clones) runs here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import vllm_ir as ir
-from cuda_stand_ins import STANDIN, StandInKernels
+from cuda_stand_ins import STANDIN, StandInKernels, accepted_samples, conformance_params
 from vllm_ir.testing import ConformanceCase, TinyDecoder, inductor_caches_off
 from vllm_ir_cuda import layernorm, ops
 
@@ -25,15 +27,16 @@ def _close(got: object, want: object, dtype: torch.dtype) -> None:
     torch.testing.assert_close(got, want, atol=tol.atol, rtol=tol.rtol)
 
 
+def _with_variance_size(sample: Any) -> None:
+    # the only samples the impl declines: the kernels normalize whole rows
+    assert sample.args[3:]
+    assert sample.args[3] is not None
+
+
 @pytest.mark.parametrize("dtype", ops.DTYPES, ids=str)
 def test_rms_norm_impl_matches_native_on_samples(standin: StandInKernels, dtype) -> None:  # type: ignore[no-untyped-def]
-    supports = RMS.impls[STANDIN].supports_args
     ran = 0
-    for sample in RMS.sample_inputs(dtype):
-        if not supports(*sample.args):
-            assert sample.args[3:]
-            assert sample.args[3] is not None
-            continue
+    for sample in accepted_samples(RMS, dtype, declined=_with_variance_size):
         x = sample.args[0]
         before = x.clone()
         got = layernorm.rms_norm(*sample.args)
@@ -47,11 +50,8 @@ def test_rms_norm_impl_matches_native_on_samples(standin: StandInKernels, dtype)
 
 @pytest.mark.parametrize("dtype", ops.DTYPES, ids=str)
 def test_fused_impl_writes_its_results_into_the_activations(standin: StandInKernels, dtype) -> None:  # type: ignore[no-untyped-def]
-    supports = FUSED.impls[STANDIN].supports_args
     ran = 0
-    for sample in FUSED.sample_inputs(dtype):
-        if not supports(*sample.args):
-            continue
+    for sample in accepted_samples(FUSED, dtype):
         want = FUSED.native(*sample.clone().args)
         args = sample.clone().args
         x, residual = args[0], args[1]
@@ -111,18 +111,8 @@ def test_opcheck_kernel_ops_over_standins(cpu_kernels: StandInKernels, weighted:
     torch.library.opcheck(ops.fused_add_rms_norm, (x.clone(), r.clone(), w, 1e-6))
 
 
-_KIT = [
-    (op, check, dtype)
-    for op in ("rms_norm", "fused_add_rms_norm")
-    for check in ("correctness", "supports_args", "mutation", "opcheck")
-    for dtype in ops.DTYPES
-] + [(op, "compiled", torch.float32) for op in ("rms_norm", "fused_add_rms_norm")]
-
-
 @pytest.mark.parametrize(
-    ("op_name", "check", "dtype"),
-    _KIT,
-    ids=[f"{o}-{c}-{str(d).removeprefix('torch.')}" for o, c, d in _KIT],
+    ("op_name", "check", "dtype"), conformance_params(("rms_norm", "fused_add_rms_norm"))
 )
 def test_conformance_kit(standin: StandInKernels, op_name: str, check: str, dtype) -> None:  # type: ignore[no-untyped-def]
     ConformanceCase(ir.get_op(op_name), STANDIN, check, dtype, "cpu").check()

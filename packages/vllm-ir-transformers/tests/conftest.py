@@ -8,18 +8,10 @@ from typing import Any
 import pytest
 import torch
 import transformers
+from vllm_ir_transformers.tiny import tiny_config
 
-SMALL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=128,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+SMALL = tiny_config()
+"""The sizes of every test model (2 layers of width 64)."""
 
 
 @dataclass(frozen=True)

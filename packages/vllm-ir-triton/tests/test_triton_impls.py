@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 import vllm_ir as ir
-from triton_helpers import DEVICE, DTYPES
+from triton_helpers import DEVICE, DTYPES, run_size_mismatch
 from vllm_ir.testing.declines import NORM_DECLINES, assert_declined
 from vllm_ir_triton import BATCH_INVARIANT_PROVIDER, PROVIDER, launch
 
@@ -183,11 +183,17 @@ def test_other_devices_and_layouts_are_declined(x: torch.Tensor) -> None:
 )
 def test_size_mismatches_are_computed_by_native(op: ir.IrOp, args: tuple[Any, ...]) -> None:
     """What supports_args cannot see (sizes), the impl handles: no launch, native result."""
-    args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
-    with op.set_priority([PROVIDER]):
-        assert op.selected_impl(*args).provider == PROVIDER
-        got = op(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
-    torch.testing.assert_close(got, op.native(*args))
+    got, want = run_size_mismatch(op, PROVIDER, args)
+    torch.testing.assert_close(got, want)
+
+
+def _assert_written_into(
+    got: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, r: torch.Tensor, want: Any
+) -> None:
+    """``maybe_inplace`` returned the donated ``x`` and ``r``, holding ``want``."""
+    assert got[0].data_ptr() == x.data_ptr()
+    assert got[1].data_ptr() == r.data_ptr()
+    torch.testing.assert_close(got, want)
 
 
 def test_maybe_inplace_writes_into_the_donated_tensors() -> None:
@@ -196,10 +202,7 @@ def test_maybe_inplace_writes_into_the_donated_tensors() -> None:
     for provider in PROVIDERS:
         xs, rs = x.clone(), r.clone()
         with FUSED.set_priority([provider]):
-            h, res = FUSED.maybe_inplace(xs, rs, w, EPS)
-        assert h.data_ptr() == xs.data_ptr()
-        assert res.data_ptr() == rs.data_ptr()
-        torch.testing.assert_close((h, res), want)
+            _assert_written_into(FUSED.maybe_inplace(xs, rs, w, EPS), xs, rs, want)
 
 
 @pytest.mark.parametrize("layout", ["strided-rows", "permuted"])
@@ -213,10 +216,7 @@ def test_maybe_inplace_into_views(layout: str) -> None:
     want = FUSED.native(x.clone(), r.clone(), None, EPS)
     before_x, before_r = base_x.clone(), base_r.clone()
     with FUSED.set_priority([PROVIDER]):
-        h, res = FUSED.maybe_inplace(x, r, None, EPS)
-    assert h.data_ptr() == x.data_ptr()
-    assert res.data_ptr() == r.data_ptr()
-    torch.testing.assert_close((h, res), want)
+        _assert_written_into(FUSED.maybe_inplace(x, r, None, EPS), x, r, want)
     if layout == "strided-rows":  # nothing outside the views
         assert torch.equal(base_x[:, :16], before_x[:, :16])
         assert torch.equal(base_r[:, 80:], before_r[:, 80:])

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 import vllm_ir as ir
-from triton_helpers import DEVICE, DTYPES
+from triton_helpers import DEVICE, DTYPES, run_size_mismatch
 from vllm_ir.provider import fp8_steps_apart
 from vllm_ir_triton import PROVIDER, launch
 
@@ -327,11 +327,7 @@ def test_declined_arguments_fall_back_to_native(
 )
 def test_size_mismatches_are_computed_by_native(op: ir.IrOp, args: tuple[Any, ...]) -> None:
     """What supports_args cannot see (sizes), the impl hands to native: no launch."""
-    args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
-    with op.set_priority([PROVIDER]):
-        assert op.selected_impl(*args).provider == PROVIDER
-        got = op(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
-    want = op.native(*args)
+    got, want = run_size_mismatch(op, PROVIDER, args)
     for g, w in zip(got, want, strict=True) if isinstance(want, tuple) else [(got, want)]:
         torch.testing.assert_close(g.float(), w.float(), rtol=0, atol=0)
 

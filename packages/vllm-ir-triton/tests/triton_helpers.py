@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import torch
 
@@ -35,3 +36,14 @@ def run_python(code: str, **env: str | None) -> subprocess.CompletedProcess[str]
     return subprocess.run(
         [sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=300
     )
+
+
+def run_size_mismatch(op: Any, provider: str, args: tuple[Any, ...]) -> tuple[Any, Any]:
+    """``(got, want)``: ``op`` on ``args`` (moved to :data:`DEVICE`, cloned) through
+    ``provider``'s impl, which ``supports_args`` selects (it cannot see sizes), and the
+    native result. For sizes the kernels do not take: the impl must hand them to native."""
+    args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
+    with op.set_priority([provider]):
+        assert op.selected_impl(*args).provider == provider
+        got = op(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+    return got, op.native(*args)

@@ -280,33 +280,38 @@ def register_impls() -> None:
         supports_args=_norm_supported,
         batch_invariant=True,
     )
-    # out of place: new outputs, inputs only read
-    for op, fn, supports in (
-        (ir.ops.silu_and_mul, silu_and_mul, _silu_and_mul_supported),
-        (ir.ops.gelu_and_mul, gelu_and_mul, _gelu_and_mul_supported),
-        (ir.ops.static_scaled_fp8_quant, static_scaled_fp8_quant, _static_quant_supported),
+    # each row (for rotary_embedding each (token, head) row) is computed alone,
+    # elementwise or by the same code whatever the batch: batch invariant. In place
+    # (inplace=True): rotary_embedding rotates query and key, the fused quant writes
+    # x_residual; the others return new outputs and only read their inputs.
+    for op, fn, supports, inplace in (
+        (ir.ops.silu_and_mul, silu_and_mul, _silu_and_mul_supported, False),
+        (ir.ops.gelu_and_mul, gelu_and_mul, _gelu_and_mul_supported, False),
+        (ir.ops.static_scaled_fp8_quant, static_scaled_fp8_quant, _static_quant_supported, False),
         (
             ir.ops.dynamic_per_token_fp8_quant,
             dynamic_per_token_fp8_quant,
             _dynamic_quant_supported,
+            False,
         ),
-        (ir.ops.rms_norm_static_fp8_quant, rms_norm_static_fp8_quant, _rms_norm_quant_supported),
+        (
+            ir.ops.rms_norm_static_fp8_quant,
+            rms_norm_static_fp8_quant,
+            _rms_norm_quant_supported,
+            False,
+        ),
+        (ir.ops.rotary_embedding, rotary_embedding, _rotary_supported, True),
+        (
+            ir.ops.fused_add_rms_norm_static_fp8_quant,
+            fused_add_rms_norm_static_fp8_quant,
+            _fused_add_rms_norm_quant_supported,
+            True,
+        ),
     ):
         op.register_impl(
-            PROVIDER, supported=supported, supports_args=supports, batch_invariant=True
+            PROVIDER,
+            inplace=inplace,
+            supported=supported,
+            supports_args=supports,
+            batch_invariant=True,
         )(fn)
-    # each (token, head) row is rotated alone, elementwise: batch invariant
-    ir.ops.rotary_embedding.register_impl(
-        PROVIDER,
-        inplace=True,
-        supported=supported,
-        supports_args=_rotary_supported,
-        batch_invariant=True,
-    )(rotary_embedding)
-    ir.ops.fused_add_rms_norm_static_fp8_quant.register_impl(
-        PROVIDER,
-        inplace=True,
-        supported=supported,
-        supports_args=_fused_add_rms_norm_quant_supported,
-        batch_invariant=True,
-    )(fused_add_rms_norm_static_fp8_quant)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from vllm_ir.provider import PlatformDefaults, ProviderSpec
 
+from vllm_ir_cuda._schemas import SCHEMAS
 from vllm_ir_cuda._version import __version__
 
 __all__ = ["API_VERSION", "PROVIDER", "__version__", "provider"]
@@ -27,17 +28,8 @@ PROVIDER = "vllm_c"
 API_VERSION = 1
 """The vllm-ir provider API this package was written against."""
 
-_OPS = (
-    "rms_norm",
-    "fused_add_rms_norm",
-    "silu_and_mul",
-    "gelu_and_mul",
-    "rotary_embedding",
-    "static_scaled_fp8_quant",
-    "dynamic_per_token_fp8_quant",
-    "rms_norm_static_fp8_quant",
-    "fused_add_rms_norm_static_fp8_quant",
-)
+_OPS = tuple(SCHEMAS)
+"""The IR ops the kernels implement: one kernel op of the same name each."""
 
 
 def _register() -> None:

@@ -24,53 +24,13 @@ from torch import Tensor
 from torch.library import Library
 
 from vllm_ir_cuda import _build
+from vllm_ir_cuda._schemas import SCHEMAS
 
-__all__ = [
-    "DTYPES",
-    "NAMESPACE",
-    "SCHEMAS",
-    "dynamic_per_token_fp8_quant",
-    "fused_add_rms_norm",
-    "fused_add_rms_norm_static_fp8_quant",
-    "gelu_and_mul",
-    "rms_norm",
-    "rms_norm_static_fp8_quant",
-    "rotary_embedding",
-    "silu_and_mul",
-    "static_scaled_fp8_quant",
-]
+# and one OpOverload per schema, named after it (defined below)
+__all__ = ["DTYPES", "NAMESPACE", "SCHEMAS", *SCHEMAS]
 
 NAMESPACE = "vllm_ir_cuda"
 
-SCHEMAS = {
-    "rms_norm": "rms_norm(Tensor(a!) out, Tensor x, Tensor? weight, float epsilon) -> ()",
-    "fused_add_rms_norm": (
-        "fused_add_rms_norm(Tensor(a!) x, Tensor(b!) x_residual, Tensor? weight, "
-        "float epsilon) -> ()"
-    ),
-    "silu_and_mul": "silu_and_mul(Tensor(a!) out, Tensor x) -> ()",
-    "gelu_and_mul": "gelu_and_mul(Tensor(a!) out, Tensor x, str approximate) -> ()",
-    "rotary_embedding": (
-        "rotary_embedding(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, "
-        "bool is_neox) -> ()"
-    ),
-    "static_scaled_fp8_quant": (
-        "static_scaled_fp8_quant(Tensor(a!) out, Tensor x, Tensor scale) -> ()"
-    ),
-    "dynamic_per_token_fp8_quant": (
-        "dynamic_per_token_fp8_quant(Tensor(a!) out, Tensor(b!) scales, Tensor x, "
-        "Tensor? scale_ub) -> ()"
-    ),
-    "rms_norm_static_fp8_quant": (
-        "rms_norm_static_fp8_quant(Tensor(a!) out, Tensor x, Tensor? weight, float epsilon, "
-        "Tensor scale) -> ()"
-    ),
-    "fused_add_rms_norm_static_fp8_quant": (
-        "fused_add_rms_norm_static_fp8_quant(Tensor(a!) out, Tensor x, Tensor(b!) x_residual, "
-        "Tensor? weight, float epsilon, Tensor scale) -> ()"
-    ),
-}
-"""Schema of each op, as defined in the ``vllm_ir_cuda`` namespace."""
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 """The dtypes the kernels take (every tensor argument of a call shares one)."""

@@ -17,23 +17,14 @@ import torch
 import vllm_ir as ir
 
 from vllm_ir_transformers import kernelize
+from vllm_ir_transformers.tiny import tiny_config
 
 
 def demo(args: argparse.Namespace) -> int:
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=args.hidden,
-        intermediate_size=args.hidden * 2,
-        num_hidden_layers=args.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    config = transformers.LlamaConfig(**tiny_config(args.hidden, args.layers, vocab=256))
     reference = transformers.LlamaForCausalLM(config).eval()
     model = copy.deepcopy(reference)
     ids = torch.randint(3, 256, (1, 8), generator=torch.Generator().manual_seed(0))

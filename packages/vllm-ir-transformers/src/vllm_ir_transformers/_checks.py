@@ -9,6 +9,8 @@ analyses can collect reasons for the report instead of raising.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 from vllm_ir.provider import Tolerance
@@ -16,6 +18,7 @@ from vllm_ir.provider import Tolerance
 __all__ = [
     "FLOAT_DTYPES",
     "NotApplicable",
+    "Probed",
     "active_problem",
     "compare",
     "dtype_name",
@@ -29,6 +32,21 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 class NotApplicable(Exception):
     """A layer cannot be replaced; the message is the reason shown in the report."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Probed:
+    """What every layer analysis records besides its own mapping (the base of the
+    ``*Spec`` classes; keyword-only, after each spec's own fields)."""
+
+    dtypes: tuple[torch.dtype, ...]
+    """The dtypes the probe verified; the replacement runs only in these."""
+    rejected: tuple[tuple[torch.dtype, str], ...]
+    """The dtypes it failed in, with the reason."""
+    how: str
+    """How the probe's result compared with the layer's (for the report)."""
+    name: str = ""
+    """The module's name in the kernelized model (for logs)."""
 
 
 def weight_problem(name: str, tensor: Tensor | None) -> str | None:

@@ -52,6 +52,7 @@ from vllm_ir_transformers import _forward as fwd
 from vllm_ir_transformers._checks import (
     FLOAT_DTYPES,
     NotApplicable,
+    Probed,
     compare,
     probe_input,
     weighted_problem,
@@ -65,7 +66,7 @@ STATE_ATTR = "_vllm_ir_decoder"
 
 
 @dataclass(frozen=True)
-class DecoderSpec:
+class DecoderSpec(Probed):
     norm: NormSpec
     hidden_name: str
     positional: tuple[str, ...]
@@ -73,11 +74,6 @@ class DecoderSpec:
     defaults: dict[str, Any]
     """Default values the layer's own forward passes on to the attention."""
     varkw: str | None
-    dtypes: tuple[torch.dtype, ...]
-    """The dtypes in which the probe verified the fused forward (and the norm's mapping)."""
-    rejected: tuple[tuple[torch.dtype, str], ...]
-    how: str
-    name: str = ""
 
 
 def is_decoder_candidate(module: Any) -> bool:
@@ -136,7 +132,9 @@ def analyze_decoder(module: Any, norm: NormSpec | None, norm_reason: str | None)
         raise NotApplicable(f"submodules the fused forward would not run: {', '.join(extra)}")
     hidden_name, positional, defaults, varkw = _signature(module)
     dtype = module.post_attention_layernorm.weight.dtype
-    spec = DecoderSpec(norm, hidden_name, positional, defaults, varkw, (), (), "")
+    spec = DecoderSpec(
+        norm, hidden_name, positional, defaults, varkw, dtypes=(), rejected=(), how=""
+    )
     how = _probe(module, spec, dtype)
     verified, rejected = [dtype], []
     for other in FLOAT_DTYPES:
@@ -155,7 +153,14 @@ def analyze_decoder(module: Any, norm: NormSpec | None, norm_reason: str | None)
         else:
             rejected.append((other, problem))
     return DecoderSpec(
-        norm, hidden_name, positional, defaults, varkw, tuple(verified), tuple(rejected), how
+        norm,
+        hidden_name,
+        positional,
+        defaults,
+        varkw,
+        dtypes=tuple(verified),
+        rejected=tuple(rejected),
+        how=how,
     )
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from vllm_ir_transformers import _forward as fwd
 from vllm_ir_transformers import decoder, mlp, norm, rope
-from vllm_ir_transformers._checks import NotApplicable
+from vllm_ir_transformers._checks import NotApplicable, Probed
 from vllm_ir_transformers.report import (
     _REVERT,
     REPORT_ATTR,
@@ -161,10 +161,10 @@ def _plan(model: nn.Module, ops: tuple[str, ...], report: Report) -> None:
             reason,
         )
 
-    def replace(name: str, module: nn.Module, op: str, spec: object, **extra: str) -> None:
+    def replace(name: str, module: nn.Module, op: str, spec: Probed, **extra: str) -> None:
         label = name or "<root>"
-        spec = dataclasses.replace(spec, name=label)  # type: ignore[type-var]
-        how = spec.how  # type: ignore[attr-defined]
+        spec = dataclasses.replace(spec, name=label)
+        how = spec.how
         if op == "fused_add_rms_norm":
             how = f"residual add + post_attention_layernorm, {how}"
         report.replaced.append(Replacement(label, type(module).__name__, op, how))

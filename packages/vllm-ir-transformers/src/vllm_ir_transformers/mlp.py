@@ -46,6 +46,7 @@ from vllm_ir_transformers import _forward as fwd
 from vllm_ir_transformers._checks import (
     FLOAT_DTYPES,
     NotApplicable,
+    Probed,
     active_problem,
     compare,
     dtype_name,
@@ -64,14 +65,9 @@ GATED_OPS = ("silu_and_mul", "gelu_and_mul")
 
 
 @dataclass(frozen=True)
-class MlpSpec:
+class MlpSpec(Probed):
     split: bool
     act_attr: str
-    dtypes: tuple[torch.dtype, ...]
-    """Activation dtypes in which the op was verified against the layer's."""
-    rejected: tuple[tuple[torch.dtype, str], ...]
-    how: str
-    name: str = ""
     op: str = "silu_and_mul"
     """``silu_and_mul`` or ``gelu_and_mul``."""
     approximate: str = "none"
@@ -177,7 +173,9 @@ def analyze_mlp(module: Any) -> MlpSpec:
                 )
     act = getattr(module, act_attr)
     op, approximate = _which_activation(act, act_attr, ref)
-    spec = MlpSpec(split, act_attr, (ref.dtype,), (), "", op=op, approximate=approximate)
+    spec = MlpSpec(
+        split, act_attr, dtypes=(ref.dtype,), rejected=(), how="", op=op, approximate=approximate
+    )
     with torch.no_grad():
         verified, rejected = [], []
         for dtype in FLOAT_DTYPES:
@@ -199,9 +197,9 @@ def analyze_mlp(module: Any) -> MlpSpec:
     return MlpSpec(
         split,
         act_attr,
-        tuple(verified),
-        tuple(rejected),
-        f"{kind} + {called}, {how}",
+        dtypes=tuple(verified),
+        rejected=tuple(rejected),
+        how=f"{kind} + {called}, {how}",
         op=op,
         approximate=approximate,
     )

@@ -34,6 +34,7 @@ from vllm_ir_transformers import _forward as fwd
 from vllm_ir_transformers._checks import (
     FLOAT_DTYPES,
     NotApplicable,
+    Probed,
     compare,
     probe_input,
     weight_problem,
@@ -48,18 +49,11 @@ STATE_ATTR = "_vllm_ir_norm"
 
 
 @dataclass(frozen=True)
-class NormSpec:
+class NormSpec(Probed):
     """How a verified norm maps onto ``rms_norm``: ``weight + offset`` scales it."""
 
     eps: float
     offset: float
-    dtypes: tuple[torch.dtype, ...]
-    """The dtypes the probe verified; the replacement runs only in these."""
-    rejected: tuple[tuple[torch.dtype, str], ...]
-    """The dtypes it failed in, with the reason."""
-    how: str
-    name: str = ""
-    """The module's name in the kernelized model (for logs)."""
 
 
 def _eps_of(module: Any) -> float | None:
@@ -109,7 +103,7 @@ def analyze_norm(module: Any) -> NormSpec:
             rejected.append((dtype, "computes another scaling"))
         else:
             verified.append(dtype)
-    return NormSpec(eps, offset, tuple(verified), tuple(rejected), how)
+    return NormSpec(eps, offset, dtypes=tuple(verified), rejected=tuple(rejected), how=how)
 
 
 def _probe(module: Any, eps: float, weight: Tensor, dtype: torch.dtype) -> tuple[float, str]:

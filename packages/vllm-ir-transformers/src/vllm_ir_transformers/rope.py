@@ -40,6 +40,7 @@ from vllm_ir_transformers import _forward as fwd
 from vllm_ir_transformers._checks import (
     FLOAT_DTYPES,
     NotApplicable,
+    Probed,
     active_problem,
     compare,
     dtype_name,
@@ -55,15 +56,10 @@ STATE_ATTR = "_vllm_ir_rope"
 
 
 @dataclass(frozen=True)
-class RopeSpec:
+class RopeSpec(Probed):
     module_type: type
     is_neox: bool
     head_dim: int
-    dtypes: tuple[torch.dtype, ...]
-    """Dtypes in which ``rotary_embedding`` reproduced the model's function."""
-    rejected: tuple[tuple[torch.dtype, str], ...]
-    how: str
-    name: str = ""
     forward: Any = field(default=None, compare=False, repr=False)
     """The rebound copy of ``module_type.forward``: built with the spec (so a compiled
     forward reads an attribute, never traces the rebinding), dropped when pickled
@@ -316,16 +312,23 @@ def analyze_rope(module: nn.Module) -> RopeSpec:
                 rejected.append((dtype, problem))
         if ref.dtype not in verified:
             raise NotApplicable(f"not equivalent in {dtype_name(ref.dtype)}: {rejected[-1][1]}")
-        spec = RopeSpec(type(module), is_neox, head_dim, tuple(verified), tuple(rejected), "")
+        spec = RopeSpec(
+            type(module),
+            is_neox,
+            head_dim,
+            dtypes=tuple(verified),
+            rejected=tuple(rejected),
+            how="",
+        )
         how = _attention_probe(module, spec, ref)
     style = "neox" if is_neox else "gptj"
     return RopeSpec(
         type(module),
         is_neox,
         head_dim,
-        tuple(verified),
-        tuple(rejected),
-        f"{ROPE_FUNCTION} -> rotary_embedding ({style}) in its own forward, {how}",
+        dtypes=tuple(verified),
+        rejected=tuple(rejected),
+        how=f"{ROPE_FUNCTION} -> rotary_embedding ({style}) in its own forward, {how}",
     )
 
 

@@ -117,6 +117,92 @@ def _scaled(normed, w_ptr, w_stride, cols, mask, HAS_WEIGHT: tl.constexpr, dtype
 
 
 @triton.jit
+def _rstd(sum_of_squares, n_cols, epsilon):
+    """``1 / sqrt(mean(x * x) + epsilon)`` of a row, from its sum of squares."""
+    return tl.rsqrt(sum_of_squares / n_cols + epsilon)
+
+
+@triton.jit
+def _load_f32(row_ptr, c, col_stride, mask):
+    """The columns ``c`` of a row, in float32 (zeros where masked off)."""
+    return tl.load(row_ptr + c * col_stride, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _add_residual(x_row, x_col_stride, r_row, r_col_stride, c, mask, dtype: tl.constexpr):
+    """``r = x + r`` rounded to dtype, stored; returns the sum in float32."""
+    x = _load_f32(x_row, c, x_col_stride, mask)
+    r = _load_f32(r_row, c, r_col_stride, mask)
+    total = _round_to(x + r, dtype)
+    tl.store(r_row + c * r_col_stride, total, mask=mask)
+    return total.to(tl.float32)
+
+
+@triton.jit
+def _row_values(
+    x_row, x_col_stride, src_row, src_col_stride, c, mask, ADD: tl.constexpr, dtype: tl.constexpr
+):
+    """The row's columns ``c`` in float32: ``src``'s, or with ``ADD`` the rounded
+    ``x + src``, which is stored into ``src`` (the residual) first."""
+    if ADD:
+        return _add_residual(x_row, x_col_stride, src_row, src_col_stride, c, mask, dtype)
+    return _load_f32(src_row, c, src_col_stride, mask)
+
+
+@triton.jit
+def _normalize_row(
+    x_row,
+    x_col_stride,
+    src_row,
+    src_col_stride,
+    w_ptr,
+    w_stride,
+    scale_ptr,
+    dst_row,
+    dst_col_stride,
+    n_cols,
+    epsilon,
+    dtype: tl.constexpr,
+    ADD: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    QUANT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+):
+    """One row of ``rms_norm`` of ``src`` (times the weight) into ``dst``; with ``ADD``,
+    ``src = x + src`` (rounded) first (:func:`_row_values`). With ``QUANT`` ``dst``
+    receives the FP8 bits of the result under the scale at ``scale_ptr``.
+
+    ``SINGLE_PASS``: the row fits in one ``BLOCK`` and stays in registers; otherwise
+    a pass sums the squares and a second pass reads the row (``src``) again."""
+    cols = tl.arange(0, BLOCK)
+    if SINGLE_PASS:
+        mask = cols < n_cols
+        x = _row_values(x_row, x_col_stride, src_row, src_col_stride, cols, mask, ADD, dtype)
+        rstd = _rstd(tl.sum(x * x, axis=0), n_cols, epsilon)
+        out = _scaled(x * rstd, w_ptr, w_stride, cols, mask, HAS_WEIGHT, dtype)
+        if QUANT:
+            out = _fp8_bits(out.to(tl.float32), tl.load(scale_ptr))
+        tl.store(dst_row + cols * dst_col_stride, out, mask=mask)
+    else:
+        squares = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            c = start + cols
+            mask = c < n_cols
+            x = _row_values(x_row, x_col_stride, src_row, src_col_stride, c, mask, ADD, dtype)
+            squares += x * x
+        rstd = _rstd(tl.sum(squares, axis=0), n_cols, epsilon)
+        for start in range(0, n_cols, BLOCK):
+            c = start + cols
+            mask = c < n_cols
+            x = _load_f32(src_row, c, src_col_stride, mask)
+            out = _scaled(x * rstd, w_ptr, w_stride, c, mask, HAS_WEIGHT, dtype)
+            if QUANT:
+                out = _fp8_bits(out.to(tl.float32), tl.load(scale_ptr))
+            tl.store(dst_row + c * dst_col_stride, out, mask=mask)
+
+
+@triton.jit
 def rms_norm_kernel(
     x_ptr,
     x_row_stride,
@@ -141,33 +227,25 @@ def rms_norm_kernel(
     """
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
-    out_row = out_ptr + row * out_row_stride
-    dtype = x_ptr.dtype.element_ty
-    cols = tl.arange(0, BLOCK)
-    if SINGLE_PASS:
-        mask = cols < n_cols
-        x = tl.load(x_row + cols * x_col_stride, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + epsilon)
-        out = _scaled(x * rstd, w_ptr, w_stride, cols, mask, HAS_WEIGHT, dtype)
-        if QUANT:
-            out = _fp8_bits(out.to(tl.float32), tl.load(scale_ptr))
-        tl.store(out_row + cols * out_col_stride, out, mask=mask)
-    else:
-        squares = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK):
-            c = start + cols
-            mask = c < n_cols
-            x = tl.load(x_row + c * x_col_stride, mask=mask, other=0.0).to(tl.float32)
-            squares += x * x
-        rstd = tl.rsqrt(tl.sum(squares, axis=0) / n_cols + epsilon)
-        for start in range(0, n_cols, BLOCK):
-            c = start + cols
-            mask = c < n_cols
-            x = tl.load(x_row + c * x_col_stride, mask=mask, other=0.0).to(tl.float32)
-            out = _scaled(x * rstd, w_ptr, w_stride, c, mask, HAS_WEIGHT, dtype)
-            if QUANT:
-                out = _fp8_bits(out.to(tl.float32), tl.load(scale_ptr))
-            tl.store(out_row + c * out_col_stride, out, mask=mask)
+    _normalize_row(
+        x_row,
+        x_col_stride,
+        x_row,
+        x_col_stride,
+        w_ptr,
+        w_stride,
+        scale_ptr,
+        out_ptr + row * out_row_stride,
+        out_col_stride,
+        n_cols,
+        epsilon,
+        x_ptr.dtype.element_ty,
+        False,
+        HAS_WEIGHT,
+        QUANT,
+        BLOCK,
+        SINGLE_PASS,
+    )
 
 
 @triton.jit
@@ -199,46 +277,78 @@ def fused_add_rms_norm_kernel(
     """
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
-    r_row = r_ptr + row * r_row_stride
-    q_row = q_ptr + row * q_row_stride
+    if QUANT:
+        dst_row = q_ptr + row * q_row_stride
+        dst_col_stride = q_col_stride
+    else:
+        dst_row = x_row
+        dst_col_stride = x_col_stride
+    _normalize_row(
+        x_row,
+        x_col_stride,
+        r_ptr + row * r_row_stride,
+        r_col_stride,
+        w_ptr,
+        w_stride,
+        scale_ptr,
+        dst_row,
+        dst_col_stride,
+        n_cols,
+        epsilon,
+        x_ptr.dtype.element_ty,
+        True,
+        HAS_WEIGHT,
+        QUANT,
+        BLOCK,
+        SINGLE_PASS,
+    )
+
+
+SILU: tl.constexpr = tl.constexpr(0)
+GELU: tl.constexpr = tl.constexpr(1)
+GELU_TANH: tl.constexpr = tl.constexpr(2)
+
+
+@triton.jit
+def _activation(gate, ACT: tl.constexpr):
+    """``ACT`` (:data:`SILU`, :data:`GELU`, :data:`GELU_TANH`) of float32 ``gate``, by torch's
+    formulas in float32 (see the kernels)."""
+    if ACT == SILU:
+        return tl.math.div_rn(gate, 1.0 + tl.exp(-gate))
+    if ACT == GELU_TANH:
+        inner = 0.7978845608028654 * (gate + 0.044715 * (gate * gate * gate))
+        tanh = 1.0 - tl.math.div_rn(2.0, tl.exp(2.0 * inner) + 1.0)
+        return 0.5 * gate * (1.0 + tanh)
+    return gate * 0.5 * (1.0 + tl.math.erf(gate * 0.7071067811865476))
+
+
+@triton.jit
+def _act_and_mul_row(
+    x_ptr,
+    x_row_stride,
+    x_col_stride,
+    out_ptr,
+    out_row_stride,
+    out_col_stride,
+    d,
+    ACT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """``out[row] = act(x[row, :d]) * x[row, d:]`` for the row of this program: the
+    activation rounded to the dtype, then the product rounded again, as torch does."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    out_row = out_ptr + row * out_row_stride
     dtype = x_ptr.dtype.element_ty
     cols = tl.arange(0, BLOCK)
-    if SINGLE_PASS:
-        mask = cols < n_cols
-        x = tl.load(x_row + cols * x_col_stride, mask=mask, other=0.0).to(tl.float32)
-        r = tl.load(r_row + cols * r_col_stride, mask=mask, other=0.0).to(tl.float32)
-        total = _round_to(x + r, dtype)
-        tl.store(r_row + cols * r_col_stride, total, mask=mask)
-        s = total.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(s * s, axis=0) / n_cols + epsilon)
-        out = _scaled(s * rstd, w_ptr, w_stride, cols, mask, HAS_WEIGHT, dtype)
-        if QUANT:
-            bits = _fp8_bits(out.to(tl.float32), tl.load(scale_ptr))
-            tl.store(q_row + cols * q_col_stride, bits, mask=mask)
-        else:
-            tl.store(x_row + cols * x_col_stride, out, mask=mask)
-    else:
-        squares = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK):
-            c = start + cols
-            mask = c < n_cols
-            x = tl.load(x_row + c * x_col_stride, mask=mask, other=0.0).to(tl.float32)
-            r = tl.load(r_row + c * r_col_stride, mask=mask, other=0.0).to(tl.float32)
-            total = _round_to(x + r, dtype)
-            tl.store(r_row + c * r_col_stride, total, mask=mask)
-            s = total.to(tl.float32)
-            squares += s * s
-        rstd = tl.rsqrt(tl.sum(squares, axis=0) / n_cols + epsilon)
-        for start in range(0, n_cols, BLOCK):
-            c = start + cols
-            mask = c < n_cols
-            s = tl.load(r_row + c * r_col_stride, mask=mask, other=0.0).to(tl.float32)
-            out = _scaled(s * rstd, w_ptr, w_stride, c, mask, HAS_WEIGHT, dtype)
-            if QUANT:
-                bits = _fp8_bits(out.to(tl.float32), tl.load(scale_ptr))
-                tl.store(q_row + c * q_col_stride, bits, mask=mask)
-            else:
-                tl.store(x_row + c * x_col_stride, out, mask=mask)
+    for start in range(0, d, BLOCK):
+        c = start + cols
+        mask = c < d
+        gate = _load_f32(x_row, c, x_col_stride, mask)
+        up = _load_f32(x_row, c + d, x_col_stride, mask)
+        act = _round_to(_activation(gate, ACT), dtype)
+        out = _round_to(act.to(tl.float32) * up, dtype)
+        tl.store(out_row + c * out_col_stride, out, mask=mask)
 
 
 @triton.jit
@@ -257,19 +367,9 @@ def silu_and_mul_kernel(
     ``silu(g) = g / (1 + exp(-g))`` in float32 (torch's formula), rounded to
     the dtype; the product of the two dtype values is rounded again.
     """
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * x_row_stride
-    out_row = out_ptr + row * out_row_stride
-    dtype = x_ptr.dtype.element_ty
-    cols = tl.arange(0, BLOCK)
-    for start in range(0, d, BLOCK):
-        c = start + cols
-        mask = c < d
-        gate = tl.load(x_row + c * x_col_stride, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(x_row + (c + d) * x_col_stride, mask=mask, other=0.0).to(tl.float32)
-        silu = _round_to(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)), dtype)
-        out = _round_to(silu.to(tl.float32) * up, dtype)
-        tl.store(out_row + c * out_col_stride, out, mask=mask)
+    _act_and_mul_row(
+        x_ptr, x_row_stride, x_col_stride, out_ptr, out_row_stride, out_col_stride, d, SILU, BLOCK
+    )
 
 
 @triton.jit
@@ -292,24 +392,10 @@ def gelu_and_mul_kernel(
     libm's, within the op's tolerance); the GELU rounded to the dtype, then the
     product rounded again.
     """
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * x_row_stride
-    out_row = out_ptr + row * out_row_stride
-    dtype = x_ptr.dtype.element_ty
-    cols = tl.arange(0, BLOCK)
-    for start in range(0, d, BLOCK):
-        c = start + cols
-        mask = c < d
-        gate = tl.load(x_row + c * x_col_stride, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(x_row + (c + d) * x_col_stride, mask=mask, other=0.0).to(tl.float32)
-        if TANH:
-            inner = 0.7978845608028654 * (gate + 0.044715 * (gate * gate * gate))
-            tanh = 1.0 - tl.math.div_rn(2.0, tl.exp(2.0 * inner) + 1.0)
-            gelu = 0.5 * gate * (1.0 + tanh)
-        else:
-            gelu = gate * 0.5 * (1.0 + tl.math.erf(gate * 0.7071067811865476))
-        out = _round_to(_round_to(gelu, dtype).to(tl.float32) * up, dtype)
-        tl.store(out_row + c * out_col_stride, out, mask=mask)
+    act: tl.constexpr = GELU_TANH if TANH else GELU
+    _act_and_mul_row(
+        x_ptr, x_row_stride, x_col_stride, out_ptr, out_row_stride, out_col_stride, d, act, BLOCK
+    )
 
 
 @triton.jit

@@ -189,6 +189,74 @@ def _fp8_rows(q: Tensor) -> Tensor:
     return q.view(torch.uint8).view(-1, q.shape[-1])
 
 
+def _launch_on_rows(
+    kernel: Launcher,
+    rows: Tensor,
+    out_rows: Tensor,
+    max_block: int | None,
+    *args: object,
+    single_pass: bool = False,
+) -> None:
+    """Launch a row kernel, one program per row of ``rows`` writing the same row of
+    ``out_rows`` (both 2-D): the kernel takes the two tensors with their strides, then
+    ``args``, then the block size (and with ``single_pass``, whether a row fits in one
+    block). The configuration is sized for ``out_rows``' rows in ``rows``' dtype."""
+    cfg = launch_config(
+        out_rows.shape[1], rows.element_size(), batch_invariant=False, max_block=max_block
+    )
+    kernel(
+        rows.shape[0],
+        cfg.num_warps,
+        rows,
+        rows.stride(0),
+        rows.stride(1),
+        out_rows,
+        out_rows.stride(0),
+        out_rows.stride(1),
+        *args,
+        cfg.block,
+        *((cfg.single_pass,) if single_pass else ()),
+    )
+
+
+def _launch_norm(
+    kernel: Launcher,
+    inputs: tuple[Tensor, ...],
+    weight: Tensor | None,
+    out_rows: Tensor,
+    scale: Tensor | None,
+    epsilon: float,
+    batch_invariant: bool,
+    max_block: int | None,
+) -> None:
+    """Launch a norm kernel, one program per row: it takes the 2-D ``inputs`` (``x``, and
+    for the fused kernel the residual) with their strides, the weight, ``out_rows`` (the
+    result; FP8 bits with ``scale``), the scale, the row length, ``epsilon``, then its
+    flags. An absent weight or scale is a placeholder pointer the kernel never reads."""
+    rows = inputs[0]
+    hidden = rows.shape[1]
+    cfg = launch_config(
+        hidden, rows.element_size(), batch_invariant=batch_invariant, max_block=max_block
+    )
+    kernel(
+        rows.shape[0],
+        cfg.num_warps,
+        *(arg for t in inputs for arg in (t, t.stride(0), t.stride(1))),
+        weight if weight is not None else rows,
+        weight.stride(0) if weight is not None else 0,
+        out_rows,
+        out_rows.stride(0),
+        out_rows.stride(1),
+        scale if scale is not None else rows,
+        hidden,
+        epsilon,
+        weight is not None,
+        scale is not None,
+        cfg.block,
+        cfg.single_pass,
+    )
+
+
 def rms_norm(
     x: Tensor,
     weight: Tensor | None,
@@ -211,29 +279,9 @@ def rms_norm(
     weight = _checked_weight(x, weight, "rms_norm")
     if scale is not None:
         scale = _checked_scale(x, scale, "rms_norm_static_fp8_quant")
-    rows = _input_rows(x)
     out_rows = _fp8_rows(out) if quant else out.view(-1, hidden)
-    cfg = launch_config(
-        hidden, x.element_size(), batch_invariant=batch_invariant, max_block=max_block
-    )
-    _rms_norm(
-        rows.shape[0],
-        cfg.num_warps,
-        rows,
-        rows.stride(0),
-        rows.stride(1),
-        weight if weight is not None else rows,
-        weight.stride(0) if weight is not None else 0,
-        out_rows,
-        out_rows.stride(0),
-        out_rows.stride(1),
-        scale if scale is not None else rows,
-        hidden,
-        epsilon,
-        weight is not None,
-        quant,
-        cfg.block,
-        cfg.single_pass,
+    _launch_norm(
+        _rms_norm, (_input_rows(x),), weight, out_rows, scale, epsilon, batch_invariant, max_block
     )
     return out
 
@@ -299,30 +347,15 @@ def _fused_add(
         x_rows = x.contiguous().view(-1, hidden)
         r_rows = x_residual.contiguous().view(-1, hidden)
     q_rows = _fp8_rows(q) if q is not None else x_rows
-    cfg = launch_config(
-        hidden, x.element_size(), batch_invariant=batch_invariant, max_block=max_block
-    )
-    _fused_add_rms_norm(
-        x_rows.shape[0],
-        cfg.num_warps,
-        x_rows,
-        x_rows.stride(0),
-        x_rows.stride(1),
-        r_rows,
-        r_rows.stride(0),
-        r_rows.stride(1),
-        weight if weight is not None else x_rows,
-        weight.stride(0) if weight is not None else 0,
+    _launch_norm(
+        _fused_add_rms_norm,
+        (x_rows, r_rows),
+        weight,
         q_rows,
-        q_rows.stride(0),
-        q_rows.stride(1),
-        scale if scale is not None else x_rows,
-        hidden,
+        scale,
         epsilon,
-        weight is not None,
-        q is not None,
-        cfg.block,
-        cfg.single_pass,
+        batch_invariant,
+        max_block,
     )
     if copy_back:
         if q is None:
@@ -333,58 +366,29 @@ def _fused_add(
 def silu_and_mul(x: Tensor, *, max_block: int | None = None) -> Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` into a new contiguous tensor; the last
     dimension of ``x`` must be even (``2 * d``)."""
-    hidden = x.shape[-1]
-    if hidden % 2:
-        raise ValueError(f"silu_and_mul: the last dimension ({hidden}) must be even")
-    d = hidden // 2
-    out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
-    if out.numel() == 0:
-        return out
-    rows = _input_rows(x)
-    out_rows = out.view(-1, d)
-    cfg = launch_config(d, x.element_size(), batch_invariant=False, max_block=max_block)
-    _silu_and_mul(
-        rows.shape[0],
-        cfg.num_warps,
-        rows,
-        rows.stride(0),
-        rows.stride(1),
-        out_rows,
-        out_rows.stride(0),
-        out_rows.stride(1),
-        d,
-        cfg.block,
-    )
-    return out
+    return _act_and_mul("silu_and_mul", _silu_and_mul, x, (), max_block)
 
 
 def gelu_and_mul(x: Tensor, approximate: str, *, max_block: int | None = None) -> Tensor:
     """``gelu(x[..., :d], approximate) * x[..., d:]`` into a new contiguous tensor."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _act_and_mul("gelu_and_mul", _gelu_and_mul, x, (approximate == "tanh",), max_block)
+
+
+def _act_and_mul(
+    op: str, kernel: Launcher, x: Tensor, options: tuple[bool, ...], max_block: int | None
+) -> Tensor:
+    """A gated activation's launch: ``x`` (``(..., 2 * d)``) into a new ``(..., d)`` tensor;
+    ``options`` are the kernel's arguments between ``d`` and the block size."""
     hidden = x.shape[-1]
     if hidden % 2:
-        raise ValueError(f"gelu_and_mul: the last dimension ({hidden}) must be even")
+        raise ValueError(f"{op}: the last dimension ({hidden}) must be even")
     d = hidden // 2
     out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
-    rows = _input_rows(x)
-    out_rows = out.view(-1, d)
-    cfg = launch_config(d, x.element_size(), batch_invariant=False, max_block=max_block)
-    _gelu_and_mul(
-        rows.shape[0],
-        cfg.num_warps,
-        rows,
-        rows.stride(0),
-        rows.stride(1),
-        out_rows,
-        out_rows.stride(0),
-        out_rows.stride(1),
-        d,
-        approximate == "tanh",
-        cfg.block,
-    )
+    _launch_on_rows(kernel, _input_rows(x), out.view(-1, d), max_block, d, *options)
     return out
 
 
@@ -453,21 +457,8 @@ def static_scaled_fp8_quant(x: Tensor, scale: Tensor, *, max_block: int | None =
     q = torch.empty(x.shape, dtype=FP8, device=x.device)
     if q.numel() == 0:
         return q
-    hidden = x.shape[-1]
-    rows, q_rows = _input_rows(x), _fp8_rows(q)
-    cfg = launch_config(hidden, x.element_size(), batch_invariant=False, max_block=max_block)
-    _static_scaled_fp8_quant(
-        rows.shape[0],
-        cfg.num_warps,
-        rows,
-        rows.stride(0),
-        rows.stride(1),
-        q_rows,
-        q_rows.stride(0),
-        q_rows.stride(1),
-        scale,
-        hidden,
-        cfg.block,
+    _launch_on_rows(
+        _static_scaled_fp8_quant, _input_rows(x), _fp8_rows(q), max_block, scale, x.shape[-1]
     )
     return q
 
@@ -496,17 +487,11 @@ def dynamic_per_token_fp8_quant(
     scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
     if q.numel() == 0:
         return q, scales
-    rows, q_rows = _input_rows(x), _fp8_rows(q)
-    cfg = launch_config(hidden, x.element_size(), batch_invariant=False, max_block=max_block)
-    _dynamic_per_token_fp8_quant(
-        rows.shape[0],
-        cfg.num_warps,
-        rows,
-        rows.stride(0),
-        rows.stride(1),
-        q_rows,
-        q_rows.stride(0),
-        q_rows.stride(1),
+    _launch_on_rows(
+        _dynamic_per_token_fp8_quant,
+        _input_rows(x),
+        _fp8_rows(q),
+        max_block,
         scales,
         scale_ub if scale_ub is not None else scales,
         hidden,
@@ -514,7 +499,6 @@ def dynamic_per_token_fp8_quant(
         INV_FP8_MAX,
         scale_ub is not None,
         (x.device.type == "cuda" if reciprocal_scale is None else reciprocal_scale),
-        cfg.block,
-        cfg.single_pass,
+        single_pass=True,
     )
     return q, scales

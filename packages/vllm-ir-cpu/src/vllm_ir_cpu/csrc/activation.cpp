@@ -115,15 +115,12 @@ at::Tensor act_and_mul(const char* op, const at::Tensor& x) {
   at::Tensor out = at::empty(sizes, x.options());
   if (out.numel() == 0) return out;
 
-  const int64_t rows = x.numel() / width;
-  const Rows src = rows_of(x);
-  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+  dispatch_rows(op, x, [&](auto tag, const auto* data, int64_t stride, int64_t rows, int64_t) {
     using scalar_t = decltype(tag);
-    const scalar_t* data = src.tensor.const_data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
 #pragma omp parallel for schedule(static) if (run_parallel(rows, rows * width))
     for (int64_t r = 0; r < rows; ++r) {
-      act_and_mul_row<Act>(dst + r * d, data + r * src.stride, d);
+      act_and_mul_row<Act>(dst + r * d, data + r * stride, d);
     }
   });
   return out;

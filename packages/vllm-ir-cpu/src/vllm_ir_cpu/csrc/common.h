@@ -84,6 +84,21 @@ inline std::tuple<fVec, fVec> round_to(const fVec& a, const fVec& b) {
   return at::vec::convert_to_float<scalar_t>(at::vec::convert_from_float<scalar_t>(a, b));
 }
 
+// Walks x[0:n] one vector of scalar_t (a 16-bit type) at a time: calls
+// f(i, count, a0, a1) with the `count` elements at i (at most 2 * fVec::size())
+// converted to two fp32 vectors, the lanes past `count` zero.
+template <typename scalar_t, typename F>
+inline void for_each_vec(const scalar_t* x, int64_t n, F&& f) {
+  using bVec = Vectorized<scalar_t>;
+  constexpr int64_t V = bVec::size();
+  static_assert(V == 2 * fVec::size(), "a vector of scalar_t converts to two fp32 vectors");
+  for (int64_t i = 0; i < n; i += V) {
+    const int64_t count = std::min<int64_t>(V, n - i);
+    auto [a0, a1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(x + i, count));
+    f(i, count, a0, a1);
+  }
+}
+
 // Lanes already holding scalar_t values, as a vector of scalar_t.
 template <typename scalar_t>
 inline Vectorized<scalar_t> pack_exact(const fVec& a, const fVec& b) {
@@ -208,6 +223,37 @@ inline float scalar_of(const char* op, const char* name, const at::Tensor& t) {
 
 inline at::TensorOptions fp8_options(const at::Tensor& x) {
   return x.options().dtype(at::kFloat8_e4m3fn);
+}
+
+// ---------------------------------------------------------------------------
+// Walking rows: the frame every row kernel shares.
+
+// x viewed as rows of its last dimension, in x's dtype: calls
+// f(tag, data, stride, rows, width), where `tag` is a scalar_t{} (recover the
+// type with decltype(tag)) and `data` the first element of rows `stride`
+// apart (rows_of: x itself, or a contiguous copy). x must not be empty.
+template <typename F>
+void dispatch_rows(const char* op, const at::Tensor& x, F&& f) {
+  const int64_t width = x.size(-1);
+  const int64_t rows = x.numel() / width;
+  const Rows src = rows_of(x);
+  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    f(tag, src.tensor.const_data_ptr<scalar_t>(), src.stride, rows, width);
+  });
+}
+
+// A new contiguous float8_e4m3fn tensor of x's shape, filled row by row by
+// f(tag, q, data, stride, rows, hidden) (dispatch_rows' arguments after the
+// output); an empty x gives an empty result without calling f.
+template <typename F>
+at::Tensor fp8_of_rows(const char* op, const at::Tensor& x, F&& f) {
+  at::Tensor q = at::empty(x.sizes(), fp8_options(x));
+  if (x.numel() == 0) return q;
+  dispatch_rows(op, x, [&](auto tag, const auto* data, int64_t stride, int64_t rows, int64_t hidden) {
+    f(tag, q.data_ptr<fp8_t>(), data, stride, rows, hidden);
+  });
+  return q;
 }
 
 }  // namespace vllm_ir_cpu

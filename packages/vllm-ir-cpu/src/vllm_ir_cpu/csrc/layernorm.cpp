@@ -99,17 +99,14 @@ inline float add_residual(const scalar_t* x, scalar_t* residual, int64_t n) {
       acc0 = at::vec::fmadd(s, s, acc0);
     }
   } else {
-    using bVec = Vectorized<scalar_t>;
-    constexpr int64_t V = bVec::size();
-    for (int64_t i = 0; i < n; i += V) {
-      const int64_t count = std::min<int64_t>(V, n - i);
-      auto [x0, x1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(x + i, count));
+    for_each_vec(x, n, [&](int64_t i, int64_t count, const fVec& x0, const fVec& x1) {
+      using bVec = Vectorized<scalar_t>;
       auto [r0, r1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(residual + i, count));
       auto [s0, s1] = round_to<scalar_t>(x0 + r0, x1 + r1);
       pack_exact<scalar_t>(s0, s1).store(residual + i, count);
       acc0 = at::vec::fmadd(s0, s0, acc0);
       acc1 = at::vec::fmadd(s1, s1, acc1);
-    }
+    });
   }
   return lane_sum(acc0 + acc1);
 }
@@ -135,12 +132,7 @@ inline void normalize(
       y.store(out + i, count);
     }
   } else {
-    using bVec = Vectorized<scalar_t>;
-    constexpr int64_t V = bVec::size();
-    static_assert(V == 2 * fV, "a vector of scalar_t converts to two fp32 vectors");
-    for (int64_t i = 0; i < n; i += V) {
-      const int64_t count = std::min<int64_t>(V, n - i);
-      auto [a0, a1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(x + i, count));
+    for_each_vec(x, n, [&](int64_t i, int64_t count, fVec a0, fVec a1) {
       a0 = a0 * scale;
       a1 = a1 * scale;
       if (weight != nullptr) {
@@ -151,7 +143,7 @@ inline void normalize(
         a1 = y1 * fVec::loadu(weight + i + fV, count_hi);
       }
       at::vec::convert_from_float<scalar_t>(a0, a1).store(out + i, count);
-    }
+    });
   }
 }
 
@@ -191,13 +183,9 @@ inline void normalize_quant(
       quantize_store(q + i, y, qscale, count);
     }
   } else {
-    using bVec = Vectorized<scalar_t>;
-    constexpr int64_t V = bVec::size();
-    for (int64_t i = 0; i < n; i += V) {
-      const int64_t count = std::min<int64_t>(V, n - i);
+    for_each_vec(x, n, [&](int64_t i, int64_t count, const fVec& a0, const fVec& a1) {
       const int64_t count_lo = std::min<int64_t>(count, fV);
       const int64_t count_hi = std::max<int64_t>(count - fV, 0);
-      auto [a0, a1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(x + i, count));
       auto [y0, y1] = round_to<scalar_t>(a0 * scale, a1 * scale);
       if (weight != nullptr) {
         std::tie(y0, y1) = round_to<scalar_t>(
@@ -205,7 +193,7 @@ inline void normalize_quant(
       }
       quantize_store(q + i, y0, qscale, count_lo);
       if (count_hi > 0) quantize_store(q + i + fV, y1, qscale, count_hi);
-    }
+    });
   }
 }
 
@@ -279,6 +267,17 @@ at::Tensor checked_weight(
   return weight->contiguous();
 }
 
+// x's dtype dispatched, with the weight as the fp32 vector the row loops take:
+// calls f(tag, weight) (weight nullptr when w is undefined).
+template <typename F>
+void dispatch_weighted(const char* op, const at::Tensor& x, const at::Tensor& w, F&& f) {
+  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    std::vector<float> buffer;
+    f(tag, weight_as_float<scalar_t>(w, buffer));
+  });
+}
+
 // ---------------------------------------------------------------------------
 // The ops.
 
@@ -296,27 +295,18 @@ void rms_norm(
 
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
-  at::Tensor src = x;
-  std::optional<int64_t> x_stride = row_stride(x);
-  if (!x_stride) {
-    src = x.contiguous();
-    x_stride = hidden;
-  }
-  at::Tensor dst = out;
-  std::optional<int64_t> out_stride = row_stride(out);
-  const bool copy_back = !out_stride.has_value();
-  if (copy_back) {
-    dst = at::empty(x.sizes(), x.options());
-    out_stride = hidden;
-  }
-  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+  const Rows src = rows_of(x);
+  // out's own rows, or a contiguous temporary copied into it afterwards
+  const std::optional<int64_t> out_stride = row_stride(out);
+  const Rows dst =
+      out_stride ? Rows{out, *out_stride} : Rows{at::empty(x.sizes(), x.options()), hidden};
+  dispatch_weighted(op, x, w, [&](auto tag, const float* weight_f) {
     using scalar_t = decltype(tag);
-    std::vector<float> buffer;
     rms_norm_rows<scalar_t>(
-        dst.data_ptr<scalar_t>(), *out_stride, src.const_data_ptr<scalar_t>(), *x_stride,
-        weight_as_float<scalar_t>(w, buffer), rows, hidden, static_cast<float>(epsilon));
+        dst.tensor.data_ptr<scalar_t>(), dst.stride, src.tensor.const_data_ptr<scalar_t>(),
+        src.stride, weight_f, rows, hidden, static_cast<float>(epsilon));
   });
-  if (copy_back) out.copy_(dst);
+  if (!dst.tensor.is_same(out)) out.copy_(dst.tensor);
 }
 
 // rms_norm into a new contiguous tensor: the functional form the IR impl
@@ -343,26 +333,17 @@ void fused_add_rms_norm(
 
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
-  std::optional<int64_t> x_stride = row_stride(x);
-  std::optional<int64_t> residual_stride = row_stride(x_residual);
-  at::Tensor xs = x, rs = x_residual;
-  if (!x_stride) {
-    xs = x.contiguous();
-    x_stride = hidden;
-  }
-  if (!residual_stride) {
-    rs = x_residual.contiguous();
-    residual_stride = hidden;
-  }
-  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+  // both are written: their own rows, or contiguous copies copied back
+  const Rows xs = rows_of(x);
+  const Rows rs = rows_of(x_residual);
+  dispatch_weighted(op, x, w, [&](auto tag, const float* weight_f) {
     using scalar_t = decltype(tag);
-    std::vector<float> buffer;
     fused_add_rms_norm_rows<scalar_t>(
-        xs.data_ptr<scalar_t>(), *x_stride, rs.data_ptr<scalar_t>(), *residual_stride,
-        weight_as_float<scalar_t>(w, buffer), rows, hidden, static_cast<float>(epsilon));
+        xs.tensor.data_ptr<scalar_t>(), xs.stride, rs.tensor.data_ptr<scalar_t>(), rs.stride,
+        weight_f, rows, hidden, static_cast<float>(epsilon));
   });
-  if (!xs.is_same(x)) x.copy_(xs);
-  if (!rs.is_same(x_residual)) x_residual.copy_(rs);
+  if (!xs.tensor.is_same(x)) x.copy_(xs.tensor);
+  if (!rs.tensor.is_same(x_residual)) x_residual.copy_(rs.tensor);
 }
 
 // static_scaled_fp8_quant(rms_norm(x, weight, epsilon), scale) into a new
@@ -374,20 +355,13 @@ at::Tensor rms_norm_static_fp8_quant(
   check_input(op, x);
   const at::Tensor w = checked_weight(op, weight, x);
   const float qscale = scalar_of(op, "scale", scale);
-  at::Tensor q = at::empty(x.sizes(), fp8_options(x));
-  if (x.numel() == 0) return q;
-
-  const int64_t hidden = x.size(-1);
-  const int64_t rows = x.numel() / hidden;
-  const Rows src = rows_of(x);
-  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+  return fp8_of_rows(op, x, [&](auto tag, fp8_t* q, const auto* data, int64_t stride, int64_t rows, int64_t hidden) {
     using scalar_t = decltype(tag);
     std::vector<float> buffer;
     rms_norm_quant_rows<scalar_t>(
-        q.data_ptr<fp8_t>(), src.tensor.const_data_ptr<scalar_t>(), src.stride,
-        weight_as_float<scalar_t>(w, buffer), rows, hidden, static_cast<float>(epsilon), qscale);
+        q, data, stride, weight_as_float<scalar_t>(w, buffer), rows, hidden,
+        static_cast<float>(epsilon), qscale);
   });
-  return q;
 }
 
 // x_residual <- round(x + x_residual) in place; returns the FP8 quantization
@@ -402,22 +376,17 @@ at::Tensor fused_add_rms_norm_static_fp8_quant(
   at::assert_no_overlap(x, x_residual);
   const at::Tensor w = checked_weight(op, weight, x);
   const float qscale = scalar_of(op, "scale", scale);
-  at::Tensor q = at::empty(x.sizes(), fp8_options(x));
-  if (x.numel() == 0) return q;
-
-  const int64_t hidden = x.size(-1);
-  const int64_t rows = x.numel() / hidden;
-  const Rows xs = rows_of(x);
-  const Rows rs = rows_of(x_residual);
-  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
+  at::Tensor written = x_residual;  // the residual rows the kernel writes: x_residual or a copy
+  at::Tensor q = fp8_of_rows(op, x, [&](auto tag, fp8_t* out, const auto* data, int64_t stride, int64_t rows, int64_t hidden) {
     using scalar_t = decltype(tag);
+    const Rows rs = rows_of(x_residual);
+    written = rs.tensor;
     std::vector<float> buffer;
     fused_add_rms_norm_quant_rows<scalar_t>(
-        q.data_ptr<fp8_t>(), xs.tensor.const_data_ptr<scalar_t>(), xs.stride,
-        rs.tensor.data_ptr<scalar_t>(), rs.stride, weight_as_float<scalar_t>(w, buffer), rows,
-        hidden, static_cast<float>(epsilon), qscale);
+        out, data, stride, rs.tensor.data_ptr<scalar_t>(), rs.stride,
+        weight_as_float<scalar_t>(w, buffer), rows, hidden, static_cast<float>(epsilon), qscale);
   });
-  if (!rs.tensor.is_same(x_residual)) x_residual.copy_(rs.tensor);  // written into a copy
+  if (!written.is_same(x_residual)) x_residual.copy_(written);
   return q;
 }
 

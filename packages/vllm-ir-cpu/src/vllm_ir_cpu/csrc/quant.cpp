@@ -39,14 +39,10 @@ inline void quantize_row(fp8_t* q, const scalar_t* x, const fVec& scale, int64_t
       quantize_store(q + i, fVec::loadu(x + i, count), scale, count);
     }
   } else {
-    using bVec = Vectorized<scalar_t>;
-    constexpr int64_t V = bVec::size();
-    for (int64_t i = 0; i < n; i += V) {
-      const int64_t count = std::min<int64_t>(V, n - i);
-      auto [a0, a1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(x + i, count));
+    for_each_vec(x, n, [&](int64_t i, int64_t count, const fVec& a0, const fVec& a1) {
       quantize_store(q + i, a0, scale, std::min<int64_t>(count, fV));
       if (count > fV) quantize_store(q + i + fV, a1, scale, count - fV);
-    }
+    });
   }
 }
 
@@ -61,14 +57,10 @@ inline float abs_max(const scalar_t* x, int64_t n) {
       m0 = at::vec::maximum(m0, fVec::loadu(x + i, std::min<int64_t>(fV, n - i)).abs());
     }
   } else {
-    using bVec = Vectorized<scalar_t>;
-    constexpr int64_t V = bVec::size();
-    for (int64_t i = 0; i < n; i += V) {
-      auto [a0, a1] = at::vec::convert_to_float<scalar_t>(
-          bVec::loadu(x + i, std::min<int64_t>(V, n - i)));
+    for_each_vec(x, n, [&](int64_t, int64_t, const fVec& a0, const fVec& a1) {
       m0 = at::vec::maximum(m0, a0.abs());
       m1 = at::vec::maximum(m1, a1.abs());
-    }
+    });
   }
   alignas(64) float lanes[fV];
   at::vec::maximum(m0, m1).store(lanes);  // at::vec::maximum propagates NaN
@@ -96,24 +88,13 @@ inline float row_scale(float amax, const std::optional<float>& scale_ub) {
 at::Tensor static_scaled_fp8_quant(const at::Tensor& x, const at::Tensor& scale) {
   constexpr const char* op = "static_scaled_fp8_quant";
   check_input(op, x);
-  const float qscale = scalar_of(op, "scale", scale);
-  at::Tensor q = at::empty(x.sizes(), fp8_options(x));
-  if (x.numel() == 0) return q;
-
-  const int64_t hidden = x.size(-1);
-  const int64_t rows = x.numel() / hidden;
-  const Rows src = rows_of(x);
-  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
-    using scalar_t = decltype(tag);
-    const scalar_t* data = src.tensor.const_data_ptr<scalar_t>();
-    fp8_t* out = q.data_ptr<fp8_t>();
-    const fVec qs(qscale);
+  const fVec qs(scalar_of(op, "scale", scale));
+  return fp8_of_rows(op, x, [&](auto, fp8_t* out, const auto* data, int64_t stride, int64_t rows, int64_t hidden) {
 #pragma omp parallel for schedule(static) if (run_parallel(rows, rows * hidden))
     for (int64_t r = 0; r < rows; ++r) {
-      quantize_row(out + r * hidden, data + r * src.stride, qs, hidden);
+      quantize_row(out + r * hidden, data + r * stride, qs, hidden);
     }
   });
-  return q;
 }
 
 std::tuple<at::Tensor, at::Tensor> dynamic_per_token_fp8_quant(
@@ -127,21 +108,12 @@ std::tuple<at::Tensor, at::Tensor> dynamic_per_token_fp8_quant(
   if (scale_ub.has_value() && scale_ub->defined()) ub = scalar_of(op, "scale_ub", *scale_ub);
   std::vector<int64_t> scale_sizes(x.sizes().begin(), x.sizes().end());
   scale_sizes.back() = 1;
-  at::Tensor q = at::empty(x.sizes(), fp8_options(x));
   at::Tensor scales = at::empty(scale_sizes, x.options().dtype(at::kFloat));
-  if (x.numel() == 0) return {q, scales};
-
-  const int64_t hidden = x.size(-1);
-  const int64_t rows = x.numel() / hidden;
-  const Rows src = rows_of(x);
-  dispatch_dtype(op, x.scalar_type(), [&](auto tag) {
-    using scalar_t = decltype(tag);
-    const scalar_t* data = src.tensor.const_data_ptr<scalar_t>();
-    fp8_t* out = q.data_ptr<fp8_t>();
+  at::Tensor q = fp8_of_rows(op, x, [&](auto, fp8_t* out, const auto* data, int64_t stride, int64_t rows, int64_t hidden) {
     float* row_scales = scales.data_ptr<float>();
 #pragma omp parallel for schedule(static) if (run_parallel(rows, rows * hidden))
     for (int64_t r = 0; r < rows; ++r) {
-      const scalar_t* xr = data + r * src.stride;
+      const auto* xr = data + r * stride;
       const float scale = row_scale(abs_max(xr, hidden), ub);
       row_scales[r] = scale;
       quantize_row(out + r * hidden, xr, fVec(scale), hidden);

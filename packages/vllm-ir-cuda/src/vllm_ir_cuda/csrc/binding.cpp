@@ -80,17 +80,6 @@ void check_like_x(const char* op, const char* name, const at::Tensor& t, const a
               dims(t.sizes()), " but x has shape ", dims(x.sizes()));
 }
 
-// An FP8 (float8_e4m3fn) output of x's shape on x's device.
-void check_fp8_out(const char* op, const at::Tensor& out, const at::Tensor& x,
-                   c10::IntArrayRef shape) {
-  TORCH_CHECK(out.device() == x.device(), "vllm_ir_cuda::", op, ": out is on ", out.device(),
-              " but x is on ", x.device());
-  TORCH_CHECK(out.scalar_type() == at::kFloat8_e4m3fn, "vllm_ir_cuda::", op,
-              ": out has dtype ", out.scalar_type(), "; it must be Float8_e4m3fn");
-  TORCH_CHECK(out.sizes() == shape, "vllm_ir_cuda::", op, ": out has shape ", dims(out.sizes()),
-              " but must have shape ", dims(shape));
-}
-
 // A float32 tensor of one element on x's device (a static scale or scale_ub).
 void check_scale(const char* op, const char* name, const at::Tensor& s, const at::Tensor& x) {
   TORCH_CHECK(s.device() == x.device(), "vllm_ir_cuda::", op, ": ", name, " is on ", s.device(),
@@ -107,6 +96,30 @@ void check_last_dim(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, "vllm_ir_cuda::", op, ": ", name,
               " must be contiguous in its last dimension, but its strides are ",
               dims(t.strides()), "; pass ", name, ".contiguous()");
+}
+
+// An output the kernels write, on x's device with the given shape: of x's
+// dtype, or of `dtype` when given (FP8 results, float32 scales).
+void check_out(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x,
+               c10::IntArrayRef shape, std::optional<at::ScalarType> dtype = std::nullopt) {
+  TORCH_CHECK(t.device() == x.device(), "vllm_ir_cuda::", op, ": ", name, " is on ", t.device(),
+              " but x is on ", x.device());
+  if (dtype.has_value()) {
+    TORCH_CHECK(t.scalar_type() == *dtype, "vllm_ir_cuda::", op, ": ", name, " has dtype ",
+                t.scalar_type(), "; it must be ", *dtype);
+  } else {
+    TORCH_CHECK(t.scalar_type() == x.scalar_type(), "vllm_ir_cuda::", op, ": ", name,
+                " has dtype ", t.scalar_type(), " but x has dtype ", x.scalar_type());
+  }
+  TORCH_CHECK(t.sizes() == shape, "vllm_ir_cuda::", op, ": ", name, " has shape ",
+              dims(t.sizes()), " but must have shape ", dims(shape));
+}
+
+// An FP8 (float8_e4m3fn) output of x's shape on x's device, whose rows the kernels address.
+void check_fp8_out(const char* op, const at::Tensor& out, const at::Tensor& x) {
+  check_out(op, "out", out, x, x.sizes(), at::kFloat8_e4m3fn);
+  check_last_dim(op, "out", out);
+  at::assert_no_internal_overlap(out);
 }
 
 void check_weight(const char* op, const std::optional<at::Tensor>& weight, const at::Tensor& x) {
@@ -126,17 +139,25 @@ void check_weight(const char* op, const std::optional<at::Tensor>& weight, const
               "; pass weight.contiguous()");
 }
 
-// The distance, in elements, between consecutive rows when t's leading
-// dimensions collapse into one (as `t.view(-1, t.size(-1))` would allow);
-// nullopt when they do not.
-std::optional<int64_t> row_stride(const at::Tensor& t) {
-  const int64_t nd = t.dim();
-  if (nd == 1) {
-    return t.size(0);
-  }
+// What every norm op checks first: x, a tensor of its shape and dtype that
+// the kernel addresses as rows too (out, or x_residual), and the weight.
+void check_norm_args(const char* op, const at::Tensor& x, const char* name, const at::Tensor& t,
+                     const std::optional<at::Tensor>& weight) {
+  check_x(op, x);
+  check_like_x(op, name, t, x);
+  check_last_dim(op, "x", x);
+  check_last_dim(op, name, t);
+  check_weight(op, weight, x);
+  at::assert_no_internal_overlap(t);
+}
+
+// The stride, in elements, of t's dimensions [0, end) collapsed into one
+// (size-1 dimensions skipped); `none` when every one of them has size 1 (or
+// there are none); nullopt when they do not collapse into one stride.
+std::optional<int64_t> collapsed_stride(const at::Tensor& t, int64_t end, int64_t none) {
   std::optional<int64_t> stride;
   int64_t expected = 0;
-  for (int64_t d = nd - 2; d >= 0; --d) {
+  for (int64_t d = end - 1; d >= 0; --d) {
     if (t.size(d) == 1) {
       continue;
     }
@@ -149,7 +170,18 @@ std::optional<int64_t> row_stride(const at::Tensor& t) {
       expected *= t.size(d);
     }
   }
-  return stride.has_value() ? *stride : t.stride(nd - 2);
+  return stride.has_value() ? *stride : none;
+}
+
+// The distance, in elements, between consecutive rows when t's leading
+// dimensions collapse into one (as `t.view(-1, t.size(-1))` would allow);
+// nullopt when they do not.
+std::optional<int64_t> row_stride(const at::Tensor& t) {
+  const int64_t nd = t.dim();
+  if (nd == 1) {
+    return t.size(0);
+  }
+  return collapsed_stride(t, nd - 1, t.stride(nd - 2));
 }
 
 struct Extent {
@@ -182,45 +214,84 @@ at::Tensor as_rows(const at::Tensor& t) {
   return row_stride(t).has_value() ? t : t.contiguous();
 }
 
-void rms_norm_cuda(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                   double epsilon) {
-  constexpr const char* op = "rms_norm";
-  check_x(op, x);
-  check_like_x(op, "out", out, x);
-  check_last_dim(op, "x", x);
-  check_last_dim(op, "out", out);
-  check_weight(op, weight, x);
-  at::assert_no_internal_overlap(out);
-  at::assert_no_partial_overlap(out, x);
+// An output the kernels can write directly (its rows collapse into one
+// stride), else a contiguous temporary that `finish_out` copies back.
+at::Tensor out_rows_of(const at::Tensor& out) {
+  return row_stride(out).has_value() ? out : at::empty(out.sizes(), out.options());
+}
+
+void finish_out(at::Tensor& out, const at::Tensor& rows) {
+  if (!rows.is_same(out)) {
+    out.copy_(rows);
+  }
+}
+
+cudaStream_t stream_of(const at::Tensor& x) {
+  return c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+}
+
+// What a row kernel is launched with: x's rows (read), out's rows (written),
+// each with its row stride, their extent and the stream.
+struct RowLaunch {
+  const void* x;
+  int64_t x_stride;
+  void* out;
+  int64_t out_stride;
+  Extent e;
+  cudaStream_t stream;
+};
+
+// The frame of every op that reads x's rows into an output of rows: nothing
+// for an empty x; else on x's device `launch(RowLaunch)` (returning the
+// launch's cudaError_t) over x's rows (a copy when they do not collapse) and
+// out's (a temporary, copied back after a successful launch, when they do not).
+template <typename Launch>
+void launch_rows(const char* op, at::Tensor& out, const at::Tensor& x, Launch&& launch) {
   if (x.numel() == 0) {
     return;
   }
   const Extent e = extent(op, x);
   const c10::cuda::CUDAGuard device_guard(x.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
-
   const at::Tensor x_rows = as_rows(x);
-  at::Tensor out_rows = row_stride(out).has_value() ? out : at::empty(out.sizes(), out.options());
-  check_launch(op, vllm_ir_cuda::rms_norm(out_rows.mutable_data_ptr(), *row_stride(out_rows),
-                                          x_rows.const_data_ptr(), *row_stride(x_rows),
-                                          weight_ptr(weight), e.rows, e.hidden,
-                                          static_cast<float>(epsilon),
-                                          kernel_dtype(x.scalar_type()), stream));
-  if (!out_rows.is_same(out)) {
-    out.copy_(out_rows);
-  }
+  at::Tensor out_rows = out_rows_of(out);
+  check_launch(op, launch(RowLaunch{x_rows.const_data_ptr(), *row_stride(x_rows),
+                                    out_rows.mutable_data_ptr(), *row_stride(out_rows), e,
+                                    stream_of(x)}));
+  finish_out(out, out_rows);
+}
+
+// silu_and_mul and gelu_and_mul: x holds the gate and the up projection
+// (*, 2 * d); out is (*, d) of x's dtype.
+void check_gated(const char* op, const at::Tensor& out, const at::Tensor& x) {
+  check_x(op, x);
+  check_last_dim(op, "x", x);
+  TORCH_CHECK(x.size(-1) % 2 == 0, "vllm_ir_cuda::", op, ": x's last dimension (", x.size(-1),
+              ") must be even: it holds the gate and the up projection");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() /= 2;
+  check_out(op, "out", out, x, shape);
+  check_last_dim(op, "out", out);
+  at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, x);
+}
+
+void rms_norm_cuda(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                   double epsilon) {
+  constexpr const char* op = "rms_norm";
+  check_norm_args(op, x, "out", out, weight);
+  at::assert_no_partial_overlap(out, x);
+  launch_rows(op, out, x, [&](const RowLaunch& r) {
+    return vllm_ir_cuda::rms_norm(r.out, r.out_stride, r.x, r.x_stride, weight_ptr(weight),
+                                  r.e.rows, r.e.hidden, static_cast<float>(epsilon),
+                                  kernel_dtype(x.scalar_type()), r.stream);
+  });
 }
 
 void fused_add_rms_norm_cuda(at::Tensor& x, at::Tensor& x_residual,
                              const std::optional<at::Tensor>& weight, double epsilon) {
   constexpr const char* op = "fused_add_rms_norm";
-  check_x(op, x);
-  check_like_x(op, "x_residual", x_residual, x);
-  check_last_dim(op, "x", x);
-  check_last_dim(op, "x_residual", x_residual);
-  check_weight(op, weight, x);
+  check_norm_args(op, x, "x_residual", x_residual, weight);
   at::assert_no_internal_overlap(x);
-  at::assert_no_internal_overlap(x_residual);
   at::assert_no_overlap(x, x_residual);
   if (x.numel() == 0) {
     return;
@@ -244,51 +315,13 @@ void fused_add_rms_norm_cuda(at::Tensor& x, at::Tensor& x_residual,
   }
 }
 
-// An output the kernels can write directly (its rows collapse into one
-// stride), else a contiguous temporary that `finish_out` copies back.
-at::Tensor out_rows_of(const at::Tensor& out) {
-  return row_stride(out).has_value() ? out : at::empty(out.sizes(), out.options());
-}
-
-void finish_out(at::Tensor& out, const at::Tensor& rows) {
-  if (!rows.is_same(out)) {
-    out.copy_(rows);
-  }
-}
-
-cudaStream_t stream_of(const at::Tensor& x) {
-  return c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
-}
-
 void silu_and_mul_cuda(at::Tensor& out, const at::Tensor& x) {
   constexpr const char* op = "silu_and_mul";
-  check_x(op, x);
-  check_last_dim(op, "x", x);
-  TORCH_CHECK(x.size(-1) % 2 == 0, "vllm_ir_cuda::", op, ": x's last dimension (", x.size(-1),
-              ") must be even: it holds the gate and the up projection");
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() /= 2;
-  TORCH_CHECK(out.device() == x.device(), "vllm_ir_cuda::", op, ": out is on ", out.device(),
-              " but x is on ", x.device());
-  TORCH_CHECK(out.scalar_type() == x.scalar_type(), "vllm_ir_cuda::", op, ": out has dtype ",
-              out.scalar_type(), " but x has dtype ", x.scalar_type());
-  TORCH_CHECK(out.sizes() == c10::IntArrayRef(shape), "vllm_ir_cuda::", op, ": out has shape ",
-              dims(out.sizes()), " but must have shape ", dims(shape));
-  check_last_dim(op, "out", out);
-  at::assert_no_internal_overlap(out);
-  at::assert_no_overlap(out, x);
-  if (x.numel() == 0) {
-    return;
-  }
-  const Extent e = extent(op, x);
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  const at::Tensor x_rows = as_rows(x);
-  at::Tensor out_rows = out_rows_of(out);
-  check_launch(op, vllm_ir_cuda::silu_and_mul(out_rows.mutable_data_ptr(), *row_stride(out_rows),
-                                              x_rows.const_data_ptr(), *row_stride(x_rows),
-                                              e.rows, e.hidden / 2,
-                                              kernel_dtype(x.scalar_type()), stream_of(x)));
-  finish_out(out, out_rows);
+  check_gated(op, out, x);
+  launch_rows(op, out, x, [&](const RowLaunch& r) {
+    return vllm_ir_cuda::silu_and_mul(r.out, r.out_stride, r.x, r.x_stride, r.e.rows,
+                                      r.e.hidden / 2, kernel_dtype(x.scalar_type()), r.stream);
+  });
 }
 
 void gelu_and_mul_cuda(at::Tensor& out, const at::Tensor& x, c10::string_view approximate) {
@@ -296,55 +329,20 @@ void gelu_and_mul_cuda(at::Tensor& out, const at::Tensor& x, c10::string_view ap
   TORCH_CHECK(approximate == "none" || approximate == "tanh", "vllm_ir_cuda::", op,
               ": approximate must be \"none\" or \"tanh\", got \"", std::string(approximate),
               "\"");
-  check_x(op, x);
-  check_last_dim(op, "x", x);
-  TORCH_CHECK(x.size(-1) % 2 == 0, "vllm_ir_cuda::", op, ": x's last dimension (", x.size(-1),
-              ") must be even: it holds the gate and the up projection");
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() /= 2;
-  TORCH_CHECK(out.device() == x.device(), "vllm_ir_cuda::", op, ": out is on ", out.device(),
-              " but x is on ", x.device());
-  TORCH_CHECK(out.scalar_type() == x.scalar_type(), "vllm_ir_cuda::", op, ": out has dtype ",
-              out.scalar_type(), " but x has dtype ", x.scalar_type());
-  TORCH_CHECK(out.sizes() == c10::IntArrayRef(shape), "vllm_ir_cuda::", op, ": out has shape ",
-              dims(out.sizes()), " but must have shape ", dims(shape));
-  check_last_dim(op, "out", out);
-  at::assert_no_internal_overlap(out);
-  at::assert_no_overlap(out, x);
-  if (x.numel() == 0) {
-    return;
-  }
-  const Extent e = extent(op, x);
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  const at::Tensor x_rows = as_rows(x);
-  at::Tensor out_rows = out_rows_of(out);
-  check_launch(op, vllm_ir_cuda::gelu_and_mul(out_rows.mutable_data_ptr(), *row_stride(out_rows),
-                                              x_rows.const_data_ptr(), *row_stride(x_rows),
-                                              e.rows, e.hidden / 2, approximate == "tanh",
-                                              kernel_dtype(x.scalar_type()), stream_of(x)));
-  finish_out(out, out_rows);
+  check_gated(op, out, x);
+  const bool tanh = approximate == "tanh";
+  launch_rows(op, out, x, [&](const RowLaunch& r) {
+    return vllm_ir_cuda::gelu_and_mul(r.out, r.out_stride, r.x, r.x_stride, r.e.rows,
+                                      r.e.hidden / 2, tanh, kernel_dtype(x.scalar_type()),
+                                      r.stream);
+  });
 }
 
 // The stride, in elements, between consecutive tokens of a (*tokens, heads,
 // head_size) tensor when its token dimensions collapse into one (0 when there
 // are none or all have size 1); nullopt when they do not.
 std::optional<int64_t> token_stride(const at::Tensor& t) {
-  std::optional<int64_t> stride;
-  int64_t expected = 0;
-  for (int64_t d = t.dim() - 3; d >= 0; --d) {
-    if (t.size(d) == 1) {
-      continue;
-    }
-    if (!stride.has_value()) {
-      stride = t.stride(d);
-      expected = t.stride(d) * t.size(d);
-    } else if (t.stride(d) != expected) {
-      return std::nullopt;
-    } else {
-      expected *= t.size(d);
-    }
-  }
-  return stride.has_value() ? *stride : 0;
+  return collapsed_stride(t, t.dim() - 2, 0);
 }
 
 // RoPE of one (*tokens, heads, head_size) tensor in place; cos/sin are checked
@@ -430,23 +428,14 @@ void static_scaled_fp8_quant_cuda(at::Tensor& out, const at::Tensor& x, const at
   constexpr const char* op = "static_scaled_fp8_quant";
   check_x(op, x);
   check_last_dim(op, "x", x);
-  check_fp8_out(op, out, x, x.sizes());
-  check_last_dim(op, "out", out);
+  check_fp8_out(op, out, x);
   check_scale(op, "scale", scale, x);
-  at::assert_no_internal_overlap(out);
-  if (x.numel() == 0) {
-    return;
-  }
-  const Extent e = extent(op, x);
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  const at::Tensor x_rows = as_rows(x);
-  at::Tensor out_rows = out_rows_of(out);
-  check_launch(op, vllm_ir_cuda::static_scaled_fp8_quant(
-                       out_rows.mutable_data_ptr(), *row_stride(out_rows),
-                       x_rows.const_data_ptr(), *row_stride(x_rows),
-                       scale.const_data_ptr<float>(), e.rows, e.hidden,
-                       kernel_dtype(x.scalar_type()), stream_of(x)));
-  finish_out(out, out_rows);
+  launch_rows(op, out, x, [&](const RowLaunch& r) {
+    return vllm_ir_cuda::static_scaled_fp8_quant(r.out, r.out_stride, r.x, r.x_stride,
+                                                 scale.const_data_ptr<float>(), r.e.rows,
+                                                 r.e.hidden, kernel_dtype(x.scalar_type()),
+                                                 r.stream);
+  });
 }
 
 void dynamic_per_token_fp8_quant_cuda(at::Tensor& out, at::Tensor& scales, const at::Tensor& x,
@@ -455,38 +444,22 @@ void dynamic_per_token_fp8_quant_cuda(at::Tensor& out, at::Tensor& scales, const
   check_x(op, x);
   check_last_dim(op, "x", x);
   TORCH_CHECK(x.size(-1) > 0, "vllm_ir_cuda::", op, ": x's rows have no elements, so no amax");
-  check_fp8_out(op, out, x, x.sizes());
-  check_last_dim(op, "out", out);
+  check_fp8_out(op, out, x);
   std::vector<int64_t> scales_shape(x.sizes().begin(), x.sizes().end());
   scales_shape.back() = 1;
-  TORCH_CHECK(scales.device() == x.device(), "vllm_ir_cuda::", op, ": scales is on ",
-              scales.device(), " but x is on ", x.device());
-  TORCH_CHECK(scales.scalar_type() == at::kFloat, "vllm_ir_cuda::", op, ": scales has dtype ",
-              scales.scalar_type(), "; it must be Float");
-  TORCH_CHECK(scales.sizes() == c10::IntArrayRef(scales_shape), "vllm_ir_cuda::", op,
-              ": scales has shape ", dims(scales.sizes()), " but must have shape ",
-              dims(scales_shape));
+  check_out(op, "scales", scales, x, scales_shape, at::kFloat);
   TORCH_CHECK(scales.is_contiguous(), "vllm_ir_cuda::", op,
               ": scales must be contiguous, but its strides are ", dims(scales.strides()));
   if (scale_ub.has_value()) {
     check_scale(op, "scale_ub", *scale_ub, x);
   }
-  at::assert_no_internal_overlap(out);
   at::assert_no_overlap(out, scales);
-  if (x.numel() == 0) {
-    return;
-  }
-  const Extent e = extent(op, x);
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  const at::Tensor x_rows = as_rows(x);
-  at::Tensor out_rows = out_rows_of(out);
-  check_launch(op, vllm_ir_cuda::dynamic_per_token_fp8_quant(
-                       out_rows.mutable_data_ptr(), *row_stride(out_rows),
-                       scales.mutable_data_ptr<float>(), x_rows.const_data_ptr(),
-                       *row_stride(x_rows),
-                       scale_ub.has_value() ? scale_ub->const_data_ptr<float>() : nullptr,
-                       e.rows, e.hidden, kernel_dtype(x.scalar_type()), stream_of(x)));
-  finish_out(out, out_rows);
+  launch_rows(op, out, x, [&](const RowLaunch& r) {
+    return vllm_ir_cuda::dynamic_per_token_fp8_quant(
+        r.out, r.out_stride, scales.mutable_data_ptr<float>(), r.x, r.x_stride,
+        scale_ub.has_value() ? scale_ub->const_data_ptr<float>() : nullptr, r.e.rows,
+        r.e.hidden, kernel_dtype(x.scalar_type()), r.stream);
+  });
 }
 
 void rms_norm_static_fp8_quant_cuda(at::Tensor& out, const at::Tensor& x,
@@ -495,25 +468,15 @@ void rms_norm_static_fp8_quant_cuda(at::Tensor& out, const at::Tensor& x,
   constexpr const char* op = "rms_norm_static_fp8_quant";
   check_x(op, x);
   check_last_dim(op, "x", x);
-  check_fp8_out(op, out, x, x.sizes());
-  check_last_dim(op, "out", out);
+  check_fp8_out(op, out, x);
   check_weight(op, weight, x);
   check_scale(op, "scale", scale, x);
-  at::assert_no_internal_overlap(out);
-  if (x.numel() == 0) {
-    return;
-  }
-  const Extent e = extent(op, x);
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  const at::Tensor x_rows = as_rows(x);
-  at::Tensor out_rows = out_rows_of(out);
-  check_launch(op, vllm_ir_cuda::rms_norm_static_fp8_quant(
-                       out_rows.mutable_data_ptr(), *row_stride(out_rows),
-                       x_rows.const_data_ptr(), *row_stride(x_rows), weight_ptr(weight),
-                       scale.const_data_ptr<float>(), e.rows, e.hidden,
-                       static_cast<float>(epsilon), kernel_dtype(x.scalar_type()),
-                       stream_of(x)));
-  finish_out(out, out_rows);
+  launch_rows(op, out, x, [&](const RowLaunch& r) {
+    return vllm_ir_cuda::rms_norm_static_fp8_quant(
+        r.out, r.out_stride, r.x, r.x_stride, weight_ptr(weight), scale.const_data_ptr<float>(),
+        r.e.rows, r.e.hidden, static_cast<float>(epsilon), kernel_dtype(x.scalar_type()),
+        r.stream);
+  });
 }
 
 void fused_add_rms_norm_static_fp8_quant_cuda(at::Tensor& out, const at::Tensor& x,
@@ -521,34 +484,19 @@ void fused_add_rms_norm_static_fp8_quant_cuda(at::Tensor& out, const at::Tensor&
                                               const std::optional<at::Tensor>& weight,
                                               double epsilon, const at::Tensor& scale) {
   constexpr const char* op = "fused_add_rms_norm_static_fp8_quant";
-  check_x(op, x);
-  check_like_x(op, "x_residual", x_residual, x);
-  check_last_dim(op, "x", x);
-  check_last_dim(op, "x_residual", x_residual);
-  check_fp8_out(op, out, x, x.sizes());
-  check_last_dim(op, "out", out);
-  check_weight(op, weight, x);
+  check_norm_args(op, x, "x_residual", x_residual, weight);
+  check_fp8_out(op, out, x);
   check_scale(op, "scale", scale, x);
-  at::assert_no_internal_overlap(out);
-  at::assert_no_internal_overlap(x_residual);
   at::assert_no_overlap(x, x_residual);
-  if (x.numel() == 0) {
-    return;
-  }
-  const Extent e = extent(op, x);
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  const at::Tensor x_rows = as_rows(x);
-  at::Tensor residual_rows = as_rows(x_residual);
-  at::Tensor out_rows = out_rows_of(out);
-  check_launch(op, vllm_ir_cuda::fused_add_rms_norm_static_fp8_quant(
-                       out_rows.mutable_data_ptr(), *row_stride(out_rows),
-                       x_rows.const_data_ptr(), *row_stride(x_rows),
-                       residual_rows.mutable_data_ptr(), *row_stride(residual_rows),
-                       weight_ptr(weight), scale.const_data_ptr<float>(), e.rows, e.hidden,
-                       static_cast<float>(epsilon), kernel_dtype(x.scalar_type()),
-                       stream_of(x)));
-  finish_out(out, out_rows);
-  if (!residual_rows.is_same(x_residual)) {
+  at::Tensor residual_rows;  // the residual's rows the kernel writes: x_residual or a copy
+  launch_rows(op, out, x, [&](const RowLaunch& r) {
+    residual_rows = as_rows(x_residual);
+    return vllm_ir_cuda::fused_add_rms_norm_static_fp8_quant(
+        r.out, r.out_stride, r.x, r.x_stride, residual_rows.mutable_data_ptr(),
+        *row_stride(residual_rows), weight_ptr(weight), scale.const_data_ptr<float>(), r.e.rows,
+        r.e.hidden, static_cast<float>(epsilon), kernel_dtype(x.scalar_type()), r.stream);
+  });
+  if (residual_rows.defined() && !residual_rows.is_same(x_residual)) {
     x_residual.copy_(residual_rows);
   }
 }

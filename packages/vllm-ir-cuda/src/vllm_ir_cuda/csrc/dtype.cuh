@@ -69,4 +69,22 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
   *reinterpret_cast<Vec<T, N>*>(p) = v;
 }
 
+// The rows a gated activation (silu_and_mul, gelu_and_mul) of this thread
+// block works on: x's row holds the gate, then `d` elements later the up
+// projection; out's row receives act(gate) * up.
+template <typename T>
+struct GatedRow {
+  const T* gate;
+  const T* up;
+  T* out;
+};
+
+template <typename T>
+__device__ __forceinline__ GatedRow<T> gated_row(T* out, int64_t out_stride, const T* x,
+                                                 int64_t x_stride, int d) {
+  const int64_t row = blockIdx.x;
+  const T* gate = x + row * x_stride;
+  return {gate, gate + d, out + row * out_stride};
+}
+
 }  // namespace vllm_ir_cuda

@@ -16,6 +16,7 @@
 
 #include "dtype.cuh"
 #include "fp8.cuh"
+#include "launch.cuh"
 #include "layernorm.h"
 #include "reduce.cuh"
 
@@ -42,22 +43,19 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(kElementwiseThreads)
     silu_and_mul_kernel(T* __restrict__ out, int64_t out_stride, const T* __restrict__ x,
                         int64_t x_stride, int d) {
-  const int64_t row = blockIdx.x;
-  const T* gate_row = x + row * x_stride;
-  const T* up_row = gate_row + d;
-  T* out_row = out + row * out_stride;
+  const GatedRow<T> r = gated_row(out, out_stride, x, x_stride, d);
   const int num_vecs = d / VEC;
   for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < num_vecs;
        i += gridDim.y * blockDim.x) {
-    const Vec<T, VEC> g = load_vec<T, VEC>(gate_row + i * VEC);
-    const Vec<T, VEC> u = load_vec<T, VEC>(up_row + i * VEC);
+    const Vec<T, VEC> g = load_vec<T, VEC>(r.gate + i * VEC);
+    const Vec<T, VEC> u = load_vec<T, VEC>(r.up + i * VEC);
     Vec<T, VEC> o;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const T s = from_float<T>(silu(to_float(g.data[j])));
       o.data[j] = from_float<T>(to_float(s) * to_float(u.data[j]));
     }
-    store_vec(out_row + i * VEC, o);
+    store_vec(r.out + i * VEC, o);
   }
 }
 
@@ -87,30 +85,18 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   }
 }
 
+struct WarpMaxBits {
+  __device__ __forceinline__ uint32_t operator()(uint32_t v) const {
+    return __reduce_max_sync(kFullMask, v);
+  }
+};
+
 // The maximum over the block of non-negative floats given as bit patterns
 // (their order as unsigned integers is their order as floats, and a NaN's
 // bits exceed infinity's: a NaN anywhere wins, as torch's amax propagates it).
 // blockDim.x must be a multiple of 32. Callable once per kernel.
 __device__ __forceinline__ uint32_t block_max_bits(uint32_t v) {
-  __shared__ uint32_t warp_max[kWarpSize];
-  __shared__ uint32_t total;
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const int num_warps = blockDim.x / kWarpSize;
-  v = __reduce_max_sync(kFullMask, v);
-  if (lane == 0) {
-    warp_max[warp] = v;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    uint32_t m = lane < num_warps ? warp_max[lane] : 0u;
-    m = __reduce_max_sync(kFullMask, m);
-    if (lane == 0) {
-      total = m;
-    }
-  }
-  __syncthreads();
-  return total;
+  return block_reduce(v, 0u, WarpMaxBits{});
 }
 
 template <typename T, int VEC>
@@ -218,52 +204,25 @@ cudaError_t dynamic_quant_typed(void* out, int64_t out_stride, float* scales, co
   return cudaGetLastError();
 }
 
-bool valid_extent(int64_t rows, int64_t n) {
-  return rows >= 0 && n >= 0 && rows <= kMaxRows && n <= kMaxHidden;
-}
-
 }  // namespace
 
 cudaError_t silu_and_mul(void* out, int64_t out_row_stride, const void* x, int64_t x_row_stride,
                          int64_t rows, int64_t d, DType dtype, cudaStream_t stream) {
-  if (!valid_extent(rows, d)) {
-    return cudaErrorInvalidValue;
-  }
-  if (rows == 0 || d == 0) {
-    return cudaSuccess;
-  }
-  switch (dtype) {
-    case DType::kFloat32:
-      return silu_typed<float>(out, out_row_stride, x, x_row_stride, rows, d, stream);
-    case DType::kFloat16:
-      return silu_typed<__half>(out, out_row_stride, x, x_row_stride, rows, d, stream);
-    case DType::kBFloat16:
-      return silu_typed<__nv_bfloat16>(out, out_row_stride, x, x_row_stride, rows, d, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_rows(rows, d, dtype, [&](auto tag) {
+    return silu_typed<decltype(tag)>(out, out_row_stride, x, x_row_stride, rows, d, stream);
+  });
 }
 
 cudaError_t static_scaled_fp8_quant(void* out, int64_t out_row_stride, const void* x,
                                     int64_t x_row_stride, const float* scale, int64_t rows,
                                     int64_t hidden, DType dtype, cudaStream_t stream) {
-  if (!valid_extent(rows, hidden) || scale == nullptr) {
+  if (scale == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (rows == 0 || hidden == 0) {
-    return cudaSuccess;
-  }
-  switch (dtype) {
-    case DType::kFloat32:
-      return static_quant_typed<float>(out, out_row_stride, x, x_row_stride, scale, rows,
-                                       hidden, stream);
-    case DType::kFloat16:
-      return static_quant_typed<__half>(out, out_row_stride, x, x_row_stride, scale, rows,
-                                        hidden, stream);
-    case DType::kBFloat16:
-      return static_quant_typed<__nv_bfloat16>(out, out_row_stride, x, x_row_stride, scale,
-                                               rows, hidden, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_rows(rows, hidden, dtype, [&](auto tag) {
+    return static_quant_typed<decltype(tag)>(out, out_row_stride, x, x_row_stride, scale, rows,
+                                             hidden, stream);
+  });
 }
 
 cudaError_t dynamic_per_token_fp8_quant(void* out, int64_t out_row_stride, float* scales,
@@ -271,24 +230,13 @@ cudaError_t dynamic_per_token_fp8_quant(void* out, int64_t out_row_stride, float
                                         const float* scale_ub, int64_t rows, int64_t hidden,
                                         DType dtype, cudaStream_t stream) {
   // a row of no elements has no amax (native raises)
-  if (!valid_extent(rows, hidden) || hidden == 0 || scales == nullptr) {
+  if (hidden == 0 || scales == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (rows == 0) {
-    return cudaSuccess;
-  }
-  switch (dtype) {
-    case DType::kFloat32:
-      return dynamic_quant_typed<float>(out, out_row_stride, scales, x, x_row_stride, scale_ub,
-                                        rows, hidden, stream);
-    case DType::kFloat16:
-      return dynamic_quant_typed<__half>(out, out_row_stride, scales, x, x_row_stride,
-                                         scale_ub, rows, hidden, stream);
-    case DType::kBFloat16:
-      return dynamic_quant_typed<__nv_bfloat16>(out, out_row_stride, scales, x, x_row_stride,
-                                                scale_ub, rows, hidden, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_rows(rows, hidden, dtype, [&](auto tag) {
+    return dynamic_quant_typed<decltype(tag)>(out, out_row_stride, scales, x, x_row_stride,
+                                              scale_ub, rows, hidden, stream);
+  });
 }
 
 }  // namespace vllm_ir_cuda

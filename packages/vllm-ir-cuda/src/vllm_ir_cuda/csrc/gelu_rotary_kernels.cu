@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "dtype.cuh"
+#include "launch.cuh"
 #include "layernorm.h"
 
 namespace vllm_ir_cuda {
@@ -44,14 +45,11 @@ template <typename T, bool TANH>
 __global__ void __launch_bounds__(kThreads)
     gelu_and_mul_kernel(T* __restrict__ out, int64_t out_stride, const T* __restrict__ x,
                         int64_t x_stride, int d) {
-  const int64_t row = blockIdx.x;
-  const T* gate = x + row * x_stride;
-  const T* up = gate + d;
-  T* o = out + row * out_stride;
+  const GatedRow<T> r = gated_row(out, out_stride, x, x_stride, d);
   for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < d; i += gridDim.y * blockDim.x) {
-    const float g = to_float(gate[i]);
+    const float g = to_float(r.gate[i]);
     const T act = from_float<T>(TANH ? gelu_tanh(g) : gelu_erf(g));
-    o[i] = from_float<T>(__fmul_rn(to_float(act), to_float(up[i])));
+    r.out[i] = from_float<T>(__fmul_rn(to_float(act), to_float(r.up[i])));
   }
 }
 
@@ -133,23 +131,10 @@ cudaError_t rotary_typed(void* x, int64_t token_stride, int64_t head_stride, int
 cudaError_t gelu_and_mul(void* out, int64_t out_row_stride, const void* x, int64_t x_row_stride,
                          int64_t rows, int64_t d, bool tanh_approx, DType dtype,
                          cudaStream_t stream) {
-  if (rows < 0 || d < 0 || rows > kMaxRows || d > kMaxHidden) {
-    return cudaErrorInvalidValue;
-  }
-  if (rows == 0 || d == 0) {
-    return cudaSuccess;
-  }
-  switch (dtype) {
-    case DType::kFloat32:
-      return gelu_typed<float>(out, out_row_stride, x, x_row_stride, rows, d, tanh_approx, stream);
-    case DType::kFloat16:
-      return gelu_typed<__half>(out, out_row_stride, x, x_row_stride, rows, d, tanh_approx,
-                                stream);
-    case DType::kBFloat16:
-      return gelu_typed<__nv_bfloat16>(out, out_row_stride, x, x_row_stride, rows, d,
-                                       tanh_approx, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_rows(rows, d, dtype, [&](auto tag) {
+    return gelu_typed<decltype(tag)>(out, out_row_stride, x, x_row_stride, rows, d, tanh_approx,
+                                     stream);
+  });
 }
 
 cudaError_t rotary_embedding(void* x, int64_t token_stride, int64_t head_stride, int64_t tokens,
@@ -163,18 +148,10 @@ cudaError_t rotary_embedding(void* x, int64_t token_stride, int64_t head_stride,
   if (tokens == 0 || heads == 0 || rotary_dim == 0) {
     return cudaSuccess;
   }
-  switch (dtype) {
-    case DType::kFloat32:
-      return rotary_typed<float>(x, token_stride, head_stride, tokens, heads, cos, sin,
-                                 cs_token_stride, rotary_dim, is_neox, stream);
-    case DType::kFloat16:
-      return rotary_typed<__half>(x, token_stride, head_stride, tokens, heads, cos, sin,
-                                  cs_token_stride, rotary_dim, is_neox, stream);
-    case DType::kBFloat16:
-      return rotary_typed<__nv_bfloat16>(x, token_stride, head_stride, tokens, heads, cos, sin,
-                                         cs_token_stride, rotary_dim, is_neox, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_dtype(dtype, [&](auto tag) {
+    return rotary_typed<decltype(tag)>(x, token_stride, head_stride, tokens, heads, cos, sin,
+                                       cs_token_stride, rotary_dim, is_neox, stream);
+  });
 }
 
 }  // namespace vllm_ir_cuda

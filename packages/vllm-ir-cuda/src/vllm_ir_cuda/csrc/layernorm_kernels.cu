@@ -20,6 +20,7 @@
 
 #include "dtype.cuh"
 #include "fp8.cuh"
+#include "launch.cuh"
 #include "layernorm.h"
 #include "reduce.cuh"
 
@@ -95,51 +96,6 @@ __device__ __forceinline__ float inverse_rms(float sum_sq, int hidden, float eps
   return rsqrtf(variance + epsilon);
 }
 
-// `out` may alias `x` exactly: every element is read and then written by the
-// same thread, so neither pointer is __restrict__.
-template <typename T, int VEC, int CACHE, bool QUANT>
-__global__ void __launch_bounds__(kMaxThreads)
-    rms_norm_kernel(void* out, int64_t out_stride, const T* x, int64_t x_stride,
-                    const T* __restrict__ weight, const float* __restrict__ scale_ptr,
-                    int hidden, float epsilon) {
-  const int64_t row = blockIdx.x;
-  const T* x_row = x + row * x_stride;
-  void* out_row = static_cast<char*>(out) + row * out_stride * out_size<QUANT, T>();
-  const int num_vecs = hidden / VEC;
-  const float scale = load_scale(scale_ptr);
-
-  float sum_sq = 0.0f;
-  if constexpr (CACHE > 0) {
-    Vec<T, VEC> cached[CACHE];
-#pragma unroll
-    for (int k = 0; k < CACHE; ++k) {
-      const int i = threadIdx.x + k * blockDim.x;
-      if (i < num_vecs) {
-        cached[k] = load_vec<T, VEC>(x_row + i * VEC);
-        sum_sq += sum_of_squares(cached[k]);
-      }
-    }
-    const float inv_rms = inverse_rms(sum_sq, hidden, epsilon);
-#pragma unroll
-    for (int k = 0; k < CACHE; ++k) {
-      const int i = threadIdx.x + k * blockDim.x;
-      if (i < num_vecs) {
-        store_out<QUANT>(out_row, i * VEC, normalize(cached[k], inv_rms, weight, i * VEC),
-                         scale);
-      }
-    }
-  } else {
-    for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
-      sum_sq += sum_of_squares(load_vec<T, VEC>(x_row + i * VEC));
-    }
-    const float inv_rms = inverse_rms(sum_sq, hidden, epsilon);
-    for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
-      const Vec<T, VEC> v = load_vec<T, VEC>(x_row + i * VEC);
-      store_out<QUANT>(out_row, i * VEC, normalize(v, inv_rms, weight, i * VEC), scale);
-    }
-  }
-}
-
 // residual[i] = round(x[i] + residual[i]); returns the stored sum.
 template <typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> add_residual(const T* x, T* residual) {
@@ -154,18 +110,34 @@ __device__ __forceinline__ Vec<T, VEC> add_residual(const T* x, T* residual) {
   return s;
 }
 
-// In place: the sum goes to `residual`, its normalization to `out` (`x`
-// itself unless QUANT; each element of x is read before the same thread
-// writes it). The second pass re-reads the stored (rounded) sum, written by
-// the same thread.
-template <typename T, int VEC, int CACHE, bool QUANT>
+// One row, pass one: x's vector i, or (ADD) the rounded sum x + residual,
+// stored into residual first.
+template <typename T, int VEC, bool ADD>
+__device__ __forceinline__ Vec<T, VEC> row_vec(const T* x_row, T* residual_row, int i) {
+  if constexpr (ADD) {
+    return add_residual<T, VEC>(x_row + i * VEC, residual_row + i * VEC);
+  } else {
+    return load_vec<T, VEC>(x_row + i * VEC);
+  }
+}
+
+// rms_norm of each row of x into out (`out` may alias `x` exactly: every
+// element is read and then written by the same thread, so neither pointer is
+// __restrict__). With ADD, in place: the sum x + residual goes to `residual`
+// and its normalization to `out` (`x` itself unless QUANT; each element of x
+// is read before the same thread writes it); the second pass re-reads the
+// stored (rounded) sum, written by the same thread. Without ADD, `residual`
+// is unused.
+template <typename T, int VEC, int CACHE, bool QUANT, bool ADD>
 __global__ void __launch_bounds__(kMaxThreads)
-    fused_add_rms_norm_kernel(void* out, int64_t out_stride, const T* x, int64_t x_stride,
-                              T* residual, int64_t residual_stride, const T* __restrict__ weight,
-                              const float* __restrict__ scale_ptr, int hidden, float epsilon) {
+    rms_norm_kernel(void* out, int64_t out_stride, const T* x, int64_t x_stride, T* residual,
+                    int64_t residual_stride, const T* __restrict__ weight,
+                    const float* __restrict__ scale_ptr, int hidden, float epsilon) {
   const int64_t row = blockIdx.x;
   const T* x_row = x + row * x_stride;
-  T* residual_row = residual + row * residual_stride;
+  T* residual_row = ADD ? residual + row * residual_stride : nullptr;
+  // what the scaling pass reads when the row is not cached: x, or the stored sum
+  const T* normed_row = ADD ? residual_row : x_row;
   void* out_row = static_cast<char*>(out) + row * out_stride * out_size<QUANT, T>();
   const int num_vecs = hidden / VEC;
   const float scale = load_scale(scale_ptr);
@@ -177,7 +149,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     for (int k = 0; k < CACHE; ++k) {
       const int i = threadIdx.x + k * blockDim.x;
       if (i < num_vecs) {
-        cached[k] = add_residual<T, VEC>(x_row + i * VEC, residual_row + i * VEC);
+        cached[k] = row_vec<T, VEC, ADD>(x_row, residual_row, i);
         sum_sq += sum_of_squares(cached[k]);
       }
     }
@@ -192,12 +164,12 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   } else {
     for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
-      sum_sq += sum_of_squares(add_residual<T, VEC>(x_row + i * VEC, residual_row + i * VEC));
+      sum_sq += sum_of_squares(row_vec<T, VEC, ADD>(x_row, residual_row, i));
     }
     const float inv_rms = inverse_rms(sum_sq, hidden, epsilon);
     for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
-      const Vec<T, VEC> s = load_vec<T, VEC>(residual_row + i * VEC);
-      store_out<QUANT>(out_row, i * VEC, normalize(s, inv_rms, weight, i * VEC), scale);
+      const Vec<T, VEC> v = load_vec<T, VEC>(normed_row + i * VEC);
+      store_out<QUANT>(out_row, i * VEC, normalize(v, inv_rms, weight, i * VEC), scale);
     }
   }
 }
@@ -246,16 +218,17 @@ bool can_vectorize(int64_t hidden, const void* a, int64_t a_stride, const void* 
 }
 
 // One kernel template per (vector width, cache depth): the plan picks it.
-template <typename T, int VEC, bool QUANT>
+template <typename T, int VEC, bool QUANT, bool ADD>
 void launch_rms_norm(const LaunchPlan& p, void* out, int64_t out_stride, const T* x,
-                     int64_t x_stride, const T* weight, const float* scale, int64_t rows,
-                     int hidden, float epsilon, cudaStream_t stream) {
+                     int64_t x_stride, T* residual, int64_t residual_stride, const T* weight,
+                     const float* scale, int64_t rows, int hidden, float epsilon,
+                     cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(rows));
   const dim3 block(p.threads);
-#define VLLM_IR_RMS_NORM(CACHE)                                                           \
-  rms_norm_kernel<T, VEC, CACHE, QUANT><<<grid, block, 0, stream>>>(out, out_stride, x, \
-                                                                    x_stride, weight,   \
-                                                                    scale, hidden, epsilon)
+#define VLLM_IR_RMS_NORM(CACHE)                                                      \
+  rms_norm_kernel<T, VEC, CACHE, QUANT, ADD><<<grid, block, 0, stream>>>(           \
+      out, out_stride, x, x_stride, residual, residual_stride, weight, scale, hidden, \
+      epsilon)
   if constexpr (VEC > 1) {
     switch (p.cache) {
       case 1:
@@ -275,138 +248,44 @@ void launch_rms_norm(const LaunchPlan& p, void* out, int64_t out_stride, const T
 #undef VLLM_IR_RMS_NORM
 }
 
-template <typename T, int VEC, bool QUANT>
-void launch_fused(const LaunchPlan& p, void* out, int64_t out_stride, const T* x,
-                  int64_t x_stride, T* residual, int64_t residual_stride, const T* weight,
-                  const float* scale, int64_t rows, int hidden, float epsilon,
-                  cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(rows));
-  const dim3 block(p.threads);
-#define VLLM_IR_FUSED(CACHE)                                                         \
-  fused_add_rms_norm_kernel<T, VEC, CACHE, QUANT><<<grid, block, 0, stream>>>(     \
-      out, out_stride, x, x_stride, residual, residual_stride, weight, scale, hidden, \
-      epsilon)
-  if constexpr (VEC > 1) {
-    switch (p.cache) {
-      case 1:
-        VLLM_IR_FUSED(1);
-        return;
-      case 2:
-        VLLM_IR_FUSED(2);
-        return;
-      case 4:
-        VLLM_IR_FUSED(4);
-        return;
-      default:
-        break;
-    }
-  }
-  VLLM_IR_FUSED(0);
-#undef VLLM_IR_FUSED
-}
-
 // `out` holds T (or, QUANT, FP8 bytes): its alignment needs are those of
 // VEC of its elements; requiring 16 bytes for every pointer keeps one rule.
-template <typename T, bool QUANT>
+template <typename T, bool QUANT, bool ADD>
 cudaError_t rms_norm_typed(void* out, int64_t out_stride, const void* x, int64_t x_stride,
-                           const void* weight, const float* scale, int64_t rows,
-                           int64_t hidden, float epsilon, cudaStream_t stream) {
-  constexpr int kVec = kVecWidth<T>;
-  const bool vectorized = can_vectorize<T>(hidden, out, out_stride, x, x_stride, weight);
-  const LaunchPlan p = plan(vectorized ? hidden / kVec : hidden, vectorized);
-  const auto* in = static_cast<const T*>(x);
-  const auto* w = static_cast<const T*>(weight);
-  const int h = static_cast<int>(hidden);
-  if (vectorized) {
-    launch_rms_norm<T, kVec, QUANT>(p, out, out_stride, in, x_stride, w, scale, rows, h,
-                                    epsilon, stream);
-  } else {
-    launch_rms_norm<T, 1, QUANT>(p, out, out_stride, in, x_stride, w, scale, rows, h,
-                                 epsilon, stream);
-  }
-  return cudaGetLastError();
-}
-
-template <typename T, bool QUANT>
-cudaError_t fused_typed(void* out, int64_t out_stride, const void* x, int64_t x_stride,
-                        void* residual, int64_t residual_stride, const void* weight,
-                        const float* scale, int64_t rows, int64_t hidden, float epsilon,
-                        cudaStream_t stream) {
+                           void* residual, int64_t residual_stride, const void* weight,
+                           const float* scale, int64_t rows, int64_t hidden, float epsilon,
+                           cudaStream_t stream) {
   constexpr int kVec = kVecWidth<T>;
   const bool vectorized =
-      can_vectorize<T>(hidden, x, x_stride, residual, residual_stride, weight) &&
-      can_vectorize<T>(hidden, out, out_stride, x, x_stride, weight);
+      can_vectorize<T>(hidden, out, out_stride, x, x_stride, weight) &&
+      (!ADD || can_vectorize<T>(hidden, x, x_stride, residual, residual_stride, weight));
   const LaunchPlan p = plan(vectorized ? hidden / kVec : hidden, vectorized);
   const auto* xs = static_cast<const T*>(x);
   auto* rs = static_cast<T*>(residual);
   const auto* w = static_cast<const T*>(weight);
   const int h = static_cast<int>(hidden);
   if (vectorized) {
-    launch_fused<T, kVec, QUANT>(p, out, out_stride, xs, x_stride, rs, residual_stride, w,
-                                 scale, rows, h, epsilon, stream);
+    launch_rms_norm<T, kVec, QUANT, ADD>(p, out, out_stride, xs, x_stride, rs, residual_stride,
+                                         w, scale, rows, h, epsilon, stream);
   } else {
-    launch_fused<T, 1, QUANT>(p, out, out_stride, xs, x_stride, rs, residual_stride, w, scale,
-                              rows, h, epsilon, stream);
+    launch_rms_norm<T, 1, QUANT, ADD>(p, out, out_stride, xs, x_stride, rs, residual_stride, w,
+                                      scale, rows, h, epsilon, stream);
   }
   return cudaGetLastError();
 }
 
-bool valid_extent(int64_t rows, int64_t hidden) {
-  return rows >= 0 && hidden >= 0 && rows <= kMaxRows && hidden <= kMaxHidden;
-}
-
-template <bool QUANT>
+// The four entry points: rms_norm (ADD: with the residual add first), the
+// result as T or (QUANT) FP8.
+template <bool QUANT, bool ADD>
 cudaError_t rms_norm_dispatch(void* out, int64_t out_row_stride, const void* x,
-                              int64_t x_row_stride, const void* weight, const float* scale,
-                              int64_t rows, int64_t hidden, float epsilon, DType dtype,
-                              cudaStream_t stream) {
-  if (!valid_extent(rows, hidden)) {
-    return cudaErrorInvalidValue;
-  }
-  if (rows == 0 || hidden == 0) {
-    return cudaSuccess;
-  }
-  switch (dtype) {
-    case DType::kFloat32:
-      return rms_norm_typed<float, QUANT>(out, out_row_stride, x, x_row_stride, weight, scale,
-                                          rows, hidden, epsilon, stream);
-    case DType::kFloat16:
-      return rms_norm_typed<__half, QUANT>(out, out_row_stride, x, x_row_stride, weight,
-                                           scale, rows, hidden, epsilon, stream);
-    case DType::kBFloat16:
-      return rms_norm_typed<__nv_bfloat16, QUANT>(out, out_row_stride, x, x_row_stride,
-                                                  weight, scale, rows, hidden, epsilon,
-                                                  stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
-template <bool QUANT>
-cudaError_t fused_dispatch(void* out, int64_t out_row_stride, const void* x,
-                           int64_t x_row_stride, void* residual, int64_t residual_row_stride,
-                           const void* weight, const float* scale, int64_t rows,
-                           int64_t hidden, float epsilon, DType dtype, cudaStream_t stream) {
-  if (!valid_extent(rows, hidden)) {
-    return cudaErrorInvalidValue;
-  }
-  if (rows == 0 || hidden == 0) {
-    return cudaSuccess;
-  }
-  switch (dtype) {
-    case DType::kFloat32:
-      return fused_typed<float, QUANT>(out, out_row_stride, x, x_row_stride, residual,
-                                       residual_row_stride, weight, scale, rows, hidden,
-                                       epsilon, stream);
-    case DType::kFloat16:
-      return fused_typed<__half, QUANT>(out, out_row_stride, x, x_row_stride, residual,
-                                        residual_row_stride, weight, scale, rows, hidden,
-                                        epsilon, stream);
-    case DType::kBFloat16:
-      return fused_typed<__nv_bfloat16, QUANT>(out, out_row_stride, x, x_row_stride, residual,
-                                               residual_row_stride, weight, scale, rows,
-                                               hidden, epsilon, stream);
-  }
-  return cudaErrorInvalidValue;
+                              int64_t x_row_stride, void* residual, int64_t residual_row_stride,
+                              const void* weight, const float* scale, int64_t rows,
+                              int64_t hidden, float epsilon, DType dtype, cudaStream_t stream) {
+  return dispatch_rows(rows, hidden, dtype, [&](auto tag) {
+    return rms_norm_typed<decltype(tag), QUANT, ADD>(out, out_row_stride, x, x_row_stride,
+                                                     residual, residual_row_stride, weight,
+                                                     scale, rows, hidden, epsilon, stream);
+  });
 }
 
 }  // namespace
@@ -414,15 +293,16 @@ cudaError_t fused_dispatch(void* out, int64_t out_row_stride, const void* x,
 cudaError_t rms_norm(void* out, int64_t out_row_stride, const void* x, int64_t x_row_stride,
                      const void* weight, int64_t rows, int64_t hidden, float epsilon,
                      DType dtype, cudaStream_t stream) {
-  return rms_norm_dispatch<false>(out, out_row_stride, x, x_row_stride, weight, nullptr, rows,
-                                  hidden, epsilon, dtype, stream);
+  return rms_norm_dispatch<false, false>(out, out_row_stride, x, x_row_stride, nullptr, 0, weight,
+                                         nullptr, rows, hidden, epsilon, dtype, stream);
 }
 
 cudaError_t fused_add_rms_norm(void* x, int64_t x_row_stride, void* residual,
                                int64_t residual_row_stride, const void* weight, int64_t rows,
                                int64_t hidden, float epsilon, DType dtype, cudaStream_t stream) {
-  return fused_dispatch<false>(x, x_row_stride, x, x_row_stride, residual, residual_row_stride,
-                               weight, nullptr, rows, hidden, epsilon, dtype, stream);
+  return rms_norm_dispatch<false, true>(x, x_row_stride, x, x_row_stride, residual,
+                                        residual_row_stride, weight, nullptr, rows, hidden,
+                                        epsilon, dtype, stream);
 }
 
 cudaError_t rms_norm_static_fp8_quant(void* out, int64_t out_row_stride, const void* x,
@@ -432,8 +312,8 @@ cudaError_t rms_norm_static_fp8_quant(void* out, int64_t out_row_stride, const v
   if (scale == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return rms_norm_dispatch<true>(out, out_row_stride, x, x_row_stride, weight, scale, rows,
-                                 hidden, epsilon, dtype, stream);
+  return rms_norm_dispatch<true, false>(out, out_row_stride, x, x_row_stride, nullptr, 0, weight,
+                                        scale, rows, hidden, epsilon, dtype, stream);
 }
 
 cudaError_t fused_add_rms_norm_static_fp8_quant(void* out, int64_t out_row_stride,
@@ -445,9 +325,9 @@ cudaError_t fused_add_rms_norm_static_fp8_quant(void* out, int64_t out_row_strid
   if (scale == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return fused_dispatch<true>(out, out_row_stride, x, x_row_stride, residual,
-                              residual_row_stride, weight, scale, rows, hidden, epsilon, dtype,
-                              stream);
+  return rms_norm_dispatch<true, true>(out, out_row_stride, x, x_row_stride, residual,
+                                       residual_row_stride, weight, scale, rows, hidden, epsilon,
+                                       dtype, stream);
 }
 
 }  // namespace vllm_ir_cuda

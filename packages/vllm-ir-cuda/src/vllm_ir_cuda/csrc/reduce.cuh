@@ -17,31 +17,42 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// The sum of `v` over the block, returned to every thread. blockDim.x must be
-// a multiple of 32 (and at most 1024). The order of additions depends only on
-// blockDim.x, so a row's result does not depend on the other rows launched.
-// Callable once per kernel: the scratch space is not reset for a second use.
-__device__ __forceinline__ float block_sum(float v) {
-  __shared__ float warp_sums[kWarpSize];
-  __shared__ float total;
+// `v` reduced over the block, returned to every thread: `warp_reduce(v)`
+// combines the values of a warp (returned to every lane), then the first warp
+// combines the warps' results (`identity` in the lanes past the last warp).
+// blockDim.x must be a multiple of 32 (and at most 1024). The order of the
+// combinations depends only on blockDim.x, so a row's result does not depend
+// on the other rows launched. Callable once per kernel and type of `v`: the
+// scratch space is not reset for a second use.
+template <typename V, typename WarpReduce>
+__device__ __forceinline__ V block_reduce(V v, V identity, WarpReduce warp_reduce) {
+  __shared__ V partial[kWarpSize];
+  __shared__ V total;
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
 
-  v = warp_sum(v);
+  v = warp_reduce(v);
   if (lane == 0) {
-    warp_sums[warp] = v;
+    partial[warp] = v;
   }
   __syncthreads();
   if (warp == 0) {
-    float s = lane < num_warps ? warp_sums[lane] : 0.0f;
-    s = warp_sum(s);
+    V r = lane < num_warps ? partial[lane] : identity;
+    r = warp_reduce(r);
     if (lane == 0) {
-      total = s;
+      total = r;
     }
   }
   __syncthreads();
   return total;
 }
+
+struct WarpSum {
+  __device__ __forceinline__ float operator()(float v) const { return warp_sum(v); }
+};
+
+// The sum of `v` over the block (block_reduce).
+__device__ __forceinline__ float block_sum(float v) { return block_reduce(v, 0.0f, WarpSum{}); }
 
 }  // namespace vllm_ir_cuda
