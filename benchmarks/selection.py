@@ -1,6 +1,6 @@
 """Does choosing kernels per size bucket pay? Kernel crossovers, a compiled decoder, a plan.
 
-Four sections, timed with ``vllm-ir tune --model``'s interleaved rounds
+Five sections, timed with ``vllm-ir tune --model``'s interleaved rounds
 (:func:`vllm_ir._cli.tune_model.measure_interleaved`: every setting once per
 round, the order rotating; ``vllm-ir bench``'s timer; a p10-p90 spread over
 25 % of the median is flagged ``noisy``). Each compares a *bucketed* setting
@@ -36,6 +36,10 @@ the best single fixed priority (target < 1).
   same compiled model as a fixed setting: their difference measures the noise).
 * ``eager_decoder``: the same decoder in eager mode, each fixed priority and
   the bucketed table (chosen by its own eager selection pass) in a scope.
+* ``eager_decoder_crossing_pair``: the eager decoder choosing, for every op,
+  between ``native`` and ``inductor`` (registered on each of its ops for this
+  section), the pair that crosses on this CPU; ``cpu_c``, faster than both
+  everywhere here, is left out of this one.
 * ``plan``: the kernel plan (:func:`vllm_ir.plan`) of a kernelized tiny
   random Hugging Face Llama at a decode and a prefill size: every norm and MLP
   with the impl that ran (needs transformers and vllm-ir-transformers).
@@ -69,6 +73,8 @@ BOUNDS = (16, 256)
 KERNEL_BOUNDS = (16, 256, 1024)
 """The kernels section's buckets: one more bound, where the CPU crossovers measured are."""
 WITHIN = 0.03
+CROSSING_PAIR = ("native", "inductor")
+"""The decoder's crossing pair: the two impls of each op with a crossover on this CPU."""
 EPSILON = 1e-6
 
 
@@ -116,25 +122,27 @@ def _timing(t: Any) -> dict[str, Any]:
     return asdict(t)
 
 
-def _register_inductor() -> Callable[[], None]:
-    """Register ``inductor``: the native function compiled by Inductor (dynamic sizes), a
-    real CPU kernel with a Python wrapper's overhead; eager calls only. Returns its undo."""
+def _register_inductor(op_names: Sequence[str] = ("rms_norm",)) -> Callable[[], None]:
+    """Register ``inductor`` on each op: its native function compiled by Inductor (dynamic
+    sizes), a real CPU kernel behind a Python wrapper's overhead; eager calls only.
+    Returns its undo."""
+    import functools
+
     import vllm_ir as ir
     from torch._subclasses.fake_tensor import is_fake
 
-    op = ir.ops.rms_norm
-    compiled = torch.compile(op.native, dynamic=True)
-
-    def inductor(
-        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-    ) -> Tensor:
-        return compiled(x, weight, epsilon, variance_size)  # type: ignore[no-any-return]
-
-    # not under torch.compile: a compiled function inside a traced graph is not a kernel
-    op.register_impl(
-        "inductor", supports_args=lambda x, weight, epsilon, variance_size=None: not is_fake(x)
-    )(inductor)
-    return lambda: op.unregister_impl("inductor")
+    registered = []
+    for name in op_names:
+        op = ir.get_op(name)
+        if "inductor" in op.impls:
+            continue
+        compiled = torch.compile(op.native, dynamic=True)
+        impl = functools.wraps(op.native)(lambda *a, _fn=compiled, **k: _fn(*a, **k))
+        # not under torch.compile: a compiled function inside a traced graph is not a kernel
+        real = functools.wraps(op.native)(lambda *a, **k: not is_fake(a[0]))
+        op.register_impl("inductor", supports_args=real)(impl)
+        registered.append(op)
+    return lambda: [op.unregister_impl("inductor") for op in registered] and None
 
 
 def kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int) -> dict[str, Any]:
@@ -506,14 +514,16 @@ def compiled_decoder(run: DecoderRun) -> dict[str, Any]:
     }
 
 
-def eager_decoder(run: DecoderRun) -> dict[str, Any]:
+def eager_decoder(run: DecoderRun, fixed: dict[str, Any] | None = None) -> dict[str, Any]:
     """The same comparison in eager mode: each fixed priority in a scope, against the
     bucketed table (chosen by an eager selection pass) in a scope: the bucket is part
-    of the eager selection key."""
+    of the eager selection key. ``fixed``: the candidate priorities (default: every
+    CPU provider's)."""
     import vllm_ir as ir
     from vllm_ir._cli.tune_model import measure_interleaved
 
-    model, fixed, inputs = run.setup()
+    model, candidates, inputs = run.setup()
+    fixed = fixed or candidates
     tokens, rounds = run.tokens, run.rounds
 
     def step(priority: dict[str, Any], x: Tensor) -> Callable[[], Any]:
@@ -545,6 +555,22 @@ def eager_decoder(run: DecoderRun) -> dict[str, Any]:
         "ran_under_table": {str(t): r for t, r in ran.items()},
         **run.passes(picked, evaluated, fixed, ["bucketed_table"], choice),
     }
+
+
+def eager_decoder_crossing_pair(run: DecoderRun) -> dict[str, Any]:
+    """The eager decoder choosing, for every op, between the kernels section's crossing
+    pair: ``native`` (eager ATen ops: little overhead per call) and ``inductor`` (the
+    native function compiled: one fused kernel behind a Python wrapper). ``cpu_c`` is
+    left out: faster than both at every size on this CPU, it would make the choice one
+    fixed priority (the ``eager_decoder`` section has it)."""
+    from compiled_priorities import OPS
+
+    undo = _register_inductor(OPS)
+    try:
+        fixed = {name: {op: [name] for op in OPS} for name in CROSSING_PAIR}
+        return {"impls": list(CROSSING_PAIR), **eager_decoder(run, fixed)}
+    finally:
+        undo()
 
 
 def plan_of_llama(tokens: Sequence[int]) -> dict[str, Any] | None:
@@ -603,6 +629,11 @@ def _verdict(report: dict[str, Any]) -> dict[str, Any]:
         (decoder, "bucketed_graphs", "decoder_bucketed_graphs"),
         (decoder, "bucketed_switch", "decoder_bucketed_switch"),
         (eager, "bucketed_table", "eager_decoder_bucketed_table"),
+        (
+            report.get("eager_decoder_crossing_pair"),
+            "bucketed_table",
+            "eager_decoder_crossing_pair_bucketed_table",
+        ),
     ):
         if section is None:
             continue
@@ -638,7 +669,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel-hidden", type=int, default=4096)
     parser.add_argument("--decode-weight", type=int, default=32)
     parser.add_argument(
-        "--sections", default="kernels,decoder,eager,plan", help="comma separated (default all)"
+        "--sections",
+        default="kernels,decoder,eager,eager-crossing,plan",
+        help="comma separated (default all)",
     )
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
@@ -676,6 +709,9 @@ def main(argv: list[str] | None = None) -> int:
         else None,
         "compiled_decoder": compiled_decoder(decoder) if "decoder" in sections else None,
         "eager_decoder": eager_decoder(decoder) if "eager" in sections else None,
+        "eager_decoder_crossing_pair": eager_decoder_crossing_pair(decoder)
+        if "eager-crossing" in sections
+        else None,
         "plan": plan_of_llama(plan_tokens) if "plan" in sections else None,
     }
     report["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]
@@ -690,6 +726,7 @@ def main(argv: list[str] | None = None) -> int:
         else None,
         "compiled_decoder": report["compiled_decoder"],
         "eager_decoder": report["eager_decoder"],
+        "eager_decoder_crossing_pair": report["eager_decoder_crossing_pair"],
     }
     for key, section in sections_out.items():
         if section is None:

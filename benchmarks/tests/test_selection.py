@@ -83,3 +83,72 @@ def test_crossing_bounds_cut_where_the_faster_of_the_pair_changes() -> None:
     assert selection._crossing_bounds(rows, ["a", "b"]) == tuple(
         sorted({selection.BOUNDS[0], tokens[1]})
     )
+
+
+def test_the_inductor_impl_is_native_compiled_on_every_decoder_op() -> None:
+    """The crossing pair's second impl: registered on each op of the decoder, equal to
+    native, declined on FakeTensors (no compiled function inside a traced graph), undone."""
+    import torch
+    import vllm_ir as ir
+    from compiled_priorities import OPS
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    undo = selection._register_inductor(OPS)
+    try:
+        x, w = torch.randn(3, 8), torch.rand(8)
+        calls = {
+            "rms_norm": (x, w, 1e-6),
+            "fused_add_rms_norm": (x, x.clone(), w, 1e-6),
+            "silu_and_mul": (torch.randn(3, 16),),
+        }
+        for name in OPS:
+            op = ir.get_op(name)
+            assert "inductor" in op.candidates(*calls[name], mode="eager").accepted()
+            got = op.impls["inductor"].impl_fn(*calls[name])
+            torch.testing.assert_close(got, op.native(*calls[name]))
+        with FakeTensorMode() as mode:
+            fake = mode.from_tensor(x)
+            assert not ir.ops.rms_norm.impls["inductor"].supports_args(fake, None, 1e-6)
+    finally:
+        undo()
+    assert not any("inductor" in ir.get_op(name).impls for name in OPS)
+
+
+def test_verdict_names_the_eager_crossing_pair() -> None:
+    bucket = {"within_3pct": {"bucketed_table": True}, "noisy": False}
+    table = {
+        "buckets": {"<=16": bucket, ">256": bucket},
+        "mix": {"faster": {"bucketed_table": True}},
+        "choice_is_a_single_fixed_priority": False,
+    }
+    decoder = {
+        "buckets": {
+            "<=16": {
+                "within_3pct": dict.fromkeys(
+                    ("bucketed_graph", "bucketed_graphs", "bucketed_switch"), True
+                ),
+                "noisy": False,
+            }
+        },
+        "mix": {
+            "faster": dict.fromkeys(("bucketed_graph", "bucketed_graphs", "bucketed_switch"), False)
+        },
+        "choice_is_a_single_fixed_priority": False,
+        "same_model_difference": {"1": 0.01},
+    }
+    report = {
+        "kernels": {
+            "crossovers": [],
+            "crossovers_by_median": [],
+            "bucketed": table,
+            "bucketed_crossing_pair": None,
+        },
+        "compiled_decoder": decoder,
+        "eager_decoder_crossing_pair": table,
+    }
+    verdict = selection._verdict(report)["eager_decoder_crossing_pair_bucketed_table"]
+    assert verdict == {
+        "within_3pct_in_every_bucket": True,
+        "faster_than_best_single_fixed_over_mix": True,
+        "choice_is_a_single_fixed_priority": False,
+    }
