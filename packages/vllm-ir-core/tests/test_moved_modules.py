@@ -66,3 +66,11 @@ def test_the_old_paths_work_in_a_fresh_process() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.splitlines() == [_moved_modules.message("vllm_ir.op"), "True"]
+
+
+def test_the_dispatch_check_has_a_public_home() -> None:
+    """Documented for users (VLLM_IR_CHECK_DISPATCH at run time): served by vllm_ir.testing."""
+    from vllm_ir import _eager, testing
+
+    assert testing.set_dispatch_check is _eager.set_dispatch_check
+    assert testing.DispatchMismatch is _eager.DispatchMismatch

@@ -185,7 +185,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "off",
         "Every cached eager call is re-validated against an uncached `select()`; a mismatch "
         "raises `DispatchMismatch`. Read when an op is declared; "
-        "`vllm_ir._eager.set_dispatch_check` switches it at run time. Slow: for tests and "
+        "`vllm_ir.testing.set_dispatch_check` switches it at run time. Slow: for tests and "
         "debugging.",
         _flag,
         False,

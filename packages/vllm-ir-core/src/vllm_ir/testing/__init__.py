@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from vllm_ir._dispatch_key import ALIGNMENT
+from vllm_ir._eager import DispatchMismatch, set_dispatch_check
 from vllm_ir._impl import IrOpImpl
 from vllm_ir._op import IrOp
 from vllm_ir._samples import SampleInput
@@ -58,6 +59,7 @@ from vllm_ir.testing.models import TinyDecoder, compile_agrees
 
 __all__ = [
     "CHECKS",
+    "DispatchMismatch",
     "SELECTION_ENV",
     "TinyDecoder",
     "compile_agrees",
@@ -72,6 +74,7 @@ __all__ = [
     "conformance_cases",
     "inductor_caches_off",
     "key_sharing_variants",
+    "set_dispatch_check",
 ]
 
 CHECKS = ("correctness", "supports_args", "mutation", "compiled", "opcheck")
