@@ -54,6 +54,11 @@ def test_loggers_keep_their_public_names() -> None:
 
     assert get_logger("vllm_ir._providers") is logging.getLogger("vllm_ir.providers")
     assert get_logger("vllm_ir.compilation._backend").name == "vllm_ir.compilation.backend"
+    assert get_logger("vllm_ir._cli.tune").name == "vllm_ir.cli.tune"
+    # only renamed modules: a provider's private module or an always-private one keeps its name
+    assert get_logger("my_kernels._impls").name == "my_kernels._impls"
+    assert get_logger("vllm_ir._hotpath").name == "vllm_ir._hotpath"
+    assert get_logger("vllm_ir.selection").name == "vllm_ir.selection"
 
 
 def test_the_old_paths_work_in_a_fresh_process() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from vllm_ir import envs
+from vllm_ir._moved_modules import public_name
 
 __all__ = ["get_logger"]
 
@@ -31,12 +32,12 @@ def _configure() -> None:
 def get_logger(name: str) -> logging.Logger:
     """Return the logger for module ``name`` (configured on first use).
 
-    A private module logs under its public spelling, so logger names stay
-    what users filter on:
+    A module that got a private name logs under its old one, so logger names
+    stay what users filter on; other names are kept as given:
 
-    >>> get_logger("vllm_ir.compilation._lowering").name
-    'vllm_ir.compilation.lowering'
+    >>> get_logger("vllm_ir.compilation._lowering").name, get_logger("my_kernels._impls").name
+    ('vllm_ir.compilation.lowering', 'my_kernels._impls')
     """
     if not _configured:
         _configure()
-    return logging.getLogger(".".join(part.lstrip("_") for part in name.split(".")))
+    return logging.getLogger(public_name(name))

@@ -27,7 +27,7 @@ import sys
 import warnings
 from types import ModuleType
 
-__all__ = ["MOVED", "install", "message", "new_name"]
+__all__ = ["MOVED", "RENAMED", "install", "message", "new_name", "public_name"]
 
 _TOP = [
     "arguments",
@@ -78,13 +78,32 @@ _COMPILATION = [
     "upstream_hazards",
 ]
 
-MOVED: dict[str, str] = {
+RENAMED: dict[str, str] = {
     **{f"vllm_ir.{name}": f"vllm_ir._{name}" for name in _TOP},
     **{f"vllm_ir.compilation.{name}": f"vllm_ir.compilation._{name}" for name in _COMPILATION},
     "vllm_ir.cli": "vllm_ir._cli",  # a package: its submodules move with it
+}
+"""The internal modules given private names: old path -> new path."""
+
+MOVED: dict[str, str] = {
+    **RENAMED,
     "vllm_ir.dispatch": "vllm_ir.selection",  # it always held selection
 }
 """Old module path -> where it lives now."""
+
+_PUBLIC_NAMES = {new: old for old, new in RENAMED.items()}
+
+
+def _translated(name: str, table: dict[str, str]) -> str | None:
+    """``name`` through ``table``, by its longest dotted prefix found there (a moved
+    package's submodules move with it), or ``None``."""
+    head, rest = name, ""
+    while head not in table:
+        head, dot, tail = head.rpartition(".")
+        if not dot:
+            return None
+        rest = f".{tail}{rest}"
+    return table[head] + rest
 
 
 def new_name(old: str) -> str | None:
@@ -93,12 +112,18 @@ def new_name(old: str) -> str | None:
     >>> new_name("vllm_ir.cli.args"), new_name("vllm_ir.ops")
     ('vllm_ir._cli.args', None)
     """
-    if old in MOVED:
-        return MOVED[old]
-    package, _, rest = old.partition(".cli.")
-    if package == "vllm_ir" and rest:
-        return f"vllm_ir._cli.{rest}"
-    return None
+    # every import in the process asks: anything outside vllm_ir leaves at once
+    return _translated(old, MOVED) if old.startswith("vllm_ir.") else None
+
+
+def public_name(name: str) -> str:
+    """A renamed module's name as it was, for what users see and filter on (logger
+    names); any other name unchanged.
+
+    >>> public_name("vllm_ir.compilation._lowering"), public_name("my_kernels._impls")
+    ('vllm_ir.compilation.lowering', 'my_kernels._impls')
+    """
+    return _translated(name, _PUBLIC_NAMES) or name
 
 
 def message(old: str) -> str:
