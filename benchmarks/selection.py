@@ -142,7 +142,12 @@ def _register_inductor(op_names: Sequence[str] = ("rms_norm",)) -> Callable[[], 
         real = functools.wraps(op.native)(lambda *a, **k: not is_fake(a[0]))
         op.register_impl("inductor", supports_args=real)(impl)
         registered.append(op)
-    return lambda: [op.unregister_impl("inductor") for op in registered] and None
+
+    def undo() -> None:
+        for op in registered:
+            op.unregister_impl("inductor")
+
+    return undo
 
 
 def kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int) -> dict[str, Any]:
