@@ -222,9 +222,10 @@ def parse_ir_pass_args(argv: Sequence[str]) -> tuple[IrPassConfig, list[str]]:
             continue
         flag, eq, value = arg.partition("=")
         if not eq:
-            if cursor.peek() is None:
+            following = cursor.take()
+            if following is None:
                 raise ValueError(f"{flag} expects on or off")
-            value = str(cursor.take())
+            value = following
         name = flag[len(PASS_FLAG) + 1 :].replace("-", "_")
         if value.strip().lower() not in _ON:
             raise ValueError(f"{flag}={value!r}: expected on or off")
@@ -502,12 +503,12 @@ def parse_ir_op_priority_args(
             continue
         flag, eq, value = arg.partition("=")
         if not eq:
-            following = cursor.peek()
+            following = cursor.take()
             if following is None:
                 raise ValueError(f"{flag} expects a value")
             if following.startswith("--"):  # provider lists never start so: a missing value
                 raise ValueError(f"{flag} expects a value, got the next flag {_short(following)}")
-            value = str(cursor.take())
+            value = following
         if flag == CLI_FLAG and value.startswith("@"):  # @file: a JSON file
             priorities.update(_parse_json(*_read_json_source(Path(value[1:]))))
         elif flag == CLI_FLAG:

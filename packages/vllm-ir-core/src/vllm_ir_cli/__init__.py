@@ -288,13 +288,13 @@ def split_selection_flags(argv: Sequence[str]) -> tuple[list[str], list[str], li
         if eq:
             target.append(arg)
             continue
-        value = cursor.peek()
+        value = cursor.take()
         if value is None or value.startswith("--") or value in COMMANDS:
             got = "nothing" if value is None else repr(value)
             raise UsageError(
                 f"{flag} expects a value before the command, got {got}; write e.g. {example}"
             )
-        target.append(f"{flag}={cursor.take()}")
+        target.append(f"{flag}={value}")
     return priority, passes, rest
 
 

@@ -59,13 +59,10 @@ class ArgvCursor:
             self._next += 1
             yield self._args[self._next - 1]
 
-    def peek(self) -> str | None:
-        """The argument after the current one (``None`` at the end)."""
-        return self._args[self._next] if self._next < len(self._args) else None
-
     def take(self) -> str | None:
-        """Consume the argument after the current one: the current flag's value."""
-        value = self.peek()
+        """Consume the argument after the current one, the current flag's value
+        (``None`` at the end)."""
+        value = self._args[self._next] if self._next < len(self._args) else None
         self._next += 1
         return value
 
