@@ -64,6 +64,21 @@ def test_torch_wrap_flag_turns_trace_through_on_for_the_command() -> None:
     assert "trace-through" not in vllm_ir("explain", "rms_norm", "--eager").stdout
 
 
+def test_explain_without_tuning_does_not_load_inductor() -> None:
+    # Inductor's import costs about 3 CPU-seconds a command: explain loads it
+    # only for --tuned and --autotune, which measure compiled impls
+    code = (
+        "import contextlib, io, sys; from vllm_ir_cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert main(['explain', 'rms_norm']) == 0\n"
+        "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 BAD_INPUT = [
     (["explain", "no_such_op"], "unknown IR op 'no_such_op'; known ops:"),
     (["explain", "rms_norm", "--dtype", "int3"], "unknown dtype 'int3'"),

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from vllm_ir._buckets import bucket_index
-from vllm_ir._cli import plan_cmd, tune
+from vllm_ir._cli import plan_cmd
 from vllm_ir._cli.args import (
     UsageError,
     call_args_for,
@@ -83,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
     shape = parse_shape(args.shape)
     device = parse_device(args.device)
     call = call_args_for(op, shape, dtype, device, parse_assignments(args.arg))
+    if args.tuned or args.autotune:
+        # loads Inductor (about 3 CPU-seconds): only for what needs it, so a plain
+        # ``explain`` starts as fast as ``import vllm_ir``
+        from vllm_ir._cli import tune
     tuned = tune.read_tuned(args.tuned, op) if args.tuned else None  # checked before output
     modes: list[Mode] = ["compiled"] if args.compiled else ["eager"] if args.eager else list(MODES)
     print(f"{op.name}{describe(call)} on {current_platform()}")
