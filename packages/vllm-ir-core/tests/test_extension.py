@@ -82,3 +82,32 @@ def test_cache_key_covers_headers_beside_the_sources(source: Path) -> None:
     before = extension._digest([source], [])
     header.write_text("// v2\n")
     assert extension._digest([source], []) != before
+
+
+def test_one_translation_unit_compiles_a_file_including_every_source(  # type: ignore[no-untyped-def]
+    monkeypatch, tmp_path: Path
+) -> None:
+    from torch.utils import cpp_extension
+
+    sources = [tmp_path / "a.cpp", tmp_path / "b.cpp"]
+    for s in sources:
+        s.write_text(f"// {s.name}\n")
+    compiled: list[str] = []  # each compiled file's text (the build directory goes away)
+
+    def load(**kwargs):  # type: ignore[no-untyped-def]
+        compiled.extend(Path(s).read_text() for s in kwargs["sources"])
+        library = Path(kwargs["build_directory"]) / "k.so"
+        library.write_bytes(b"")
+        return str(library)
+
+    monkeypatch.setattr(extension, "_check_toolchain", lambda name, with_cuda: None)
+    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setattr(torch.ops, "load_library", lambda path: None)
+    key = extension._digest(sources, [])
+    extension.build_extension("k", "0", sources, one_translation_unit=True)
+    [unity] = compiled
+    includes = [line for line in unity.splitlines() if line.startswith("#")]
+    assert includes == [f'#include "{s.resolve()}"' for s in sources]
+    assert extension._digest(sources, []) == key  # the sources, not the unity file, are the key
+    with pytest.raises(ValueError, match="C\\+\\+ sources only"):
+        extension.build_extension("k", "0", [tmp_path / "k.cu"], one_translation_unit=True)

@@ -17,6 +17,7 @@ The library registers its ops with ``TORCH_LIBRARY``; it is loaded with
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -68,6 +69,16 @@ def _digest(sources: Sequence[Path], flags: Sequence[str]) -> str:
     return h.hexdigest()[:16]
 
 
+def _unity_source(directory: Path, name: str, sources: Sequence[Path]) -> Path:
+    """A file in the build directory that includes every source, in order."""
+    unity = directory / f"{name}_unity.cpp"
+    lines = [f"#include {json.dumps(str(Path(s).resolve()))}" for s in sources]
+    unity.write_text(
+        "// one translation unit: torch's headers parsed once\n" + "\n".join(lines) + "\n"
+    )
+    return unity
+
+
 def _check_toolchain(name: str, with_cuda: bool) -> None:
     from torch.utils import cpp_extension
 
@@ -106,14 +117,23 @@ def build_extension(
     extra_cuda_cflags: Sequence[str] = (),
     extra_ldflags: Sequence[str] = (),
     with_cuda: bool = False,
+    one_translation_unit: bool = False,
     verbose: bool = False,
 ) -> Path:
     """Build (or reuse) the shared library and load it into ``torch.ops``.
 
     Returns the library's path. Raises :class:`ExtensionBuildError` when a
     tool is missing, before trying to compile.
+
+    ``one_translation_unit=True`` compiles C++ ``sources`` as one file that
+    includes them all (a unity build): torch's headers are parsed once
+    instead of once per source, about a third of the CPU time for a few
+    kernel files. The sources must then not define the same internal name
+    twice (the compiler says so). The cache key is the same either way.
     """
     sources = [Path(s) for s in sources]
+    if one_translation_unit and (with_cuda or any(s.suffix == ".cu" for s in sources)):
+        raise ValueError("one_translation_unit builds C++ sources only, not CUDA ones")
     flags = [*extra_cflags, *extra_cuda_cflags, *extra_ldflags]
     # the machine is in the key; instruction-set flags (e.g. -mavx512f) are in the digest
     key = f"{name}-{version}-torch{torch.__version__}-{machine()}-{_digest(sources, flags)}"
@@ -123,10 +143,11 @@ def build_extension(
         logger.info("building %s for %s (first use; cached afterwards)", name, key)
         from torch.utils import cpp_extension
 
+        compiled = [_unity_source(directory, name, sources)] if one_translation_unit else sources
         # torch's own lock (FileBaton) lives in this private directory: uncontended
         built = cpp_extension.load(
             name=name,
-            sources=[str(s) for s in sources],
+            sources=[str(s) for s in compiled],
             extra_cflags=list(extra_cflags),
             extra_cuda_cflags=list(extra_cuda_cflags),
             extra_ldflags=list(extra_ldflags),
