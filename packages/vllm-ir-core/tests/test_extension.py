@@ -109,5 +109,9 @@ def test_one_translation_unit_compiles_a_file_including_every_source(  # type: i
     includes = [line for line in unity.splitlines() if line.startswith("#")]
     assert includes == [f'#include "{s.resolve()}"' for s in sources]
     assert extension._digest(sources, []) == key  # the sources, not the unity file, are the key
+    quoted = tmp_path / 'a "b".cpp'
+    quoted.write_text("// kernel\n")
+    with pytest.raises(extension.ExtensionBuildError, match="holds a quote or a newline"):
+        extension.build_extension("k", "0", [quoted], one_translation_unit=True)
     with pytest.raises(ValueError, match="C\\+\\+ sources only"):
         extension.build_extension("k", "0", [tmp_path / "k.cu"], one_translation_unit=True)

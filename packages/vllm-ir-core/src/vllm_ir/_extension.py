@@ -17,7 +17,6 @@ The library registers its ops with ``TORCH_LIBRARY``; it is loaded with
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -72,7 +71,7 @@ def _digest(sources: Sequence[Path], flags: Sequence[str]) -> str:
 def _unity_source(directory: Path, name: str, sources: Sequence[Path]) -> Path:
     """A file in the build directory that includes every source, in order."""
     unity = directory / f"{name}_unity.cpp"
-    lines = [f"#include {json.dumps(str(Path(s).resolve()))}" for s in sources]
+    lines = [f'#include "{Path(s).resolve()}"' for s in sources]
     unity.write_text(
         "// one translation unit: torch's headers parsed once\n" + "\n".join(lines) + "\n"
     )
@@ -134,6 +133,15 @@ def build_extension(
     sources = [Path(s) for s in sources]
     if one_translation_unit and (with_cuda or any(s.suffix == ".cu" for s in sources)):
         raise ValueError("one_translation_unit builds C++ sources only, not CUDA ones")
+    # an #include "..." takes its path verbatim (no escapes): no quote or newline in it
+    resolved = [str(s.resolve()) for s in sources] if one_translation_unit else []
+    unusable = [s for s in resolved if '"' in s or "\n" in s]
+    if unusable:
+        raise ExtensionBuildError(
+            f"{name}: source path {unusable[0]!r} holds a quote or a newline, which a "
+            "one-translation-unit build cannot include; move the sources or pass "
+            "one_translation_unit=False"
+        )
     flags = [*extra_cflags, *extra_cuda_cflags, *extra_ldflags]
     # the machine is in the key; instruction-set flags (e.g. -mavx512f) are in the digest
     key = f"{name}-{version}-torch{torch.__version__}-{machine()}-{_digest(sources, flags)}"
