@@ -68,10 +68,26 @@ def _digest(sources: Sequence[Path], flags: Sequence[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def _unity_source(directory: Path, name: str, sources: Sequence[Path]) -> Path:
+def _unity_includes(name: str, sources: Sequence[Path], with_cuda: bool) -> list[str]:
+    """The paths a one-translation-unit build includes, checked before anything is built."""
+    if with_cuda or any(s.suffix == ".cu" for s in sources):
+        raise ValueError("one_translation_unit builds C++ sources only, not CUDA ones")
+    includes = [str(s.resolve()) for s in sources]
+    # an #include "..." takes its path verbatim (no escapes): no quote or newline in it
+    unusable = [path for path in includes if '"' in path or "\n" in path]
+    if unusable:
+        raise ExtensionBuildError(
+            f"{name}: source path {unusable[0]!r} holds a quote or a newline, which a "
+            "one-translation-unit build cannot include; move the sources or pass "
+            "one_translation_unit=False"
+        )
+    return includes
+
+
+def _unity_source(directory: Path, name: str, includes: Sequence[str]) -> Path:
     """A file in the build directory that includes every source, in order."""
     unity = directory / f"{name}_unity.cpp"
-    lines = [f'#include "{Path(s).resolve()}"' for s in sources]
+    lines = [f'#include "{path}"' for path in includes]
     unity.write_text(
         "// one translation unit: torch's headers parsed once\n" + "\n".join(lines) + "\n"
     )
@@ -131,17 +147,7 @@ def build_extension(
     twice (the compiler says so). The cache key is the same either way.
     """
     sources = [Path(s) for s in sources]
-    if one_translation_unit and (with_cuda or any(s.suffix == ".cu" for s in sources)):
-        raise ValueError("one_translation_unit builds C++ sources only, not CUDA ones")
-    # an #include "..." takes its path verbatim (no escapes): no quote or newline in it
-    resolved = [str(s.resolve()) for s in sources] if one_translation_unit else []
-    unusable = [s for s in resolved if '"' in s or "\n" in s]
-    if unusable:
-        raise ExtensionBuildError(
-            f"{name}: source path {unusable[0]!r} holds a quote or a newline, which a "
-            "one-translation-unit build cannot include; move the sources or pass "
-            "one_translation_unit=False"
-        )
+    includes = _unity_includes(name, sources, with_cuda) if one_translation_unit else None
     flags = [*extra_cflags, *extra_cuda_cflags, *extra_ldflags]
     # the machine is in the key; instruction-set flags (e.g. -mavx512f) are in the digest
     key = f"{name}-{version}-torch{torch.__version__}-{machine()}-{_digest(sources, flags)}"
@@ -151,7 +157,7 @@ def build_extension(
         logger.info("building %s for %s (first use; cached afterwards)", name, key)
         from torch.utils import cpp_extension
 
-        compiled = [_unity_source(directory, name, sources)] if one_translation_unit else sources
+        compiled = sources if includes is None else [_unity_source(directory, name, includes)]
         # torch's own lock (FileBaton) lives in this private directory: uncontended
         built = cpp_extension.load(
             name=name,
