@@ -64,19 +64,37 @@ def test_torch_wrap_flag_turns_trace_through_on_for_the_command() -> None:
     assert "trace-through" not in vllm_ir("explain", "rms_norm", "--eager").stdout
 
 
-def test_explain_without_tuning_does_not_load_inductor() -> None:
+_LOADED_BY_EACH = """
+import contextlib, io, json, sys
+from vllm_ir_cli import main
+loaded = []
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(argv) == 0, argv
+    loaded.append([m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules])
+print(json.dumps(loaded))
+"""
+
+
+def test_explain_and_tune_do_not_load_inductor(tmp_path: Path) -> None:
     # Inductor's import costs about 3 CPU-seconds a command: explain loads it
-    # only for --tuned and --autotune, which measure compiled impls
-    code = (
-        "import contextlib, io, sys; from vllm_ir_cli import main\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
-        "    assert main(['explain', 'rms_norm']) == 0\n"
-        "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))"
-    )
+    # only for --tuned and --autotune, which measure compiled impls, and tune
+    # imports the autotuner without the backend (vllm_ir.compilation is lazy)
+    out = tmp_path / "tuned.json"
+    argvs = [
+        ["explain", "rms_norm"],
+        ["tune", "--ops", "rms_norm", "--shapes", "a=4x64", "--runs", "1", "--out", str(out)],
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [sys.executable, "-c", _LOADED_BY_EACH, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    assert json.loads(result.stdout.splitlines()[-1]) == [[], []]
+    assert json.loads(out.read_text())  # tune did write its table
 
 
 BAD_INPUT = [
