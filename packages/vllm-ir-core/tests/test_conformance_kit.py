@@ -326,3 +326,43 @@ def test_a_provider_adds_samples_for_its_own_impls_only(registered) -> None:  # 
     assert [s.name for s in RMS.sample_inputs(torch.float32, provider="kit_special")] == core
     with pytest.raises(TypeError, match="takes a provider name"):
         RMS.register_extra_samples(at_48)  # type: ignore[arg-type]
+
+
+def column_major_rms(
+    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> Tensor:
+    out = RMS.native(x, weight, epsilon, variance_size)
+    return out.t().contiguous().t() if x.shape[0] > 1 else out  # strides the fake impl lacks
+
+
+def test_opcheck_compares_the_fake_impl_on_every_sample(registered) -> None:  # type: ignore[no-untyped-def]
+    _rms("kit_column_major", column_major_rms, registered)
+    report = check_provider("kit_column_major", checks=("opcheck",), dtypes=(torch.float32,))
+    (failure,) = report.failures
+    # the first sample (1x64) has rows-major strides: every later 2-d one is caught
+    assert "on sample 1x64" not in failure
+    assert "vllm_ir.rms_norm.default on sample 7x96: " in failure
+    assert "test_faketensor failed" in failure
+    assert "Stride mismatch" in failure
+    assert "on sample 16x1000: " in failure
+
+
+def test_opcheck_traces_the_fake_impl_under_dynamic_shapes_once(  # type: ignore[no-untyped-def]
+    registered, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _rms("kit_counted", good_rms, registered)
+    opcheck = torch.library.opcheck
+    tests_run: list[object] = []
+
+    def recording(op, args, **options):  # type: ignore[no-untyped-def]
+        tests_run.append(options.get("test_utils", "all"))
+        return opcheck(op, args, **options)
+
+    monkeypatch.setattr(torch.library, "opcheck", recording)
+    report = check_provider("kit_counted", checks=("opcheck",), dtypes=(torch.float32,))
+    assert report.failures == []
+    # rms_norm has one overload: one call a sample, opcheck's default four tests
+    # on the first, the three that run the impl on the others
+    cheap = ("test_schema", "test_autograd_registration", "test_faketensor")
+    samples = len(list(RMS.sample_inputs(torch.float32)))
+    assert tests_run == ["all", *[cheap] * (samples - 1)]
