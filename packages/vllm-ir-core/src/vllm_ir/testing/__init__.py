@@ -431,7 +431,8 @@ def _check_opcheck(case: ConformanceCase) -> Iterator[str]:
         overloads.append(case.op.maybe_inplace.torch_op)
     with _selected(case):
         for index, sample in enumerate(_samples(case)):
-            tests = {} if index == 0 else {"test_utils": _OPCHECK_OF_THE_IMPL}
+            # no test_utils: opcheck's default, all of its tests
+            tests: dict[str, Any] = {} if index == 0 else {"test_utils": _OPCHECK_OF_THE_IMPL}
             for overload in overloads:
                 try:
                     torch.library.opcheck(overload, sample.clone().args, **tests)
