@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +19,9 @@ import nox
 import tomllib
 
 ROOT = Path(__file__).parent
+sys.path.insert(0, str(ROOT / "tools"))
+from share_bytecode import share as share_bytecode  # noqa: E402
+
 CONSTRAINTS = str(ROOT / "constraints.txt")
 CORE = "vllm-ir-core"
 
@@ -120,6 +125,25 @@ def _install(session: nox.Session, *names: str, extras: str = "test") -> None:
     session.install("-c", CONSTRAINTS, *args, *(["pytest-xdist"] if extras == "test" else []))
 
 
+def _share_bytecode(session: nox.Session) -> None:
+    """Link in the bytecode other sessions' venvs compiled of the files they share.
+
+    uv hard-links torch into every venv, and each would compile the same
+    modules again: about 10 CPU-seconds a venv (``tools/share_bytecode.py``).
+    """
+    location = getattr(session.virtualenv, "location", None)
+    if not location:
+        return
+    venv = Path(location)
+    siblings = [p for p in sorted(venv.parent.iterdir()) if p.is_dir() and p != venv]
+    began = time.monotonic()
+    linked = share_bytecode(venv, siblings)
+    took = time.monotonic() - began
+    session.log(
+        f"{linked} bytecode files linked from {len(siblings)} sibling venvs in {took:.1f} s"
+    )
+
+
 def _pytest(
     session: nox.Session,
     *args: str,
@@ -129,6 +153,7 @@ def _pytest(
 ) -> None:
     extra = session.posargs if posargs else []
     workers = ["-n", WORKERS] if parallel and WORKERS != "1" else []
+    _share_bytecode(session)
     session.run(
         *("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, *args, *extra),
         env={**ENV, **(env or {})},
