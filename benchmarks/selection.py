@@ -1,15 +1,20 @@
 """Does choosing kernels per size bucket pay? Kernel crossovers, a compiled decoder, a plan.
 
 Five sections, timed with ``vllm-ir tune --model``'s interleaved rounds
-(:func:`vllm_ir._cli.tune_model.measure_interleaved`: every setting once per
+(:func:`vllm_ir._cli.tune_model.sample_interleaved`: every setting once per
 round, the order rotating; ``vllm-ir bench``'s timer; a p10-p90 spread over
 25 % of the median is flagged ``noisy``). Each compares a *bucketed* setting
-with every *fixed* priority: a selection pass picks each bucket's best fixed
-priority (the lowest geometric-mean median over the bucket's token counts),
+with every *fixed* priority: a selection pass picks each bucket's fixed
+priority (the overall fastest, unless another is faster in that bucket in 9
+of 10 rounds: noise keeps the default, as ``vllm-ir tune --model`` keeps it),
 an independent evaluation pass re-times them all side by side. Reported per
 bucket: bucketed / best fixed (target <= 1.03), and over a decode+prefill mix
 (each decode token count ``--decode-weight`` times per prefill): bucketed /
-the best single fixed priority (target < 1).
+the best single fixed priority (target < 1). The ratios are paired: each
+round's samples of the two settings, timed side by side, divided, and the
+median over rounds reported with its p10-p90, so that the machine's drift
+between rounds cancels. The decoder sections run in bf16 (``--decoder-dtype``),
+the kernels section in fp32.
 
 * ``kernels``: every CPU impl of ``rms_norm`` (``native``, ``cpu_c`` when
   vllm-ir-cpu is installed) across token counts 1..4096, eagerly, with the
@@ -38,14 +43,17 @@ the best single fixed priority (target < 1).
   the bucketed table (chosen by its own eager selection pass) in a scope.
 * ``eager_decoder_crossing_pair``: the eager decoder choosing, for every op,
   between ``native`` and ``inductor`` (registered on each of its ops for this
-  section), the pair that crosses on this CPU; ``cpu_c``, faster than both
-  everywhere here, is left out of this one.
+  section), the pair that crosses on this CPU: ``native``'s ATen ops cost the
+  least per call at decode, ``inductor``'s one fused kernel per op wins at
+  prefill, where bf16 ``native`` upcasts and makes a pass per ATen op;
+  ``cpu_c``, faster than both everywhere here, is left out of this one.
 * ``plan``: the kernel plan (:func:`vllm_ir.plan`) of a kernelized tiny
   random Hugging Face Llama at a decode and a prefill size: every norm and MLP
   with the impl that ran (needs transformers and vllm-ir-transformers).
 
     python benchmarks/selection.py [--out benchmarks/results/selection.json] [--quick]
-        [--threads 1] [--rounds 10] [--hidden 256] [--layers 4] [--sections ...]
+        [--threads 1] [--rounds 10] [--hidden 256] [--layers 4] [--decoder-dtype bfloat16]
+        [--sections ...]
 
 The JSON holds the load average at start and end (the machine is shared).
 """
@@ -57,6 +65,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -162,11 +171,12 @@ def kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int)
 
 def _kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int) -> dict[str, Any]:
     import vllm_ir as ir
-    from vllm_ir._cli.tune_model import measure_interleaved
+    from vllm_ir._cli.tune_model import sample_interleaved, summarize
 
     op = ir.ops.rms_norm
     weight = torch.randn(hidden)
     rows = []
+    picked: dict[int, dict[str, list[float]]] = {}
     for t in tokens:
         x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(t))
         call = (x, weight, EPSILON, None)
@@ -176,7 +186,8 @@ def _kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int
             torch.testing.assert_close(op.impls[name].impl_fn(*call), want)
         steps = {name: _bound(op.impls[name].impl_fn, call) for name in impls}
         with torch.inference_mode():
-            times = measure_interleaved(steps, rounds, warmup=3)
+            picked[t] = sample_interleaved(steps, rounds, warmup=3)
+        times = {n: summarize(v) for n, v in picked[t].items()}
         best = min(times, key=lambda n: times[n].median_us)
         rows.append(
             {
@@ -188,9 +199,6 @@ def _kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int
         )
         line = ", ".join(f"{n} {v.median_us:.1f} us" for n, v in times.items())
         print(f"kernels {t:>5} tokens: {line} -> {best}", flush=True)
-    picked = {
-        r["tokens"]: {n: _Median(v["median_us"]) for n, v in r["times_us"].items()} for r in rows
-    }
     crossovers = _crossovers(rows)
     # the impls with a crossover beyond the spread (or by medians), without the impls
     # faster than both at every size: the per-size choice among impls that cross
@@ -212,16 +220,11 @@ def _kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int
     }
 
 
-@dataclass(frozen=True)
-class _Median:
-    median_us: float
-
-
 def _kernels_bucketed(
     tokens: Sequence[int],
     hidden: int,
     rounds: int,
-    picked: dict[int, Any],
+    picked: dict[int, dict[str, list[float]]],
     decode_weight: int,
     names: Sequence[str] | None = None,
     bounds: Sequence[int] = KERNEL_BOUNDS,
@@ -232,7 +235,7 @@ def _kernels_bucketed(
     priority scope, the same cost for each setting). ``names``: choose among these
     impls only (default: every impl measured), in buckets with ``bounds``."""
     import vllm_ir as ir
-    from vllm_ir._cli.tune_model import measure_interleaved
+    from vllm_ir._cli.tune_model import sample_interleaved, summarize
 
     op = ir.ops.rms_norm
     names = sorted(names or next(iter(picked.values())))
@@ -259,14 +262,14 @@ def _kernels_bucketed(
             with settings["bucketed_table"].scope():
                 ran[str(t)] = op.selected_impl(x, weight, EPSILON).provider
             steps = {n: step(c, x) for n, c in settings.items()}
-            evaluated[t] = measure_interleaved(steps, rounds, warmup=3)
+            evaluated[t] = sample_interleaved(steps, rounds, warmup=3)
     return {
         "impls": names,
         "bucket_bounds": list(bounds),
         "table": table,
         "ran_under_table": ran,
         "evaluation_pass": {
-            str(t): {n: _timing(v) for n, v in evaluated[t].items()} for t in tokens
+            str(t): {n: _timing(summarize(v)) for n, v in evaluated[t].items()} for t in tokens
         },
         **_summary(tokens, evaluated, names, ["bucketed_table"], choice, decode_weight, bounds),
     }
@@ -325,29 +328,52 @@ def bucketed_table(
 
 def _choose(
     tokens: Sequence[int],
-    picked: dict[int, Any],
+    picked: dict[int, dict[str, list[float]]],
     names: Sequence[str],
     bounds: Sequence[int] = BOUNDS,
 ) -> dict[str, str]:
-    """Per bucket of ``tokens``: the name with the lowest geometric-mean median there."""
+    """Per bucket of ``tokens``, from the selection pass's samples: the default (the
+    name with the lowest geometric-mean median over all token counts), unless
+    another name is faster there in 9 of 10 rounds (its paired ratio to the
+    default, geometric mean over the bucket's token counts, has its p90 below 1;
+    the lowest such median wins). A difference within the noise keeps the default,
+    as ``vllm-ir tune --model`` keeps it."""
+    from vllm_ir._cli.bench import spread
+
+    rounds = range(min(len(v) for t in tokens for v in picked[t].values()))
+    default = min(names, key=lambda n: _geomean([statistics.median(picked[t][n]) for t in tokens]))
     choice = {}
     for i in range(len(bounds) + 1):
         ts = [t for t in tokens if _bucket(t, bounds) == _label(i, bounds)]
-        if ts:
-            choice[_label(i, bounds)] = min(
-                names, key=lambda n: _geomean([picked[t][n].median_us for t in ts])
-            )
+        if not ts:
+            continue
+        faster = {}
+        for n in names:
+            ratios = [
+                _geomean([picked[t][n][r] / picked[t][default][r] for t in ts]) for r in rounds
+            ]
+            median, _, p90 = spread(ratios)
+            if n != default and p90 < 1:
+                faster[n] = median
+        choice[_label(i, bounds)] = min(faster, key=faster.__getitem__) if faster else default
     # a bucket without a measured size keeps the choice of the bucket below it
     ordered: dict[str, str] = {}
     for i in range(len(bounds) + 1):
-        below = ordered[_label(i - 1, bounds)] if i else names[0]
+        below = ordered[_label(i - 1, bounds)] if i else default
         ordered[_label(i, bounds)] = choice.get(_label(i, bounds), below)
     return ordered
 
 
+def _quantiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """(median, p10, p90), rounded."""
+    from vllm_ir._cli.bench import spread
+
+    return tuple(round(v, 4) for v in spread(values))  # type: ignore[return-value]
+
+
 def _summary(
     tokens: Sequence[int],
-    evaluated: dict[int, Any],
+    samples: dict[int, dict[str, list[float]]],
     fixed: Sequence[str],
     bucketed: Sequence[str],
     choice: dict[str, str],
@@ -355,37 +381,72 @@ def _summary(
     bounds: Sequence[int] = BOUNDS,
 ) -> dict[str, Any]:
     """Per bucket, each bucketed setting over the best fixed priority there; over the
-    decode+prefill mix, each bucketed setting over the best single fixed priority."""
+    decode+prefill mix, each bucketed setting over the best single fixed priority.
+
+    The best fixed priority is the one with the lowest medians; the ratios are
+    paired: round ``r``'s ratio divides the two settings' samples of round ``r``
+    (timed side by side, :func:`~vllm_ir._cli.tune_model.sample_interleaved`),
+    geometric mean over a bucket's token counts, and the figure is the median
+    over rounds with its p10-p90. Pairing cancels the machine's drift between
+    rounds, which independent medians do not."""
+    from vllm_ir._cli.tune_model import summarize
+
+    medians = {t: {n: statistics.median(v) for n, v in samples[t].items()} for t in tokens}
+    rounds = range(min(len(v) for t in tokens for v in samples[t].values()))
     per_bucket = {}
     labels = [_label(i, bounds) for i in range(len(bounds) + 1)]
     for b in labels:
         ts = [t for t in tokens if _bucket(t, bounds) == b]
         if not ts:
             continue
-        score = {n: _geomean([evaluated[t][n].median_us for t in ts]) for n in [*fixed, *bucketed]}
-        best_fixed = min(fixed, key=lambda n: score[n])
-        ratios = {n: round(score[n] / score[best_fixed], 4) for n in bucketed}
+        best_fixed = min(fixed, key=lambda n: _geomean([medians[t][n] for t in ts]))
+        paired = {
+            n: _quantiles(
+                [
+                    _geomean([samples[t][n][r] / samples[t][best_fixed][r] for t in ts])
+                    for r in rounds
+                ]
+            )
+            for n in bucketed
+        }
         per_bucket[b] = {
             "tokens": ts,
             "choice": choice[b],
             "best_fixed": best_fixed,
-            "over_best_fixed": ratios,
-            "within_3pct": {n: r <= 1 + WITHIN for n, r in ratios.items()},
-            "noisy": any(evaluated[t][n].noisy for t in ts for n in evaluated[t]),
+            "over_best_fixed": {n: q[0] for n, q in paired.items()},
+            "over_best_fixed_p10_p90": {n: list(q[1:]) for n, q in paired.items()},
+            "within_3pct": {n: q[0] <= 1 + WITHIN for n, q in paired.items()},
+            "noisy": any(summarize(v).noisy for t in ts for v in samples[t].values()),
         }
     weights = {t: decode_weight if t <= BOUNDS[0] else 1 for t in tokens}
-    mix = {
-        n: sum(weights[t] * evaluated[t][n].median_us for t in tokens) for n in [*fixed, *bucketed]
+    names = [*fixed, *bucketed]
+    mix = {n: sum(weights[t] * medians[t][n] for t in tokens) for n in names}
+    per_round = {
+        n: [sum(weights[t] * samples[t][n][r] for t in tokens) for r in rounds] for n in names
     }
     best_single = min(fixed, key=lambda n: mix[n])
+    paired_mix = {
+        n: _quantiles([a / b for a, b in zip(per_round[n], per_round[best_single], strict=True)])
+        for n in bucketed
+    }
     return {
         "buckets": per_bucket,
         "mix": {
             "weights": {str(t): w for t, w in weights.items()},
             "total_us": {n: round(v, 1) for n, v in mix.items()},
             "best_single_fixed": best_single,
-            "over_best_single": {n: round(mix[n] / mix[best_single], 4) for n in bucketed},
-            "faster": {n: mix[n] < mix[best_single] for n in bucketed},
+            "over_best_single": {n: q[0] for n, q in paired_mix.items()},
+            "over_best_single_p10_p90": {n: list(q[1:]) for n, q in paired_mix.items()},
+            "faster": {n: q[0] < 1 for n, q in paired_mix.items()},
+            "faster_in_9_of_10_rounds": {n: q[2] < 1 for n, q in paired_mix.items()},
+            "share_of_rounds_faster": {
+                n: round(
+                    sum(a < b for a, b in zip(per_round[n], per_round[best_single], strict=True))
+                    / len(rounds),
+                    3,
+                )
+                for n in bucketed
+            },
         },
         "choice_is_a_single_fixed_priority": len(set(choice.values())) == 1,
     }
@@ -408,36 +469,42 @@ class DecoderRun:
     rounds: int
     decode_weight: int
     """How many times a decode step (1 token) counts in the mix against a prefill."""
+    dtype: torch.dtype = torch.bfloat16
+    """The model's weights and activations: bf16, as LLM inference runs."""
 
     def setup(self) -> tuple[torch.nn.Module, dict[str, Any], dict[int, Tensor]]:
         """The decoder (eval mode), the fixed candidate priorities on CPU, and one input
         per token count (seeded by it)."""
         from compiled_priorities import Decoder, candidates
 
-        model = Decoder(self.hidden, self.intermediate, self.layers).eval()
+        model = Decoder(self.hidden, self.intermediate, self.layers).eval().to(self.dtype)
         fixed = candidates("cpu")
         inputs = {
-            t: torch.randn(t, self.hidden, generator=torch.Generator().manual_seed(t))
+            t: torch.randn(t, self.hidden, generator=torch.Generator().manual_seed(t)).to(
+                self.dtype
+            )
             for t in self.tokens
         }
         return model, fixed, inputs
 
     def passes(
         self,
-        picked: dict[int, Any],
-        evaluated: dict[int, Any],
+        picked: dict[int, dict[str, list[float]]],
+        evaluated: dict[int, dict[str, list[float]]],
         fixed: dict[str, Any],
         bucketed: list[str],
         choice: dict[str, str],
     ) -> dict[str, Any]:
         """The report's timings of the selection and evaluation passes, and their summary."""
+        from vllm_ir._cli.tune_model import summarize
+
         tokens = self.tokens
         return {
             "selection_pass": {
-                str(t): {n: _timing(v) for n, v in picked[t].items()} for t in tokens
+                str(t): {n: _timing(summarize(v)) for n, v in picked[t].items()} for t in tokens
             },
             "evaluation_pass": {
-                str(t): {n: _timing(v) for n, v in evaluated[t].items()} for t in tokens
+                str(t): {n: _timing(summarize(v)) for n, v in evaluated[t].items()} for t in tokens
             },
             **_summary(tokens, evaluated, list(fixed), bucketed, choice, self.decode_weight),
         }
@@ -448,7 +515,7 @@ def compiled_decoder(run: DecoderRun) -> dict[str, Any]:
     as ONE graph under the bucketed table (a runtime branch per bucket, token dim
     dynamic, recompiles refused), and as the switch between the fixed models."""
     import vllm_ir as ir
-    from vllm_ir._cli.tune_model import measure_interleaved
+    from vllm_ir._cli.tune_model import sample_interleaved
     from vllm_ir.testing import inductor_caches_off
 
     model, fixed, inputs = run.setup()
@@ -490,22 +557,28 @@ def compiled_decoder(run: DecoderRun) -> dict[str, Any]:
             return steps
 
         # selection pass: each bucket's best fixed priority
-        picked = {t: measure_interleaved(steps_for(t, None), rounds, warmup=2) for t in tokens}
+        picked = {t: sample_interleaved(steps_for(t, None), rounds, warmup=2) for t in tokens}
         choice = _choose(tokens, picked, list(fixed))
         table = bucketed_table(fixed, choice)
         print(f"compiled decoder: bucket choice {choice}", flush=True)
         compile_with("bucketed_graph", table, "branches")
         compile_with("bucketed_graphs", table)
         # evaluation pass: independent timings of every fixed priority and the bucketed choice
-        evaluated = {t: measure_interleaved(steps_for(t, choice), rounds, warmup=2) for t in tokens}
+        evaluated = {t: sample_interleaved(steps_for(t, choice), rounds, warmup=2) for t in tokens}
     # the switch runs its choice's very compiled model: their difference is noise
     same_model = {}
     for t in tokens:
-        same = evaluated[t][choice[_bucket(t)]].median_us
-        same_model[str(t)] = round(abs(evaluated[t]["bucketed_switch"].median_us / same - 1), 4)
+        same = statistics.median(evaluated[t][choice[_bucket(t)]])
+        switch = statistics.median(evaluated[t]["bucketed_switch"])
+        same_model[str(t)] = round(abs(switch / same - 1), 4)
     bucketed = ["bucketed_graph", "bucketed_graphs", "bucketed_switch"]
     return {
-        "model": {"hidden": run.hidden, "intermediate": run.intermediate, "layers": run.layers},
+        "model": {
+            "hidden": run.hidden,
+            "intermediate": run.intermediate,
+            "layers": run.layers,
+            "dtype": str(run.dtype).removeprefix("torch."),
+        },
         "fixed_priorities": fixed,
         "bucketed_table": table,
         "selected_by_lowering": selected,
@@ -525,7 +598,7 @@ def eager_decoder(run: DecoderRun, fixed: dict[str, Any] | None = None) -> dict[
     of the eager selection key. ``fixed``: the candidate priorities (default: every
     CPU provider's)."""
     import vllm_ir as ir
-    from vllm_ir._cli.tune_model import measure_interleaved
+    from vllm_ir._cli.tune_model import sample_interleaved
 
     model, candidates, inputs = run.setup()
     fixed = fixed or candidates
@@ -542,7 +615,7 @@ def eager_decoder(run: DecoderRun, fixed: dict[str, Any] | None = None) -> dict[
 
     with torch.no_grad():
         picked = {
-            t: measure_interleaved({n: step(p, inputs[t]) for n, p in fixed.items()}, rounds, 2)
+            t: sample_interleaved({n: step(p, inputs[t]) for n, p in fixed.items()}, rounds, 2)
             for t in tokens
         }
         choice = _choose(tokens, picked, list(fixed))
@@ -552,7 +625,7 @@ def eager_decoder(run: DecoderRun, fixed: dict[str, Any] | None = None) -> dict[
         for t in tokens:
             steps = {n: step(p, inputs[t]) for n, p in fixed.items()}
             steps["bucketed_table"] = step(table, inputs[t])
-            evaluated[t] = measure_interleaved(steps, rounds, warmup=2)
+            evaluated[t] = sample_interleaved(steps, rounds, warmup=2)
         with ir.IrOpPriorityConfig(**table).scope():
             ran = {t: ir.plan(model, inputs[t]).by_op() for t in tokens}
     return {
@@ -645,17 +718,24 @@ def _verdict(report: dict[str, Any]) -> dict[str, Any]:
         buckets = section["buckets"].values()
         single = section["choice_is_a_single_fixed_priority"]
         noisy = noisy or any(b["noisy"] for b in buckets)
+        mix = section["mix"]
         found[key] = {
             "within_3pct_in_every_bucket": all(b["within_3pct"][name] for b in buckets),
-            "faster_than_best_single_fixed_over_mix": section["mix"]["faster"][name] and not single,
+            "faster_than_best_single_fixed_over_mix": mix["faster"][name] and not single,
+            "faster_over_mix_in_9_of_10_rounds": mix["faster_in_9_of_10_rounds"][name]
+            and not single,
+            "share_of_rounds_faster_over_mix": mix["share_of_rounds_faster"][name],
             "choice_is_a_single_fixed_priority": single,
         }
     same = decoder["same_model_difference"].values()
     found["timings_noisy"] = noisy
     found["max_same_model_difference"] = max(same) if same else None
     found["note"] = (
-        "timings spread over 25 % of their median: the targets above are not established "
-        "by this run; rerun on an idle machine (more --rounds)"
+        "some settings' samples spread over 25 % of their median: a ratio above is "
+        "established only where its paired p10-p90 (over_best_fixed_p10_p90, "
+        "over_best_single_p10_p90) stays on its side of the target, as "
+        "faster_over_mix_in_9_of_10_rounds says for the mix; else rerun on an idle "
+        "machine (more --rounds)"
         if noisy
         else "timings within the spread limit"
     )
@@ -672,6 +752,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intermediate", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--kernel-hidden", type=int, default=4096)
+    parser.add_argument(
+        "--decoder-dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default="bfloat16",
+        help="the decoder sections' dtype (the kernels section runs fp32)",
+    )
     parser.add_argument("--decode-weight", type=int, default=32)
     parser.add_argument(
         "--sections",
@@ -692,7 +778,13 @@ def main(argv: list[str] | None = None) -> int:
         decoder_tokens = [1, 4, 16, 64, 256, 1024, 4096]
         plan_tokens = [1, 256]
     decoder = DecoderRun(
-        decoder_tokens, args.hidden, args.intermediate, args.layers, args.rounds, args.decode_weight
+        decoder_tokens,
+        args.hidden,
+        args.intermediate,
+        args.layers,
+        args.rounds,
+        args.decode_weight,
+        getattr(torch, args.decoder_dtype),
     )
     report = {
         "benchmark": "selection",
@@ -704,10 +796,12 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_end": None,
         "cpus": os.cpu_count(),
         "timing": {
-            "method": "interleaved rounds (vllm_ir._cli.tune_model.measure_interleaved), "
+            "method": "interleaved rounds (vllm_ir._cli.tune_model.sample_interleaved), "
             "host clock, ~10 ms of calls per sample",
             "rounds": args.rounds,
             "noisy": "p90 - p10 over 25 % of the median",
+            "ratios": "paired: each round's samples of two settings divided, the median "
+            "over rounds with its p10-p90",
         },
         "kernels": kernels(kernel_tokens, args.kernel_hidden, args.rounds, args.decode_weight)
         if "kernels" in sections

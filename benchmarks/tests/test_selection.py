@@ -40,7 +40,11 @@ def test_no_crossover_when_one_impl_wins_everywhere_or_within_the_spread() -> No
 def test_verdict_reports_noise_instead_of_a_result() -> None:
     names = ("bucketed_graph", "bucketed_graphs", "bucketed_switch", "bucketed_table")
     bucket = {"within_3pct": dict.fromkeys(names, True), "noisy": True}
-    faster = {"faster": dict.fromkeys(names, True)}
+    faster = {
+        "faster": dict.fromkeys(names, True),
+        "faster_in_9_of_10_rounds": dict.fromkeys(names, True),
+        "share_of_rounds_faster": dict.fromkeys(names, 1.0),
+    }
     table = {
         "buckets": {"<=16": bucket},
         "mix": faster,
@@ -69,7 +73,8 @@ def test_verdict_reports_noise_instead_of_a_result() -> None:
         "kernels_crossing_pair_bucketed_table",
     ):
         assert not verdict[key]["faster_than_best_single_fixed_over_mix"]
-    assert "not established" in verdict["note"]
+        assert not verdict[key]["faster_over_mix_in_9_of_10_rounds"]
+    assert "established only where" in verdict["note"]
 
 
 def test_crossing_bounds_cut_where_the_faster_of_the_pair_changes() -> None:
@@ -118,7 +123,11 @@ def test_verdict_names_the_eager_crossing_pair() -> None:
     bucket = {"within_3pct": {"bucketed_table": True}, "noisy": False}
     table = {
         "buckets": {"<=16": bucket, ">256": bucket},
-        "mix": {"faster": {"bucketed_table": True}},
+        "mix": {
+            "faster": {"bucketed_table": True},
+            "faster_in_9_of_10_rounds": {"bucketed_table": True},
+            "share_of_rounds_faster": {"bucketed_table": 0.95},
+        },
         "choice_is_a_single_fixed_priority": False,
     }
     decoder = {
@@ -131,7 +140,13 @@ def test_verdict_names_the_eager_crossing_pair() -> None:
             }
         },
         "mix": {
-            "faster": dict.fromkeys(("bucketed_graph", "bucketed_graphs", "bucketed_switch"), False)
+            key: dict.fromkeys(("bucketed_graph", "bucketed_graphs", "bucketed_switch"), False)
+            for key in ("faster", "faster_in_9_of_10_rounds")
+        }
+        | {
+            "share_of_rounds_faster": dict.fromkeys(
+                ("bucketed_graph", "bucketed_graphs", "bucketed_switch"), 0.4
+            )
         },
         "choice_is_a_single_fixed_priority": False,
         "same_model_difference": {"1": 0.01},
@@ -150,5 +165,46 @@ def test_verdict_names_the_eager_crossing_pair() -> None:
     assert verdict == {
         "within_3pct_in_every_bucket": True,
         "faster_than_best_single_fixed_over_mix": True,
+        "faster_over_mix_in_9_of_10_rounds": True,
+        "share_of_rounds_faster_over_mix": 0.95,
         "choice_is_a_single_fixed_priority": False,
     }
+
+
+def _drifting(base: float, factors: list[float], rounds: int = 20) -> list[float]:
+    """``base`` microseconds scaled by a machine drift that doubles over the rounds."""
+    return [base * factors[r % len(factors)] * (1 + r / rounds) for r in range(rounds)]
+
+
+def test_paired_ratios_cancel_drift_that_independent_medians_blur() -> None:
+    """Each round slower than the last (the machine drifts), and b 10 % faster than a
+    in every round: the paired ratio is 0.9 exactly, with no spread."""
+    samples = {
+        t: {"a": _drifting(100.0 * t, [1.0]), "b": _drifting(90.0 * t, [1.0])} for t in (1, 64)
+    }
+    summary = selection._summary([1, 64], samples, ["a"], ["b"], {"<=16": "b", "<=256": "b"}, 4)
+    assert summary["buckets"]["<=16"]["over_best_fixed"] == {"b": 0.9}
+    assert summary["buckets"]["<=16"]["over_best_fixed_p10_p90"] == {"b": [0.9, 0.9]}
+    assert summary["mix"]["over_best_single"] == {"b": 0.9}
+    assert summary["mix"]["faster_in_9_of_10_rounds"] == {"b": True}
+    assert summary["mix"]["share_of_rounds_faster"] == {"b": 1.0}
+
+
+def test_the_choice_keeps_the_default_unless_faster_in_9_of_10_rounds() -> None:
+    """b wins at 4096 tokens in every round; c's median is lower at 1 token but it
+    loses every third round (noise): only b's bucket leaves the default a."""
+    tokens = [1, 4096]
+    picked = {
+        1: {
+            "a": _drifting(10.0, [1.0]),
+            "b": _drifting(20.0, [1.0]),
+            "c": _drifting(9.0, [1.0, 1.0, 1.5]),
+        },
+        4096: {
+            "a": _drifting(900.0, [1.0]),
+            "b": _drifting(600.0, [1.0]),
+            "c": _drifting(950.0, [1.0]),
+        },
+    }
+    choice = selection._choose(tokens, picked, ["a", "b", "c"])
+    assert choice == {"<=16": "a", "<=256": "a", ">256": "b"}

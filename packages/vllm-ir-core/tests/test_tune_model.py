@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 import vllm_ir as ir
-from vllm_ir._cli.tune_model import DEFAULT, Timing, bucket_table, decide_bucket
+from vllm_ir._cli.tune_model import (
+    DEFAULT,
+    Timing,
+    bucket_table,
+    decide_bucket,
+    measure_interleaved,
+    sample_interleaved,
+)
 from vllm_ir_cli import main
 
 
@@ -50,6 +57,22 @@ def test_a_candidate_must_win_at_every_size_of_the_bucket() -> None:
 def test_the_default_winning_keeps_the_defaults() -> None:
     per = {1: {DEFAULT: _t(100), "native": _t(100), "slow": _t(150)}}
     assert decide_bucket(per, {1: "native"}) == (None, "the default (native) is fastest")
+
+
+def test_interleaved_samples_pair_rounds_and_rotate_the_order() -> None:
+    """One sample per setting per round, the order rotating between rounds, so that
+    sample r of every setting comes from round r."""
+    import itertools
+
+    calls: list[str] = []
+    steps = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    samples = sample_interleaved(steps, rounds=3, warmup=1)
+    assert [len(v) for v in samples.values()] == [3, 3, 3]
+    # a sample is a run of calls to one setting (sizing call included)
+    runs = [name for name, _ in itertools.groupby(calls[3:])]
+    assert runs == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    timings = measure_interleaved(steps, rounds=2, warmup=0)
+    assert {name: t.rounds for name, t in timings.items()} == {"a": 2, "b": 2, "c": 2}
 
 
 def test_bucket_table_has_the_bucketed_priority_format() -> None:

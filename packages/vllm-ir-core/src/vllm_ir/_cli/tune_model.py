@@ -50,6 +50,8 @@ __all__ = [
     "parse_ints",
     "priority_for",
     "run",
+    "sample_interleaved",
+    "summarize",
     "sweep",
     "sweep_problem",
 ]
@@ -90,11 +92,13 @@ def _scoped(step: Callable[[], Any], priority: dict[str, list[str]]) -> Callable
     return run
 
 
-def measure_interleaved(
+def sample_interleaved(
     steps: dict[str, Callable[[], Any]], rounds: int, warmup: int
-) -> dict[str, Timing]:
-    """Time every setting once per round (~10 ms of calls each, ``bench``'s
-    :func:`~vllm_ir._cli.bench.time_call`), the order rotating between rounds."""
+) -> dict[str, list[float]]:
+    """Microseconds per call of every setting, one sample per round (~10 ms of calls,
+    ``bench``'s :func:`~vllm_ir._cli.bench.time_call`), the order rotating between
+    rounds: sample ``r`` of each setting comes from the same round, so ratios of
+    samples pair settings that ran side by side."""
     names = list(steps)
     for name in names:
         for _ in range(warmup):
@@ -104,13 +108,23 @@ def measure_interleaved(
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
             samples[name].extend(time_call(steps[name], "cpu", rounds=1, warmup=0))
-    timings = {}
-    for name, values in samples.items():
-        median, p10, p90 = spread(values)
-        timings[name] = Timing(
-            round(median, 2), round(p10, 2), round(p90, 2), is_noisy(median, p10, p90), len(values)
-        )
-    return timings
+    return samples
+
+
+def summarize(values: Sequence[float]) -> Timing:
+    """The median and p10-p90 of one setting's samples, flagged noisy past ``bench``'s limit."""
+    median, p10, p90 = spread(values)
+    return Timing(
+        round(median, 2), round(p10, 2), round(p90, 2), is_noisy(median, p10, p90), len(values)
+    )
+
+
+def measure_interleaved(
+    steps: dict[str, Callable[[], Any]], rounds: int, warmup: int
+) -> dict[str, Timing]:
+    """Every setting's :func:`sample_interleaved` samples, summarized."""
+    samples = sample_interleaved(steps, rounds, warmup)
+    return {name: summarize(values) for name, values in samples.items()}
 
 
 def decide_bucket(
