@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+import inspect
 import json
 import platform
 import random
@@ -46,6 +47,12 @@ import vllm_ir as ir
 from vllm_ir_transformers import kernelize
 
 OUT = Path(__file__).parent / "results" / "transformers_kernelize.json"
+# transformers 5.25 renamed the KV cache argument and output field (the old name warns)
+CACHE = (
+    "cache"
+    if "cache" in inspect.signature(transformers.LlamaForCausalLM.forward).parameters
+    else "past_key_values"
+)
 
 
 ARCHS = {
@@ -92,13 +99,13 @@ def _decode(model: Callable, prompt: torch.Tensor, steps: int) -> tuple[float, t
     """Seconds for ``steps`` greedy decode steps after a prefill; the tokens produced."""
     with torch.inference_mode():
         out = model(prompt, use_cache=True)
-        cache = out.past_key_values
+        cache = getattr(out, CACHE)
         token = out.logits[:, -1:].argmax(-1)
         tokens = [token]
         start = time.perf_counter()
         for _ in range(steps):
-            out = model(token, past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+            out = model(token, **{CACHE: cache}, use_cache=True)
+            cache = getattr(out, CACHE)
             token = out.logits[:, -1:].argmax(-1)
             tokens.append(token)
         elapsed = time.perf_counter() - start

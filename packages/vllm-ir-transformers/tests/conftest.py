@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,12 @@ import transformers
 from vllm_ir_transformers.tiny import tiny_config
 
 SMALL = tiny_config()
+# transformers 5.25 renamed the KV cache argument and output field (the old name warns)
+CACHE = (
+    "cache"
+    if "cache" in inspect.signature(transformers.LlamaForCausalLM.forward).parameters
+    else "past_key_values"
+)
 """The sizes of every test model (2 layers of width 64)."""
 
 

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from conftest import LLAMA, Arch, arch_params
+from conftest import CACHE, LLAMA, Arch, arch_params
 from torch.utils._python_dispatch import TorchDispatchMode
 from vllm_ir_transformers import is_kernelized, kernelize, undo
 
@@ -60,13 +60,13 @@ def test_kv_cache_decode_loop() -> None:
     with torch.no_grad():
         out_ref = reference(ids, use_cache=True)
         out = model(ids, use_cache=True)
-        cache_ref, cache = out_ref.past_key_values, out.past_key_values
+        cache_ref, cache = getattr(out_ref, CACHE), getattr(out, CACHE)
         token = out_ref.logits[:, -1:].argmax(-1)
         for _ in range(4):
-            out_ref = reference(token, past_key_values=cache_ref, use_cache=True)
-            out = model(token, past_key_values=cache, use_cache=True)
+            out_ref = reference(token, **{CACHE: cache_ref}, use_cache=True)
+            out = model(token, **{CACHE: cache}, use_cache=True)
             torch.testing.assert_close(out.logits, out_ref.logits, atol=ATOL, rtol=RTOL)
-            cache_ref, cache = out_ref.past_key_values, out.past_key_values
+            cache_ref, cache = getattr(out_ref, CACHE), getattr(out, CACHE)
             token = out_ref.logits[:, -1:].argmax(-1)
     assert cache.get_seq_length() == 9
 

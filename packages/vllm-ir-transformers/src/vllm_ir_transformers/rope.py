@@ -1,8 +1,10 @@
 """Rotary embeddings onto ``ir.ops.rotary_embedding``, inside the model's own attention forward.
 
 Hugging Face attention layers call a module-level ``apply_rotary_pos_emb(q,
-k, cos, sin)`` of their modeling file (transformers' ``use_kernelized_func``
-hook for it is inert without the ``kernels`` package). ``kernelize`` leaves
+k, cos, sin)`` of their modeling file: a plain function, or (transformers 5.25
+and later, which require the ``kernels`` package) an ``nn.Module`` instance
+made from it by ``use_kernel_forward_from_hub``, its signature on ``forward``.
+``kernelize`` leaves
 that file and the class alone: the attention instance gets a forward that runs
 a *copy* of the class's forward function (the same code object, and the same
 decorator wrappers, rebuilt) whose globals map ``apply_rotary_pos_emb`` to a
@@ -172,11 +174,17 @@ def _plain_call(q: Any, k: Any, cos: Any, sin: Any, dtypes: tuple[torch.dtype, .
     )
 
 
+def _signature(original: Any) -> inspect.Signature:
+    """The parameters a call passes: a module's are its ``forward``'s, less ``self``."""
+    return inspect.signature(original.forward if isinstance(original, nn.Module) else original)
+
+
 @functools.cache
 def _replacement(original: Any, is_neox: bool, dtypes: tuple[torch.dtype, ...]) -> Any:
     """``apply_rotary_pos_emb`` with the model's signature, through the op where it can."""
 
-    @functools.wraps(original)
+    # a module's __dict__ (its parameters and hooks) is no function attribute: name and doc only
+    @functools.wraps(original, updated=() if isinstance(original, nn.Module) else ("__dict__",))
     def apply_rotary_pos_emb(
         q: Any, k: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any
     ) -> tuple[Tensor, Tensor]:
@@ -209,7 +217,8 @@ def _rebound_forward(forward: Any, is_neox: bool, dtypes: tuple[torch.dtype, ...
 def _check_signature(original: Any) -> None:
     """``(q, k, cos, sin[, unsqueeze_dim])``: what the replacement maps onto the op."""
     try:
-        params = list(inspect.signature(original).parameters.values())
+        signature = _signature(original)
+        params = list(signature.parameters.values())
     except (TypeError, ValueError) as e:
         raise NotApplicable(f"{ROPE_FUNCTION} has no inspectable signature: {e}") from e
     positional = [p for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
@@ -219,8 +228,7 @@ def _check_signature(original: Any) -> None:
         or (len(params) == 5 and params[4].name != "unsqueeze_dim")
     ):
         raise NotApplicable(
-            f"{ROPE_FUNCTION}{inspect.signature(original)} is not (q, k, cos, sin"
-            "[, unsqueeze_dim]) as in Llama"
+            f"{ROPE_FUNCTION}{signature} is not (q, k, cos, sin[, unsqueeze_dim]) as in Llama"
         )
 
 
