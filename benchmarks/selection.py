@@ -326,6 +326,18 @@ def bucketed_table(
     return table
 
 
+def _paired_ratios(
+    samples: dict[int, dict[str, list[float]]], tokens: Sequence[int], name: str, reference: str
+) -> list[float]:
+    """Per round: ``name``'s sample over ``reference``'s of the same round, geometric
+    mean over ``tokens``."""
+    rounds = min(len(v) for t in tokens for v in samples[t].values())
+    return [
+        _geomean([samples[t][name][r] / samples[t][reference][r] for t in tokens])
+        for r in range(rounds)
+    ]
+
+
 def _choose(
     tokens: Sequence[int],
     picked: dict[int, dict[str, list[float]]],
@@ -340,7 +352,6 @@ def _choose(
     as ``vllm-ir tune --model`` keeps it."""
     from vllm_ir._cli.bench import spread
 
-    rounds = range(min(len(v) for t in tokens for v in picked[t].values()))
     default = min(names, key=lambda n: _geomean([statistics.median(picked[t][n]) for t in tokens]))
     choice = {}
     for i in range(len(bounds) + 1):
@@ -349,10 +360,7 @@ def _choose(
             continue
         faster = {}
         for n in names:
-            ratios = [
-                _geomean([picked[t][n][r] / picked[t][default][r] for t in ts]) for r in rounds
-            ]
-            median, _, p90 = spread(ratios)
+            median, _, p90 = spread(_paired_ratios(picked, ts, n, default))
             if n != default and p90 < 1:
                 faster[n] = median
         choice[_label(i, bounds)] = min(faster, key=faster.__getitem__) if faster else default
@@ -400,15 +408,7 @@ def _summary(
         if not ts:
             continue
         best_fixed = min(fixed, key=lambda n: _geomean([medians[t][n] for t in ts]))
-        paired = {
-            n: _quantiles(
-                [
-                    _geomean([samples[t][n][r] / samples[t][best_fixed][r] for t in ts])
-                    for r in rounds
-                ]
-            )
-            for n in bucketed
-        }
+        paired = {n: _quantiles(_paired_ratios(samples, ts, n, best_fixed)) for n in bucketed}
         per_bucket[b] = {
             "tokens": ts,
             "choice": choice[b],
@@ -425,10 +425,11 @@ def _summary(
         n: [sum(weights[t] * samples[t][n][r] for t in tokens) for r in rounds] for n in names
     }
     best_single = min(fixed, key=lambda n: mix[n])
-    paired_mix = {
-        n: _quantiles([a / b for a, b in zip(per_round[n], per_round[best_single], strict=True)])
+    mix_ratios = {
+        n: [a / b for a, b in zip(per_round[n], per_round[best_single], strict=True)]
         for n in bucketed
     }
+    paired_mix = {n: _quantiles(r) for n, r in mix_ratios.items()}
     return {
         "buckets": per_bucket,
         "mix": {
@@ -440,12 +441,8 @@ def _summary(
             "faster": {n: q[0] < 1 for n, q in paired_mix.items()},
             "faster_in_9_of_10_rounds": {n: q[2] < 1 for n, q in paired_mix.items()},
             "share_of_rounds_faster": {
-                n: round(
-                    sum(a < b for a, b in zip(per_round[n], per_round[best_single], strict=True))
-                    / len(rounds),
-                    3,
-                )
-                for n in bucketed
+                n: round(sum(r < 1 for r in ratios) / len(ratios), 3)
+                for n, ratios in mix_ratios.items()
             },
         },
         "choice_is_a_single_fixed_priority": len(set(choice.values())) == 1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections.abc import Iterator
@@ -62,8 +63,6 @@ def test_the_default_winning_keeps_the_defaults() -> None:
 def test_interleaved_samples_pair_rounds_and_rotate_the_order() -> None:
     """One sample per setting per round, the order rotating between rounds, so that
     sample r of every setting comes from round r."""
-    import itertools
-
     calls: list[str] = []
     steps = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
     samples = sample_interleaved(steps, rounds=3, warmup=1)
