@@ -51,7 +51,11 @@ def test_gelu_and_mul_is_bit_exact_in_half_dtypes(kernels: Path, dtype: torch.dt
     for sample in GELU.sample_inputs(dtype):
         if sample.args[1] != "none":
             continue
-        want = GELU.native(*sample.clone().args)
+        # ATen's own kernel: on a contiguous gate (one row) ATen hands F.gelu to oneDNN
+        # where oneDNN takes the dtype (fp16 on CPUs with AVX512-FP16), whose erf
+        # differs by an ulp near -1 (x = -4.65); the tolerance covers that path
+        with torch.backends.mkldnn.flags(enabled=False):
+            want = GELU.native(*sample.clone().args)
         assert torch.equal(_results(GELU, sample)["op"], want), sample.name  # type: ignore[arg-type]
 
 
