@@ -7,6 +7,7 @@ import inspect
 import pickle
 import sys
 
+import pytest
 import torch
 from conftest import LLAMA
 from test_models import _RecordOps
@@ -39,23 +40,45 @@ class GptjAttention(nn.Module):
         return (q + k).transpose(1, 2).flatten(-2), None
 
 
-def test_gptj_style_is_detected_and_runs_the_op() -> None:
-    torch.manual_seed(0)
-    attn = GptjAttention()
-    x = torch.randn(1, 5, 32)
-    cos, sin = torch.randn(2, 1, 5, 16).unbind(0)
-    want = attn(x, (cos, sin))[0]
-    report = kernelize(attn)
-    assert report.by_op() == {"rotary_embedding": 1}
-    assert "rotary_embedding (gptj)" in report.replaced[0].how
-    with torch.no_grad(), _RecordOps() as rec:
-        got = attn(x, (cos, sin))[0]
-    assert rec.ops.count("vllm_ir.rotary_embedding.maybe_inplace") == 1
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-    report.undo()
-    assert "forward" not in attn.__dict__
-    # this module's own function was never replaced
-    assert sys.modules[__name__].apply_rotary_pos_emb is apply_rotary_pos_emb
+def _as_module(fn):  # type: ignore[no-untyped-def]
+    """``fn`` as transformers >= 5.25 (``kernels``' ``use_kernel_forward_from_hub``) makes
+    it: an ``nn.Module`` instance whose ``forward`` takes ``*args`` and carries the
+    function's signature (with ``self``) in ``__signature__``."""
+
+    class Func(nn.Module):
+        def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            return fn(*args, **kwargs)
+
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += inspect.signature(fn).parameters.values()
+    Func.forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return Func()
+
+
+@pytest.mark.parametrize("as_module", [False, True], ids=["function", "module"])
+def test_gptj_style_is_detected_and_runs_the_op(as_module: bool) -> None:
+    module = sys.modules[__name__]
+    installed = _as_module(apply_rotary_pos_emb) if as_module else apply_rotary_pos_emb
+    module.apply_rotary_pos_emb = installed  # type: ignore[assignment]
+    try:
+        torch.manual_seed(0)
+        attn = GptjAttention()
+        x = torch.randn(1, 5, 32)
+        cos, sin = torch.randn(2, 1, 5, 16).unbind(0)
+        want = attn(x, (cos, sin))[0]
+        report = kernelize(attn)
+        assert report.by_op() == {"rotary_embedding": 1}, str(report)
+        assert "rotary_embedding (gptj)" in report.replaced[0].how
+        with torch.no_grad(), _RecordOps() as rec:
+            got = attn(x, (cos, sin))[0]
+        assert rec.ops.count("vllm_ir.rotary_embedding.maybe_inplace") == 1
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+        report.undo()
+        assert "forward" not in attn.__dict__
+        # this module's own function was never replaced
+        assert module.apply_rotary_pos_emb is installed
+    finally:
+        module.apply_rotary_pos_emb = apply_rotary_pos_emb  # type: ignore[assignment]
 
 
 def test_other_signatures_are_left_alone() -> None:
@@ -72,43 +95,6 @@ def test_other_signatures_are_left_alone() -> None:
         module.apply_rotary_pos_emb = saved  # type: ignore[assignment]
     assert report.replaced == []
     assert "is not (q, k, cos, sin[, unsqueeze_dim])" in report.skipped[0].reason
-
-
-def _as_module(fn):  # type: ignore[no-untyped-def]
-    """``fn`` as transformers >= 5.25 (``kernels``' ``use_kernel_forward_from_hub``) makes
-    it: an ``nn.Module`` instance whose ``forward`` takes ``*args`` and carries the
-    function's signature (with ``self``) in ``__signature__``."""
-
-    class Func(nn.Module):
-        def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            return fn(*args, **kwargs)
-
-    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    params += inspect.signature(fn).parameters.values()
-    Func.forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    return Func()
-
-
-def test_rope_function_made_a_module_is_read_by_its_forward_signature() -> None:
-    module = sys.modules[__name__]
-    saved = module.apply_rotary_pos_emb
-    module.apply_rotary_pos_emb = _as_module(saved)  # type: ignore[assignment]
-    try:
-        torch.manual_seed(0)
-        attn = GptjAttention()
-        x = torch.randn(1, 5, 32)
-        cos, sin = torch.randn(2, 1, 5, 16).unbind(0)
-        want = attn(x, (cos, sin))[0]
-        report = kernelize(attn)
-        assert report.by_op() == {"rotary_embedding": 1}, str(report)
-        with torch.no_grad(), _RecordOps() as rec:
-            got = attn(x, (cos, sin))[0]
-        assert rec.ops.count("vllm_ir.rotary_embedding.maybe_inplace") == 1
-        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-        report.undo()
-        assert "forward" not in attn.__dict__
-    finally:
-        module.apply_rotary_pos_emb = saved  # type: ignore[assignment]
 
 
 def test_llama_rope_goes_through_the_op_and_undo_restores() -> None:
