@@ -127,8 +127,13 @@ def _geomean(values: Sequence[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values))
 
 
-def _timing(t: Any) -> dict[str, Any]:
-    return asdict(t)
+def _pass_timings(
+    samples: dict[int, dict[str, list[float]]], tokens: Sequence[int]
+) -> dict[str, dict[str, Any]]:
+    """A pass's timings for the report: per token count, each setting's samples summarized."""
+    from vllm_ir._cli.tune_model import summarize
+
+    return {str(t): {n: asdict(summarize(v)) for n, v in samples[t].items()} for t in tokens}
 
 
 def _register_inductor(op_names: Sequence[str] = ("rms_norm",)) -> Callable[[], None]:
@@ -193,7 +198,7 @@ def _kernels(tokens: Sequence[int], hidden: int, rounds: int, decode_weight: int
             {
                 "tokens": t,
                 "bucket": _bucket(t),
-                "times_us": {n: _timing(v) for n, v in times.items()},
+                "times_us": {n: asdict(v) for n, v in times.items()},
                 "winner": best,
             }
         )
@@ -235,7 +240,7 @@ def _kernels_bucketed(
     priority scope, the same cost for each setting). ``names``: choose among these
     impls only (default: every impl measured), in buckets with ``bounds``."""
     import vllm_ir as ir
-    from vllm_ir._cli.tune_model import sample_interleaved, summarize
+    from vllm_ir._cli.tune_model import sample_interleaved
 
     op = ir.ops.rms_norm
     names = sorted(names or next(iter(picked.values())))
@@ -268,9 +273,7 @@ def _kernels_bucketed(
         "bucket_bounds": list(bounds),
         "table": table,
         "ran_under_table": ran,
-        "evaluation_pass": {
-            str(t): {n: _timing(summarize(v)) for n, v in evaluated[t].items()} for t in tokens
-        },
+        "evaluation_pass": _pass_timings(evaluated, tokens),
         **_summary(tokens, evaluated, names, ["bucketed_table"], choice, decode_weight, bounds),
     }
 
@@ -360,8 +363,10 @@ def _choose(
             continue
         faster = {}
         for n in names:
+            if n == default:
+                continue
             median, _, p90 = spread(_paired_ratios(picked, ts, n, default))
-            if n != default and p90 < 1:
+            if p90 < 1:
                 faster[n] = median
         choice[_label(i, bounds)] = min(faster, key=faster.__getitem__) if faster else default
     # a bucket without a measured size keeps the choice of the bucket below it
@@ -493,16 +498,10 @@ class DecoderRun:
         choice: dict[str, str],
     ) -> dict[str, Any]:
         """The report's timings of the selection and evaluation passes, and their summary."""
-        from vllm_ir._cli.tune_model import summarize
-
         tokens = self.tokens
         return {
-            "selection_pass": {
-                str(t): {n: _timing(summarize(v)) for n, v in picked[t].items()} for t in tokens
-            },
-            "evaluation_pass": {
-                str(t): {n: _timing(summarize(v)) for n, v in evaluated[t].items()} for t in tokens
-            },
+            "selection_pass": _pass_timings(picked, tokens),
+            "evaluation_pass": _pass_timings(evaluated, tokens),
             **_summary(tokens, evaluated, list(fixed), bucketed, choice, self.decode_weight),
         }
 
