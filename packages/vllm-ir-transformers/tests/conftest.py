@@ -12,13 +12,14 @@ import transformers
 from vllm_ir_transformers.tiny import tiny_config
 
 SMALL = tiny_config()
-# transformers 5.25 renamed the KV cache argument and output field (the old name warns)
+"""The sizes of every test model (2 layers of width 64)."""
 CACHE = (
     "cache"
     if "cache" in inspect.signature(transformers.LlamaForCausalLM.forward).parameters
     else "past_key_values"
 )
-"""The sizes of every test model (2 layers of width 64)."""
+"""The KV cache's argument and output field: transformers 5.25 renamed
+``past_key_values`` (the old name warns until 5.40)."""
 
 
 @dataclass(frozen=True)

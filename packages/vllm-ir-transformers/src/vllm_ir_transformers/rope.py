@@ -4,11 +4,11 @@ Hugging Face attention layers call a module-level ``apply_rotary_pos_emb(q,
 k, cos, sin)`` of their modeling file: a plain function, or (transformers 5.25
 and later, which require the ``kernels`` package) an ``nn.Module`` instance
 made from it by ``use_kernel_forward_from_hub``, its signature on ``forward``.
-``kernelize`` leaves
-that file and the class alone: the attention instance gets a forward that runs
-a *copy* of the class's forward function (the same code object, and the same
-decorator wrappers, rebuilt) whose globals map ``apply_rotary_pos_emb`` to a
-function calling ``rotary_embedding``. Undo removes the instance forward.
+``kernelize`` leaves that file and the class alone: the attention instance
+gets a forward that runs a *copy* of the class's forward function (the same
+code object, and the same decorator wrappers, rebuilt) whose globals map
+``apply_rotary_pos_emb`` to a function calling ``rotary_embedding``. Undo
+removes the instance forward.
 
 The copy sees the modeling module's globals as they were at ``kernelize``
 time: a later monkeypatch of that module (another function, another
@@ -184,7 +184,9 @@ def _replacement(original: Any, is_neox: bool, dtypes: tuple[torch.dtype, ...]) 
     """``apply_rotary_pos_emb`` with the model's signature, through the op where it can."""
 
     # a module's __dict__ (its parameters and hooks) is no function attribute: name and doc only
-    @functools.wraps(original, updated=() if isinstance(original, nn.Module) else ("__dict__",))
+    @functools.wraps(
+        original, updated=() if isinstance(original, nn.Module) else functools.WRAPPER_UPDATES
+    )
     def apply_rotary_pos_emb(
         q: Any, k: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any
     ) -> tuple[Tensor, Tensor]:

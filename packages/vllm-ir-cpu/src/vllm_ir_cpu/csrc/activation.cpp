@@ -14,8 +14,9 @@
 // large tensor can move the boundary); gelu_and_mul's tolerance allows an ulp of
 // erf either way. For a contiguous gate (a single row) ATen's F.gelu runs oneDNN's
 // gelu_erf instead where oneDNN takes the dtype (fp32; fp16 on AVX512-FP16 CPUs),
-// whose own erf differs by an ulp near -1: within that tolerance, not bit-exact. The tanh GELU uses a cheaper tanh (fast_tanh below): within the
-// tolerance, not bit-exact.
+// whose own erf differs by an ulp near -1: within that tolerance, not bit-exact.
+// The tanh GELU uses a cheaper tanh (fast_tanh below): within the tolerance, not
+// bit-exact.
 //
 // The last dimension must be even. Rows may be strided as long as the last
 // dimension is contiguous; other layouts go through a contiguous copy. The
