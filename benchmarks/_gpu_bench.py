@@ -38,6 +38,8 @@ OPS = (
     "rms_norm",
     "fused_add_rms_norm",
     "silu_and_mul",
+    "gelu_and_mul",
+    "rotary_embedding",
     "static_scaled_fp8_quant",
     "dynamic_per_token_fp8_quant",
     "rms_norm_static_fp8_quant",
@@ -88,11 +90,26 @@ def peak_gbps(device_name: str, override: float | None) -> tuple[float | None, s
     return None, "unknown device: pass --peak-gbps"
 
 
+HEAD_SIZE = 128
+"""rotary_embedding: heads of 128 channels, all rotated; query has ``hidden / 128``
+heads, key a quarter of them (grouped-query attention), cos/sin one row per token."""
+
+
+def rotary_heads(hidden: int) -> tuple[int, int]:
+    """(query heads, key heads) of rotary_embedding at ``hidden``."""
+    heads = max(hidden // HEAD_SIZE, 1)
+    return heads, max(heads // 4, 1)
+
+
 def bytes_moved(op: str, tokens: int, hidden: int, element_size: int) -> int:
     """Bytes ``op`` must read and write at least once; ``hidden`` is the output row
     length (``silu_and_mul`` reads rows of ``2 * hidden``)."""
     e, es, w = tokens * hidden, element_size, hidden * element_size
+    q_heads, k_heads = rotary_heads(hidden)
     return {
+        "gelu_and_mul": 3 * e * es,
+        # query and key read and written in place, cos and sin read
+        "rotary_embedding": (2 * (q_heads + k_heads) + 2) * tokens * HEAD_SIZE * es,
         "rms_norm": 2 * e * es + w,
         "fused_add_rms_norm": 4 * e * es + w,
         "silu_and_mul": 3 * e * es,
@@ -117,6 +134,14 @@ def inputs(op: str, tokens: int, hidden: int, dtype: torch.dtype, device: str) -
         "rms_norm": lambda: (x, w, EPSILON),
         "fused_add_rms_norm": lambda: (x, rand(tokens, hidden), w, EPSILON),
         "silu_and_mul": lambda: (rand(tokens, 2 * hidden),),
+        "gelu_and_mul": lambda: (rand(tokens, 2 * hidden), "none"),
+        "rotary_embedding": lambda: (
+            rand(tokens, rotary_heads(hidden)[0], HEAD_SIZE),
+            rand(tokens, rotary_heads(hidden)[1], HEAD_SIZE),
+            rand(tokens, HEAD_SIZE).cos(),
+            rand(tokens, HEAD_SIZE).sin(),
+            True,
+        ),
         "static_scaled_fp8_quant": lambda: (x, scale),
         "dynamic_per_token_fp8_quant": lambda: (x, None),
         "rms_norm_static_fp8_quant": lambda: (x, w, EPSILON, scale),

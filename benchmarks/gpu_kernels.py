@@ -1,6 +1,6 @@
 """Memory bandwidth and host time of the vllm-ir-cuda (``vllm_c``) kernels on a GPU.
 
-For the seven core ops (``--ops``), fp16 and bf16, hidden sizes {2048, 4096,
+For the core ops (``--ops``: norms, activations, RoPE, FP8 quantization), fp16 and bf16, hidden sizes {2048, 4096,
 8192, 16384} and {1, 16, 256, 4096, 16384} tokens, this times
 
 * ``vllm_c``          — the vllm-ir-cuda impl (in place where the op allows),

@@ -17,7 +17,13 @@ import gc
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["defined_ops", "destroy_libraries_defining", "destroy_library", "implemented_ops"]
+__all__ = [
+    "defined_ops",
+    "destroy_libraries_defining",
+    "destroy_library",
+    "implemented_ops",
+    "size_hint",
+]
 
 
 def defined_ops() -> frozenset[str]:
@@ -72,3 +78,18 @@ def destroy_libraries_defining(defs: set[str], impls: set[str]) -> list[str]:
             destroyed.append(f"torch.library {obj.ns} ({', '.join(sorted(mine))})")
     _forget(defs)
     return destroyed
+
+
+def size_hint(value: Any, fallback: int) -> int:
+    """The concrete value a backed ``torch.SymInt`` was traced with, else ``fallback``.
+
+    torch 2.12 and later name this ``symbolic_shapes.optimization_hint``; torch
+    2.11 (the GPU machine's) has only its older name, ``hint_int``.
+    """
+    from torch.fx.experimental import symbolic_shapes
+
+    hint = getattr(symbolic_shapes, "optimization_hint", None)
+    if hint is not None:
+        return hint(value, fallback=fallback)
+    return symbolic_shapes.hint_int(value, fallback=fallback)
+

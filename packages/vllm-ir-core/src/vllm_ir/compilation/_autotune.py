@@ -14,7 +14,7 @@ What is timed, for one distinct ``(op, argument metadata)``:
   never run.
 * **Inputs** are real tensors with the node's dtypes, shapes and strides.
   A dynamic dimension is taken at its hint (the size Dynamo saw when it traced
-  the graph, from ``torch.fx.experimental.symbolic_shapes.optimization_hint``,
+  the graph, from ``symbolic_shapes.optimization_hint`` (``hint_int`` on torch 2.11),
   which adds no guard); the choice is then used for every size of that
   dimension, as a compiled graph serves them all. Values follow the op's input
   generator (:mod:`vllm_ir._samples`): the mean and spread of its first sample's
@@ -56,7 +56,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import torch
-from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.utils._python_dispatch import _disable_current_modes
 from vllm_ir_cli.flags import DEFAULT_AUTOTUNE_BUCKETS, DEFAULT_AUTOTUNE_MARGIN
 
@@ -66,6 +65,7 @@ from vllm_ir._impl import IrOpImpl
 from vllm_ir._logger import get_logger
 from vllm_ir._op import IrOp
 from vllm_ir._timing import Timing, decide_or_refuse
+from vllm_ir._torch_private import size_hint
 from vllm_ir.compilation._context import _current_context
 from vllm_ir.compilation._fingerprint import code_fingerprint
 from vllm_ir.compilation._tuning_cache import TuningCache, record_problem
@@ -229,7 +229,7 @@ def decide(
 
 def _hint(value: Any) -> Any:
     if isinstance(value, torch.SymInt):
-        return optimization_hint(value, fallback=_UNBACKED_HINT)
+        return size_hint(value, _UNBACKED_HINT)
     if isinstance(value, (torch.SymFloat, torch.SymBool)):
         return value.node.hint
     return value

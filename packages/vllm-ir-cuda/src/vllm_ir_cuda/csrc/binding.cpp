@@ -10,8 +10,12 @@
 //   rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant (ops.SCHEMAS).
 //
 // Every argument is checked (device, dtype, shape, the layout the kernels
-// address) before any work: bad input raises a RuntimeError naming the
-// argument, never reaches a kernel.
+// address, overlap, sizes the kernels index) before any work: bad input
+// raises a one-line RuntimeError naming the argument, never reaches a kernel.
+// The messages are built as one std::string (VLLM_IR_CHECK) and never through
+// std::ostream: on the H200 machine, formatting an integer through c10::str's
+// ostringstream inside this library crashed the process (SIGSEGV) instead of
+// raising.
 //
 // This is the only source that includes torch headers; the kernels
 // (layernorm_kernels.cu) see raw pointers and strides only.
@@ -28,6 +32,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -36,6 +41,34 @@
 namespace {
 
 using vllm_ir_cuda::DType;
+
+// The pieces of an error message, appended as text (no std::ostream).
+void append(std::string& s, const char* piece) { s += piece; }
+void append(std::string& s, const std::string& piece) { s += piece; }
+void append(std::string& s, c10::string_view piece) { s.append(piece.data(), piece.size()); }
+void append(std::string& s, at::ScalarType t) { s += c10::toString(t); }
+void append(std::string& s, const c10::Device& d) { s += d.str(); }
+template <typename I, typename = std::enable_if_t<std::is_integral_v<I>>>
+void append(std::string& s, I v) {
+  s += std::to_string(v);
+}
+
+// Raises "vllm_ir_cuda::<op><parts>" (parts start with ": ") as a c10::Error (a RuntimeError in Python).
+template <typename... Parts>
+[[noreturn]] C10_NOINLINE void fail(const char* op, const Parts&... parts) {
+  std::string msg = "vllm_ir_cuda::";
+  msg += op;
+  (append(msg, parts), ...);
+  TORCH_CHECK(false, msg);
+}
+
+// TORCH_CHECK with a message of text pieces, built only on failure.
+#define VLLM_IR_CHECK(cond, op, ...) \
+  do {                               \
+    if (C10_UNLIKELY(!(cond))) {     \
+      fail(op, __VA_ARGS__);         \
+    }                                \
+  } while (false)
 
 bool supported_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
@@ -63,37 +96,36 @@ std::string dims(c10::IntArrayRef d) {
 
 // x is the tensor every other argument is checked against.
 void check_x(const char* op, const at::Tensor& x) {
-  TORCH_CHECK(x.is_cuda(), "vllm_ir_cuda::", op, ": x must be a CUDA tensor, got one on ",
+  VLLM_IR_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor, got one on ",
               x.device());
-  TORCH_CHECK(supported_dtype(x.scalar_type()), "vllm_ir_cuda::", op,
-              ": x has dtype ", x.scalar_type(),
+  VLLM_IR_CHECK(supported_dtype(x.scalar_type()), op, ": x has dtype ", x.scalar_type(),
               "; the kernels take float32, float16 and bfloat16");
-  TORCH_CHECK(x.dim() >= 1, "vllm_ir_cuda::", op, ": x must have at least one dimension");
+  VLLM_IR_CHECK(x.dim() >= 1, op, ": x must have at least one dimension");
 }
 
 void check_like_x(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x) {
-  TORCH_CHECK(t.device() == x.device(), "vllm_ir_cuda::", op, ": ", name, " is on ", t.device(),
+  VLLM_IR_CHECK(t.device() == x.device(), op, ": ", name, " is on ", t.device(),
               " but x is on ", x.device());
-  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "vllm_ir_cuda::", op, ": ", name,
+  VLLM_IR_CHECK(t.scalar_type() == x.scalar_type(), op, ": ", name,
               " has dtype ", t.scalar_type(), " but x has dtype ", x.scalar_type());
-  TORCH_CHECK(t.sizes() == x.sizes(), "vllm_ir_cuda::", op, ": ", name, " has shape ",
+  VLLM_IR_CHECK(t.sizes() == x.sizes(), op, ": ", name, " has shape ",
               dims(t.sizes()), " but x has shape ", dims(x.sizes()));
 }
 
 // A float32 tensor of one element on x's device (a static scale or scale_ub).
 void check_scale(const char* op, const char* name, const at::Tensor& s, const at::Tensor& x) {
-  TORCH_CHECK(s.device() == x.device(), "vllm_ir_cuda::", op, ": ", name, " is on ", s.device(),
+  VLLM_IR_CHECK(s.device() == x.device(), op, ": ", name, " is on ", s.device(),
               " but x is on ", x.device());
-  TORCH_CHECK(s.scalar_type() == at::kFloat && s.numel() == 1, "vllm_ir_cuda::", op, ": ", name,
+  VLLM_IR_CHECK(s.scalar_type() == at::kFloat && s.numel() == 1, op, ": ", name,
               " must be one float32 element, got ", s.scalar_type(), " of shape ",
               dims(s.sizes()));
 }
 
 // The kernels read rows of contiguous elements.
 void check_last_dim(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.dim() >= 1, "vllm_ir_cuda::", op, ": ", name,
+  VLLM_IR_CHECK(t.dim() >= 1, op, ": ", name,
               " must have at least one dimension");
-  TORCH_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, "vllm_ir_cuda::", op, ": ", name,
+  VLLM_IR_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, op, ": ", name,
               " must be contiguous in its last dimension, but its strides are ",
               dims(t.strides()), "; pass ", name, ".contiguous()");
 }
@@ -102,24 +134,26 @@ void check_last_dim(const char* op, const char* name, const at::Tensor& t) {
 // dtype, or of `dtype` when given (FP8 results, float32 scales).
 void check_out(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x,
                c10::IntArrayRef shape, std::optional<at::ScalarType> dtype = std::nullopt) {
-  TORCH_CHECK(t.device() == x.device(), "vllm_ir_cuda::", op, ": ", name, " is on ", t.device(),
+  VLLM_IR_CHECK(t.device() == x.device(), op, ": ", name, " is on ", t.device(),
               " but x is on ", x.device());
   if (dtype.has_value()) {
-    TORCH_CHECK(t.scalar_type() == *dtype, "vllm_ir_cuda::", op, ": ", name, " has dtype ",
+    VLLM_IR_CHECK(t.scalar_type() == *dtype, op, ": ", name, " has dtype ",
                 t.scalar_type(), "; it must be ", *dtype);
   } else {
-    TORCH_CHECK(t.scalar_type() == x.scalar_type(), "vllm_ir_cuda::", op, ": ", name,
+    VLLM_IR_CHECK(t.scalar_type() == x.scalar_type(), op, ": ", name,
                 " has dtype ", t.scalar_type(), " but x has dtype ", x.scalar_type());
   }
-  TORCH_CHECK(t.sizes() == shape, "vllm_ir_cuda::", op, ": ", name, " has shape ",
+  VLLM_IR_CHECK(t.sizes() == shape, op, ": ", name, " has shape ",
               dims(t.sizes()), " but must have shape ", dims(shape));
 }
 
 // An FP8 (float8_e4m3fn) output of x's shape on x's device, whose rows the kernels address.
+// It shares no memory with x.
 void check_fp8_out(const char* op, const at::Tensor& out, const at::Tensor& x) {
   check_out(op, "out", out, x, x.sizes(), at::kFloat8_e4m3fn);
   check_last_dim(op, "out", out);
   at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, x);
 }
 
 void check_weight(const char* op, const std::optional<at::Tensor>& weight, const at::Tensor& x) {
@@ -127,15 +161,13 @@ void check_weight(const char* op, const std::optional<at::Tensor>& weight, const
     return;
   }
   const at::Tensor& w = *weight;
-  TORCH_CHECK(w.device() == x.device(), "vllm_ir_cuda::", op, ": weight is on ", w.device(),
+  VLLM_IR_CHECK(w.device() == x.device(), op, ": weight is on ", w.device(),
               " but x is on ", x.device());
-  TORCH_CHECK(w.scalar_type() == x.scalar_type(), "vllm_ir_cuda::", op, ": weight has dtype ",
+  VLLM_IR_CHECK(w.scalar_type() == x.scalar_type(), op, ": weight has dtype ",
               w.scalar_type(), " but x has dtype ", x.scalar_type());
-  TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(-1), "vllm_ir_cuda::", op,
-              ": weight must have shape [", x.size(-1), "] (x's last dimension), got ",
+  VLLM_IR_CHECK(w.dim() == 1 && w.size(0) == x.size(-1), op, ": weight must have shape [", x.size(-1), "] (x's last dimension), got ",
               dims(w.sizes()));
-  TORCH_CHECK(w.is_contiguous(), "vllm_ir_cuda::", op,
-              ": weight must be contiguous, but its stride is ", dims(w.strides()),
+  VLLM_IR_CHECK(w.is_contiguous(), op, ": weight must be contiguous, but its stride is ", dims(w.strides()),
               "; pass weight.contiguous()");
 }
 
@@ -192,8 +224,7 @@ struct Extent {
 Extent extent(const char* op, const at::Tensor& x) {
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
-  TORCH_CHECK(rows <= vllm_ir_cuda::kMaxRows && hidden <= vllm_ir_cuda::kMaxHidden,
-              "vllm_ir_cuda::", op, ": x has ", rows, " rows of ", hidden,
+  VLLM_IR_CHECK(rows <= vllm_ir_cuda::kMaxRows && hidden <= vllm_ir_cuda::kMaxHidden, op, ": x has ", rows, " rows of ", hidden,
               " elements; the kernels take at most ", vllm_ir_cuda::kMaxRows, " rows of at most ",
               vllm_ir_cuda::kMaxHidden, " elements");
   return {rows, hidden};
@@ -204,7 +235,7 @@ const void* weight_ptr(const std::optional<at::Tensor>& weight) {
 }
 
 void check_launch(const char* op, cudaError_t err) {
-  TORCH_CHECK(err == cudaSuccess, "vllm_ir_cuda::", op, ": kernel launch failed: ",
+  VLLM_IR_CHECK(err == cudaSuccess, op, ": kernel launch failed: ",
               cudaGetErrorString(err));
 }
 
@@ -265,7 +296,7 @@ void launch_rows(const char* op, at::Tensor& out, const at::Tensor& x, Launch&& 
 void check_gated(const char* op, const at::Tensor& out, const at::Tensor& x) {
   check_x(op, x);
   check_last_dim(op, "x", x);
-  TORCH_CHECK(x.size(-1) % 2 == 0, "vllm_ir_cuda::", op, ": x's last dimension (", x.size(-1),
+  VLLM_IR_CHECK(x.size(-1) % 2 == 0, op, ": x's last dimension (", x.size(-1),
               ") must be even: it holds the gate and the up projection");
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() /= 2;
@@ -326,8 +357,7 @@ void silu_and_mul_cuda(at::Tensor& out, const at::Tensor& x) {
 
 void gelu_and_mul_cuda(at::Tensor& out, const at::Tensor& x, c10::string_view approximate) {
   constexpr const char* op = "gelu_and_mul";
-  TORCH_CHECK(approximate == "none" || approximate == "tanh", "vllm_ir_cuda::", op,
-              ": approximate must be \"none\" or \"tanh\", got \"", std::string(approximate),
+  VLLM_IR_CHECK(approximate == "none" || approximate == "tanh", op, ": approximate must be \"none\" or \"tanh\", got \"", std::string(approximate),
               "\"");
   check_gated(op, out, x);
   const bool tanh = approximate == "tanh";
@@ -355,9 +385,13 @@ void rotate_in_place(const char* op, const char* name, at::Tensor& t, const at::
   at::Tensor rows = token_stride(t).has_value() ? t : t.contiguous();
   const int64_t heads = t.size(-2);
   const int64_t tokens = heads == 0 ? 0 : t.numel() / (heads * t.size(-1));
-  TORCH_CHECK(tokens * heads <= vllm_ir_cuda::kMaxRows, "vllm_ir_cuda::", op, ": ", name,
+  VLLM_IR_CHECK(tokens * heads <= vllm_ir_cuda::kMaxRows, op, ": ", name,
               " has ", tokens * heads, " (token, head) rows; the kernel takes at most ",
               vllm_ir_cuda::kMaxRows);
+  VLLM_IR_CHECK(heads * (cos.size(1) / 2) <= vllm_ir_cuda::kMaxRows, op, ": ", name, " has ",
+                heads, " heads of ", cos.size(1) / 2,
+                " rotated pairs; the kernel takes at most ", vllm_ir_cuda::kMaxRows,
+                " pairs per token");
   check_launch(op, vllm_ir_cuda::rotary_embedding(
                        rows.mutable_data_ptr(), *token_stride(rows), rows.stride(-2), tokens,
                        heads, cos.const_data_ptr(), sin.const_data_ptr(), cos.stride(0),
@@ -370,38 +404,32 @@ void rotate_in_place(const char* op, const char* name, at::Tensor& t, const at::
 void rotary_embedding_cuda(at::Tensor& query, at::Tensor& key, const at::Tensor& cos,
                            const at::Tensor& sin, bool is_neox) {
   constexpr const char* op = "rotary_embedding";
-  TORCH_CHECK(query.is_cuda(), "vllm_ir_cuda::", op, ": query must be a CUDA tensor, got one on ",
+  VLLM_IR_CHECK(query.is_cuda(), op, ": query must be a CUDA tensor, got one on ",
               query.device());
-  TORCH_CHECK(supported_dtype(query.scalar_type()), "vllm_ir_cuda::", op, ": query has dtype ",
+  VLLM_IR_CHECK(supported_dtype(query.scalar_type()), op, ": query has dtype ",
               query.scalar_type(), "; the kernel takes float32, float16 and bfloat16");
-  TORCH_CHECK(query.dim() >= 2 && key.dim() >= 2, "vllm_ir_cuda::", op,
-              ": query and key must be (*tokens, heads, head_size), got shapes ",
+  VLLM_IR_CHECK(query.dim() >= 2 && key.dim() >= 2, op, ": query and key must be (*tokens, heads, head_size), got shapes ",
               dims(query.sizes()), " and ", dims(key.sizes()));
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"key", key},
                                 {"cos", cos},
                                 {"sin", sin}}) {
-    TORCH_CHECK(t.device() == query.device(), "vllm_ir_cuda::", op, ": ", name, " is on ",
+    VLLM_IR_CHECK(t.device() == query.device(), op, ": ", name, " is on ",
                 t.device(), " but query is on ", query.device());
-    TORCH_CHECK(t.scalar_type() == query.scalar_type(), "vllm_ir_cuda::", op, ": ", name,
+    VLLM_IR_CHECK(t.scalar_type() == query.scalar_type(), op, ": ", name,
                 " has dtype ", t.scalar_type(), " but query has dtype ", query.scalar_type());
   }
-  TORCH_CHECK(query.sizes().slice(0, query.dim() - 2) == key.sizes().slice(0, key.dim() - 2),
-              "vllm_ir_cuda::", op, ": query ", dims(query.sizes()), " and key ",
+  VLLM_IR_CHECK(query.sizes().slice(0, query.dim() - 2) == key.sizes().slice(0, key.dim() - 2), op, ": query ", dims(query.sizes()), " and key ",
               dims(key.sizes()), " must have the same token dimensions");
   const int64_t tokens = c10::multiply_integers(query.sizes().slice(0, query.dim() - 2));
-  TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(0) == tokens,
-              "vllm_ir_cuda::", op, ": cos and sin must both have shape [", tokens,
+  VLLM_IR_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(0) == tokens, op, ": cos and sin must both have shape [", tokens,
               ", rotary_dim] (one row per token), got ", dims(cos.sizes()), " and ",
               dims(sin.sizes()));
   const int64_t rot = cos.size(1);
-  TORCH_CHECK(rot % 2 == 0 && rot <= query.size(-1) && rot <= key.size(-1), "vllm_ir_cuda::", op,
-              ": rotary_dim (cos.size(-1) = ", rot,
+  VLLM_IR_CHECK(rot % 2 == 0 && rot <= query.size(-1) && rot <= key.size(-1), op, ": rotary_dim (cos.size(-1) = ", rot,
               ") must be even and at most the head size of query (", query.size(-1),
               ") and key (", key.size(-1), ")");
-  TORCH_CHECK((rot <= 1 || (cos.stride(1) == 1 && sin.stride(1) == 1)) &&
-                  (tokens <= 1 || cos.stride(0) == sin.stride(0)),
-              "vllm_ir_cuda::", op,
-              ": cos and sin must have contiguous rows and one row stride, got strides ",
+  VLLM_IR_CHECK((rot <= 1 || (cos.stride(1) == 1 && sin.stride(1) == 1)) &&
+                  (tokens <= 1 || cos.stride(0) == sin.stride(0)), op, ": cos and sin must have contiguous rows and one row stride, got strides ",
               dims(cos.strides()), " and ", dims(sin.strides()), "; pass them .contiguous()");
   check_last_dim(op, "query", query);
   check_last_dim(op, "key", key);
@@ -443,17 +471,17 @@ void dynamic_per_token_fp8_quant_cuda(at::Tensor& out, at::Tensor& scales, const
   constexpr const char* op = "dynamic_per_token_fp8_quant";
   check_x(op, x);
   check_last_dim(op, "x", x);
-  TORCH_CHECK(x.size(-1) > 0, "vllm_ir_cuda::", op, ": x's rows have no elements, so no amax");
+  VLLM_IR_CHECK(x.size(-1) > 0, op, ": x's rows have no elements, so no amax");
   check_fp8_out(op, out, x);
   std::vector<int64_t> scales_shape(x.sizes().begin(), x.sizes().end());
   scales_shape.back() = 1;
   check_out(op, "scales", scales, x, scales_shape, at::kFloat);
-  TORCH_CHECK(scales.is_contiguous(), "vllm_ir_cuda::", op,
-              ": scales must be contiguous, but its strides are ", dims(scales.strides()));
+  VLLM_IR_CHECK(scales.is_contiguous(), op, ": scales must be contiguous, but its strides are ", dims(scales.strides()));
   if (scale_ub.has_value()) {
     check_scale(op, "scale_ub", *scale_ub, x);
   }
   at::assert_no_overlap(out, scales);
+  at::assert_no_overlap(scales, x);
   launch_rows(op, out, x, [&](const RowLaunch& r) {
     return vllm_ir_cuda::dynamic_per_token_fp8_quant(
         r.out, r.out_stride, scales.mutable_data_ptr<float>(), r.x, r.x_stride,
@@ -488,6 +516,7 @@ void fused_add_rms_norm_static_fp8_quant_cuda(at::Tensor& out, const at::Tensor&
   check_fp8_out(op, out, x);
   check_scale(op, "scale", scale, x);
   at::assert_no_overlap(x, x_residual);
+  at::assert_no_overlap(out, x_residual);
   at::Tensor residual_rows;  // the residual's rows the kernel writes: x_residual or a copy
   launch_rows(op, out, x, [&](const RowLaunch& r) {
     residual_rows = as_rows(x_residual);

@@ -8,6 +8,7 @@
 
 #pragma once
 
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -40,12 +41,57 @@ __device__ __forceinline__ uint8_t fp8_bits_of(float v) {
   return static_cast<uint8_t>(out | sign);
 }
 
-// `x / scale` (IEEE division, whatever the flags), clamped to +-448 (NaN
-// stays NaN), as FP8 bits.
-__device__ __forceinline__ uint8_t quantize_fp8(float x, float scale) {
-  float v = __fdiv_rn(x, scale);
-  v = v > kFp8Max ? kFp8Max : (v < -kFp8Max ? -kFp8Max : v);
-  return fp8_bits_of(v);
+__device__ __forceinline__ bool is_normal(float v) {
+  const uint32_t exponent = (__float_as_uint(v) >> 23) & 0xFFu;
+  return exponent != 0u && exponent != 0xFFu;
 }
+
+// Division by one scale, many times: `x / scale` rounded as IEEE division
+// (__fdiv_rn), bit for bit, for a fraction of its cost. The reciprocal y =
+// RN(1 / scale) is taken once; each quotient is q = RN(x * y) corrected by
+// one FMA step, RN(q + RN(x - q * scale) * y), which is the correctly rounded
+// quotient when y is and nothing underflows (Markstein's theorem); outside
+// that range (tiny, huge, inf or NaN operands or scale) it divides. Checked
+// against IEEE division on 4e8 random pairs, scales over all exponents.
+struct Fp8Scale {
+  float scale;
+  float inv;
+  bool fast;
+
+  __device__ __forceinline__ explicit Fp8Scale(float s) {
+    scale = s;
+    inv = __fdiv_rn(1.0f, s);
+    fast = is_normal(s) && is_normal(inv);
+  }
+
+  __device__ __forceinline__ float divide(float x) const {
+    if (fast) {
+      const float q = __fmul_rn(x, inv);
+      const float ax = fabsf(x);
+      const float aq = fabsf(q);
+      if (ax == 0.0f) {
+        return q;  // +-0 with the sign IEEE division gives
+      }
+      if (ax >= 0x1p-100f && aq >= 0x1p-100f && aq <= 0x1p100f) {
+        return __fmaf_rn(__fmaf_rn(-q, scale, x), inv, q);
+      }
+    }
+    return __fdiv_rn(x, scale);
+  }
+
+  // `x / scale` clamped to +-448 (NaN stays NaN), as FP8 bits. sm_89 and later
+  // convert with one saturating instruction (the same bits as fp8_bits_of for
+  // every non-NaN float: checked on all 2**32 of them against the CUDA
+  // headers' emulation); a NaN keeps its sign, as torch's conversion does.
+  __device__ __forceinline__ uint8_t quantize(float x) const {
+    const float v = divide(x);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if (v == v) {
+      return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+    }
+#endif
+    return fp8_bits_of(v > kFp8Max ? kFp8Max : (v < -kFp8Max ? -kFp8Max : v));
+  }
+};
 
 }  // namespace vllm_ir_cuda

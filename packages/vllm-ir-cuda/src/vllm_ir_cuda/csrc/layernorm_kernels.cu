@@ -31,7 +31,7 @@ constexpr int kMaxThreads = 1024;
 // Vectors a thread keeps in registers between the two passes (4 x 16 bytes).
 constexpr int kMaxCachedVecs = 4;
 // Block size the planner aims for before caching more vectors per thread.
-constexpr int kTargetThreads = 512;
+constexpr int kTargetThreads = 256;
 
 template <typename T, int N>
 __device__ __forceinline__ float sum_of_squares(const Vec<T, N>& v) {
@@ -69,12 +69,12 @@ __device__ __forceinline__ Vec<T, N> normalize(const Vec<T, N>& v, float inv_rms
 // Stores a normalized vector: as T, or (QUANT) as FP8 bits of it divided by `scale`.
 template <bool QUANT, typename T, int N>
 __device__ __forceinline__ void store_out(void* out_row, int offset, const Vec<T, N>& v,
-                                          float scale) {
+                                          const Fp8Scale& scale) {
   if constexpr (QUANT) {
     Vec<uint8_t, N> q;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      q.data[j] = quantize_fp8(to_float(v.data[j]), scale);
+      q.data[j] = scale.quantize(to_float(v.data[j]));
     }
     store_vec(static_cast<uint8_t*>(out_row) + offset, q);
   } else {
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const T* normed_row = ADD ? residual_row : x_row;
   void* out_row = static_cast<char*>(out) + row * out_stride * out_size<QUANT, T>();
   const int num_vecs = hidden / VEC;
-  const float scale = load_scale(scale_ptr);
+  const Fp8Scale scale(load_scale(scale_ptr));
 
   float sum_sq = 0.0f;
   if constexpr (CACHE > 0) {
