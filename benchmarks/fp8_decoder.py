@@ -242,9 +242,8 @@ def measure(args: argparse.Namespace, device: str, dtype: torch.dtype) -> dict[s
                 row["close_to_eager"] = bool(float(diff.max()) <= 0.1 * max(scale, 1.0))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    selected = {
-        op: sorted(set(nodes.values())) for op, nodes in backend.lowering_pass.selected_impls.items()
-    }
+    chosen = backend.lowering_pass.selected_impls
+    selected = {op: sorted(set(nodes.values())) for op, nodes in chosen.items()}
     return {"rows": rows, "selected": selected, "ratios": _ratios(rows)}
 
 

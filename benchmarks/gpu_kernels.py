@@ -1,7 +1,8 @@
 """Memory bandwidth and host time of the vllm-ir-cuda (``vllm_c``) kernels on a GPU.
 
-For the core ops (``--ops``: norms, activations, RoPE, FP8 quantization), fp16 and bf16, hidden sizes {2048, 4096,
-8192, 16384} and {1, 16, 256, 4096, 16384} tokens, this times
+For the core ops (``--ops``: norms, activations, RoPE, FP8 quantization), fp16
+and bf16, hidden sizes {2048, 4096, 8192, 16384} and {1, 16, 256, 4096, 16384}
+tokens, this times
 
 * ``vllm_c``          — the vllm-ir-cuda impl (in place where the op allows),
 * ``native``          — the op's native PyTorch function, eager,

@@ -16,6 +16,7 @@ from cpu_c_testing import DTYPES, on_cpu_platform
 from vllm_ir.testing import ConformanceCase, conformance_cases
 from vllm_ir.testing.declines import assert_declined
 from vllm_ir_cpu import PROVIDER, impls
+from vllm_ir_cpu.library import kernel_ops
 
 pytestmark = on_cpu_platform
 
@@ -269,7 +270,10 @@ def test_declined_arguments_fall_back_to_native(
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: impls.silu_and_mul(torch.randn(2, 7)), "last dimension must be even, got 7"),
+        (  # the kernel's own check, behind the impl's (test_an_odd_width_is_the_ops_error)
+            lambda: kernel_ops()["silu_and_mul"](torch.randn(2, 7)),
+            "last dimension must be even, got 7",
+        ),
         (
             lambda: impls.static_scaled_fp8_quant(_X, torch.tensor([0.1, 0.2])),
             r"scale must have one element, got shape \[2\]",
@@ -292,6 +296,17 @@ def test_declined_arguments_fall_back_to_native(
 def test_errors_say_what_is_wrong(kernels: Path, call, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(RuntimeError, match=message):
         call()
+
+
+@pytest.mark.parametrize("name", ["silu_and_mul", "gelu_and_mul"])
+def test_an_odd_width_is_the_ops_error(name: str) -> None:
+    """The impl raises the op's ValueError, as native does, before building or running
+    a kernel."""
+    odd = f"^{name}: x's last dimension \\(7\\) must be even: it holds the gate"
+    with pytest.raises(ValueError, match=odd):
+        getattr(impls, name)(torch.randn(2, 7))
+    with pytest.raises(ValueError, match=odd):
+        ir.get_op(name).native(torch.randn(2, 7))
 
 
 def test_empty_inputs(kernels: Path) -> None:

@@ -203,8 +203,11 @@ def test_sizes_the_kernels_do_not_take_are_computed_by_native(
     cos3, sin3 = _tables((1,), 16)
     got = quant.rotary_embedding(q, k_other, cos3, sin3)
     torch.testing.assert_close(got, ROPE.native(q, k_other, cos3, sin3), rtol=0, atol=0)
-    with pytest.raises(RuntimeError):
-        quant.gelu_and_mul(torch.randn(2, 7))  # odd: native's own error
+    odd = r"gelu_and_mul: x's last dimension \(7\) must be even"  # the op's error, no launch
+    with pytest.raises(ValueError, match=odd):
+        quant.gelu_and_mul(torch.randn(2, 7))
+    with pytest.raises(ValueError, match=odd):
+        ir.ops.gelu_and_mul.native(torch.randn(2, 7))
     assert sum(new_standin.calls.values()) == 0
 
 

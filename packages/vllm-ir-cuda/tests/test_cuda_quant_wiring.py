@@ -89,8 +89,11 @@ def test_sizes_the_kernels_do_not_take_are_computed_by_native(
         quant.rms_norm_static_fp8_quant(x, torch.ones(1), EPS, torch.tensor([0.1])),
         ir.ops.rms_norm_static_fp8_quant.native(x, torch.ones(1), EPS, torch.tensor([0.1])),
     )
-    with pytest.raises(RuntimeError):
-        quant.silu_and_mul(torch.randn(2, 7))  # odd: native's own error
+    odd = r"silu_and_mul: x's last dimension \(7\) must be even"  # the op's error, no launch
+    with pytest.raises(ValueError, match=odd):
+        quant.silu_and_mul(torch.randn(2, 7))
+    with pytest.raises(ValueError, match=odd):
+        ir.ops.silu_and_mul.native(torch.randn(2, 7))
     assert sum(quant_standin.calls.values()) == 0
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import vllm_ir as ir
-from triton_helpers import DEVICE
+from triton_helpers import DEVICE, run_python
 from vllm_ir_triton import PROVIDER, launch
 
 ROPE = ir.ops.rotary_embedding
@@ -27,6 +27,46 @@ def test_rotary_is_bit_exact_in_16_bit_dtypes(dtype: torch.dtype) -> None:
             got = ROPE.maybe_inplace(*sample.clone().args)
         for g, w in zip(got, want, strict=True):
             assert torch.equal(g, w), sample.name
+
+
+# Compiles the RoPE kernel for an sm_90 target (no GPU needed: Triton's LLVM and its
+# bundled ptxas) with the launcher's options, and with FP fusion on as Triton's default,
+# and prints the floating-point instructions of the PTX per dtype.
+_ROPE_PTX = """
+import json, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from vllm_ir_triton.kernels import rotary_embedding_kernel
+from vllm_ir_triton.launch import _rotary_embedding
+out = {}
+for dtype in ("fp16", "bf16", "fp32"):
+    sig = {"x_ptr": "*" + dtype, "x_token_stride": "i32", "x_head_stride": "i32",
+           "cos_ptr": "*" + dtype, "sin_ptr": "*" + dtype, "cs_token_stride": "i32",
+           "heads": "i32", "half": "i32", "IS_NEOX": "constexpr", "BLOCK": "constexpr"}
+    for name, options in (("launch", _rotary_embedding.options), ("default", {})):
+        src = ASTSource(rotary_embedding_kernel, sig, {"IS_NEOX": True, "BLOCK": 32})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+        ops = re.findall(r"\\b(fma|mul|add|sub)\\.(?:rn\\.)?(f16|bf16|f32)\\b", k.asm["ptx"])
+        out[dtype + "-" + name] = sorted({op + "." + t for op, t in ops})
+print(json.dumps(out))
+"""
+
+
+def test_rotary_is_compiled_without_fma_contraction() -> None:
+    """The cause of the one-ulp float16 difference the H200 run saw: with Triton's default
+    ``enable_fp_fusion=True`` the float16 RoPE compiles to ``fma.rn.f16`` (LLVM narrows the
+    rounded float32 products and their sum to half operations, then fuses them), skipping
+    the rounding of a product. The launcher turns fusion off: no FMA in any dtype."""
+    import json
+
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    result = run_python(_ROPE_PTX, TRITON_INTERPRET=None)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ops = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "fma.f16" in ops["fp16-default"], ops  # what the H200 ran
+    for dtype in ("fp16", "bf16", "fp32"):
+        assert not any(op.startswith("fma") for op in ops[f"{dtype}-launch"]), (dtype, ops)
+    assert {"mul.f16", "sub.f16", "add.f16"} <= set(ops["fp16-launch"]), ops
 
 
 def test_rotary_writes_through_hf_transposed_views() -> None:

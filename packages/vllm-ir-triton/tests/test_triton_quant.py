@@ -10,6 +10,7 @@ quantized (their reduction order is the norm kernel's, not torch's).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -318,18 +319,41 @@ def test_declined_arguments_fall_back_to_native(
 @pytest.mark.parametrize(
     ("op", "args"),
     [
-        (SILU, (_t(4, 3),)),  # odd: native broadcasts silu(x[..., :1]) against x[..., 1:]
         (STATIC, (_t(4, 8), _t(8).abs())),  # a per-column scale
         (RMS_QUANT, (_t(4, 8), _t(8), EPS, _t(8).abs())),
         (FUSED_QUANT, (_t(4, 8), _t(1, 8), None, EPS, S)),  # broadcast residual
     ],
-    ids=["silu-odd", "static-per-column", "rms-quant-per-column", "fused-broadcast"],
+    ids=["static-per-column", "rms-quant-per-column", "fused-broadcast"],
 )
 def test_size_mismatches_are_computed_by_native(op: ir.IrOp, args: tuple[Any, ...]) -> None:
     """What supports_args cannot see (sizes), the impl hands to native: no launch."""
     got, want = run_size_mismatch(op, PROVIDER, args)
     for g, w in zip(got, want, strict=True) if isinstance(want, tuple) else [(got, want)]:
         torch.testing.assert_close(g.float(), w.float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("width", [1, 3, 7])
+@pytest.mark.parametrize("name", ["silu_and_mul", "gelu_and_mul"])
+def test_an_odd_width_is_the_ops_error(name: str, width: int) -> None:
+    """Native, the selected ``triton`` impl and a direct launch all raise the op's one
+    ValueError (native used to broadcast widths 1 and 3)."""
+    from vllm_ir_triton import impls
+
+    op = ir.get_op(name)
+    x = _t(4, width).to(DEVICE)
+    message = "^" + re.escape(f"{name}: x's last dimension ({width}) must be even: it holds")
+    calls = [
+        lambda: op.native(x),
+        lambda: getattr(impls, name)(x),
+        lambda: getattr(launch, name)(x, *(("none",) if name == "gelu_and_mul" else ())),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match=message):
+            call()
+    with op.set_priority([PROVIDER]):
+        assert op.selected_impl(x).provider == PROVIDER  # sizes are not in supports_args
+        with pytest.raises(ValueError, match=message):
+            op(x)
 
 
 def test_dynamic_quant_of_empty_rows_raises_natives_error() -> None:

@@ -29,10 +29,12 @@ provider (``native`` at the latest):
 * for the FP8 ops: a ``scale`` (or ``scale_ub``) that is not a float32 CPU
   tensor of at most one dimension (native would promote or broadcast); its
   one element is checked by the kernel, which cannot be declined on sizes;
-* for ``silu_and_mul``: nothing more; an odd last dimension is an error in
-  the kernel, as it is in native (but for sizes 1 and 3, which broadcast);
+* for ``silu_and_mul``: nothing more; an odd last dimension is the op's
+  ``ValueError`` (:func:`vllm_ir.ops.activation.check_gated_width`), raised by
+  the impl before any kernel runs, as by native and every provider (the
+  kernel keeps its own check);
 * for ``gelu_and_mul``: an ``approximate`` other than ``"none"`` and
-  ``"tanh"`` (native raises on it);
+  ``"tanh"`` (native raises on it); an odd last dimension as for ``silu_and_mul``;
 * for ``rotary_embedding``: tensors of different dtypes (native promotes),
   a ``query`` or ``key`` of rank below 2, or ``cos``/``sin`` of rank 0, of
   different ranks, or of more dims than ``query[..., 0]`` (native would
@@ -48,7 +50,7 @@ from __future__ import annotations
 import torch
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir.ops.activation import GELU_APPROXIMATIONS
+from vllm_ir.ops.activation import GELU_APPROXIMATIONS, check_gated_width
 from vllm_ir.provider import (
     current_platform,
     fused_add_in_place,
@@ -123,12 +125,14 @@ fused_add_rms_norm = fused_add_in_place(
 
 
 def silu_and_mul(x: Tensor) -> Tensor:
+    check_gated_width("silu_and_mul", x)  # an odd width: the op's error, before any kernel
     if not _built:
         _ensure_built()
     return _silu_and_mul_kernel(x)
 
 
 def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+    check_gated_width("gelu_and_mul", x)  # an odd width: the op's error, before any kernel
     if not _built:
         _ensure_built()
     return _gelu_and_mul_kernel(x, approximate)

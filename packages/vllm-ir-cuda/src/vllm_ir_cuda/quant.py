@@ -9,7 +9,9 @@ on). Sizes are not in that key, so the rare calls whose sizes the kernels do
 not take (a scale of more than one element, a weight of another length, rows
 of no elements, an odd or too wide ``rotary_dim``, cos/sin that would broadcast
 the output beyond ``query``'s shape) are computed by the native function inside
-the impl.
+the impl. An odd last dimension of ``silu_and_mul``'s or ``gelu_and_mul``'s ``x``
+is an error for every impl: the impl raises the op's ``ValueError``
+(:func:`vllm_ir.ops.activation.check_gated_width`) before any launch.
 
 ``rotary_embedding`` is in place (the op allows it): the kernel rotates the
 first ``rotary_dim`` channels of ``query`` and ``key`` where they lie and the
@@ -29,6 +31,7 @@ from collections.abc import Callable
 import torch
 import vllm_ir as ir
 from torch import Tensor
+from vllm_ir.ops.activation import check_gated_width
 
 from vllm_ir_cuda import ops
 
@@ -61,8 +64,7 @@ def _weight_fits(x: Tensor, weight: Tensor | None) -> bool:
 
 def silu_and_mul(x: Tensor) -> Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` into a new contiguous tensor."""
-    if x.shape[-1] % 2:  # native's halves do not match: its error
-        return ir.ops.silu_and_mul.native(x)
+    check_gated_width("silu_and_mul", x)  # an odd width: the op's error, before any launch
     x = _rows_contiguous(x)
     out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
     ops.silu_and_mul(out, x)
@@ -71,8 +73,7 @@ def silu_and_mul(x: Tensor) -> Tensor:
 
 def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     """``gelu(x[..., :d], approximate) * x[..., d:]`` into a new contiguous tensor."""
-    if x.shape[-1] % 2:  # native's halves do not match: its error
-        return ir.ops.gelu_and_mul.native(x, approximate)
+    check_gated_width("gelu_and_mul", x)  # an odd width: the op's error, before any launch
     x = _rows_contiguous(x)
     out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
     ops.gelu_and_mul(out, x, approximate)

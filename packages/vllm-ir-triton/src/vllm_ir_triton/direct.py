@@ -29,7 +29,7 @@ under Triton's interpreter, calls go through ``kernel[grid]`` as usual.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import Tensor
@@ -86,12 +86,23 @@ class Launcher:
     """Launches one JIT kernel, reusing the ``CompiledKernel`` of an earlier call of the same key.
 
     ``interpreted`` (Triton's interpreter) or ``enabled=False`` always take ``kernel[grid]``.
+    ``options``: compile options passed to every ``kernel[grid]`` call, e.g.
+    ``{"enable_fp_fusion": False}`` (the same for every call of this launcher, so
+    not part of the key; Triton's interpreter ignores them).
     """
 
-    def __init__(self, kernel: Any, *, interpreted: bool, enabled: bool = ENABLED) -> None:
+    def __init__(
+        self,
+        kernel: Any,
+        *,
+        interpreted: bool,
+        enabled: bool = ENABLED,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.kernel = kernel
         self.compiled: dict[tuple[Any, ...], Any] = {}
         self.direct = enabled and not interpreted
+        self.options: dict[str, Any] = dict(options or {})
         self._driver: _Driver | None = None
 
     def _bind_driver(self) -> _Driver | None:
@@ -112,14 +123,14 @@ class Launcher:
         if bound is None and self.direct:
             bound = self._bind_driver()
         if bound is None:
-            self.kernel[(rows,)](*args, num_warps=num_warps)
+            self.kernel[(rows,)](*args, num_warps=num_warps, **self.options)
             return
         current_device, current_stream, hooks = bound
         device = current_device()
         key = specialization_key(device, num_warps, args)
         compiled = self.compiled.get(key)
         if compiled is None:
-            compiled = self.kernel[(rows,)](*args, num_warps=num_warps)
+            compiled = self.kernel[(rows,)](*args, num_warps=num_warps, **self.options)
             if (
                 len(self.compiled) < MAX_ENTRIES
                 and not getattr(self.kernel, "pre_run_hooks", None)

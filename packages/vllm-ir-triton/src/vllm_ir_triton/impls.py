@@ -36,8 +36,10 @@ What it cannot see, the impls handle themselves, computing the native
 function instead of launching: a weight whose length is not the row length
 (broadcasting), an ``x_residual`` whose shape differs from ``x``'s (a
 broadcast sum cannot be written in place), a ``scale`` of more than one
-element, an odd last dimension for ``silu_and_mul`` and rows of no elements
-for ``dynamic_per_token_fp8_quant`` (native's broadcasting or error).
+element and rows of no elements for ``dynamic_per_token_fp8_quant`` (native's
+broadcasting or error). An odd last dimension of ``silu_and_mul``'s or
+``gelu_and_mul``'s ``x`` is an error for every impl: the impl raises the op's
+``ValueError`` (:func:`vllm_ir.ops.activation.check_gated_width`) before any launch.
 Strides never matter: the kernels take a row and a column stride, and inputs
 whose leading dimensions do not collapse into rows are copied
 (:mod:`vllm_ir_triton.launch`).
@@ -50,6 +52,7 @@ from collections.abc import Callable
 import torch
 import vllm_ir as ir
 from torch import Tensor
+from vllm_ir.ops.activation import check_gated_width
 from vllm_ir.provider import get_logger, norm_supports_args, register_norm_impls
 
 from vllm_ir_triton import BATCH_INVARIANT_PROVIDER, PROVIDER, launch, library, support
@@ -106,10 +109,6 @@ def _known_equal(a: int | torch.SymInt, b: int | torch.SymInt) -> bool:
 
 def _one_element(scale: Tensor | None) -> bool:
     return scale is None or _known_equal(scale.numel(), 1)
-
-
-def _even_rows(x: Tensor) -> bool:
-    return _known_equal(x.shape[-1] % 2, 0)
 
 
 def _nonempty_rows(x: Tensor) -> bool:
@@ -200,8 +199,7 @@ def fused_add_rms_norm_batch_invariant(
 
 def silu_and_mul(x: Tensor) -> Tensor:
     """``triton``: ``silu(x[..., :d]) * x[..., d:]``, one program per row."""
-    if not _even_rows(x):
-        return ir.ops.silu_and_mul.native(x)
+    check_gated_width("silu_and_mul", x)  # an odd width: the op's error, before any launch
     if _plain_eager(x):
         return launch.silu_and_mul(x)
     return _silu_and_mul_op(x)
@@ -209,8 +207,7 @@ def silu_and_mul(x: Tensor) -> Tensor:
 
 def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     """``triton``: ``gelu(x[..., :d], approximate) * x[..., d:]``, one program per row."""
-    if not _even_rows(x):
-        return ir.ops.gelu_and_mul.native(x, approximate)
+    check_gated_width("gelu_and_mul", x)  # an odd width: the op's error, before any launch
     if _plain_eager(x):
         return launch.gelu_and_mul(x, approximate)
     return _gelu_and_mul_op(x, approximate)

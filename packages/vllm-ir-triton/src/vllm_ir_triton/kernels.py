@@ -415,10 +415,14 @@ def rotary_embedding_kernel(
 
     neox pairs channel ``i`` with ``i + half``, GPT-J ``2i`` with ``2i + 1``:
     ``a' = round(round(a * cos_a) - round(b * sin_a))``, ``b' = round(round(b *
-    cos_b) + round(a * sin_b))``, as native's separate multiplies and adds round
-    (for float32 the compiler may fuse one product into an FMA: an fp32 ulp of
-    the product, within the tolerance). The last dimension is contiguous; cos
-    and sin are ``(tokens, 2 * half)`` rows.
+    cos_b) + round(a * sin_b))``, as native's separate multiplies and adds round.
+    Launch it with ``enable_fp_fusion=False`` (:mod:`vllm_ir_triton.launch` does):
+    with fusion on, a product and the add become one FMA, which skips the
+    product's rounding. The float16 casts below do not prevent that: LLVM
+    narrows ``fp16(fp32(a) * fp32(c))`` and the float32 sum of two rounded
+    products into half multiplies and a half add (exact rewrites), then fuses
+    one multiply and the add into ``fma.rn.f16``: one ulp off native. The last
+    dimension is contiguous; cos and sin are ``(tokens, 2 * half)`` rows.
     """
     pid = tl.program_id(0).to(tl.int64)
     token = pid // heads

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import triton
 from torch import Tensor
+from vllm_ir.ops.activation import check_gated_width
 
 from vllm_ir_triton.direct import Launcher
 from vllm_ir_triton.kernels import (
@@ -125,7 +126,12 @@ _rms_norm = Launcher(rms_norm_kernel, interpreted=INTERPRETED)
 _fused_add_rms_norm = Launcher(fused_add_rms_norm_kernel, interpreted=INTERPRETED)
 _silu_and_mul = Launcher(silu_and_mul_kernel, interpreted=INTERPRETED)
 _gelu_and_mul = Launcher(gelu_and_mul_kernel, interpreted=INTERPRETED)
-_rotary_embedding = Launcher(rotary_embedding_kernel, interpreted=INTERPRETED)
+# No FMA contraction: native rounds each product to the dtype before the add; an FMA
+# skips that rounding (in float16 LLVM narrows the float32 products and sum to half
+# operations, which it then fuses into fma.rn.f16: one ulp off native)
+_rotary_embedding = Launcher(
+    rotary_embedding_kernel, interpreted=INTERPRETED, options={"enable_fp_fusion": False}
+)
 _static_scaled_fp8_quant = Launcher(static_scaled_fp8_quant_kernel, interpreted=INTERPRETED)
 _dynamic_per_token_fp8_quant = Launcher(dynamic_per_token_fp8_quant_kernel, interpreted=INTERPRETED)
 """One :class:`~vllm_ir_triton.direct.Launcher` per kernel: after a kernel's first call
@@ -381,10 +387,8 @@ def _act_and_mul(
 ) -> Tensor:
     """A gated activation's launch: ``x`` (``(..., 2 * d)``) into a new ``(..., d)`` tensor;
     ``options`` are the kernel's arguments between ``d`` and the block size."""
-    hidden = x.shape[-1]
-    if hidden % 2:
-        raise ValueError(f"{op}: the last dimension ({hidden}) must be even")
-    d = hidden // 2
+    check_gated_width(op, x)  # the op's own error for an odd width
+    d = x.shape[-1] // 2
     out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out

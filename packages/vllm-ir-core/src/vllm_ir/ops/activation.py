@@ -1,4 +1,9 @@
-"""Gated activations: ``act(gate) * up`` over the two halves of the last dim."""
+"""Gated activations: ``act(gate) * up`` over the two halves of the last dim.
+
+The last dimension of ``x`` must be even: an odd one is a ``ValueError`` with
+one message (:func:`check_gated_width`), raised by the native functions and,
+before any kernel runs, by every provider's impl.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +17,37 @@ from vllm_ir._op import register_op
 from vllm_ir._samples import SampleInput
 from vllm_ir._tolerances import Tolerance
 
-__all__ = ["GELU_APPROXIMATIONS", "gelu_and_mul", "silu_and_mul"]
+__all__ = ["GELU_APPROXIMATIONS", "check_gated_width", "gelu_and_mul", "silu_and_mul"]
 
 GELU_APPROXIMATIONS = ("none", "tanh")
 """The ``approximate`` values of ``gelu_and_mul``, as ``torch.nn.functional.gelu``'s."""
 
 
+def check_gated_width(op: str, x: Tensor) -> None:
+    """Raise ``ValueError`` unless ``x``'s last dimension is even (``op``: the op's name).
+
+    ``silu_and_mul`` and ``gelu_and_mul`` take ``x`` as ``(..., 2 * d)``: the gate
+    and the up projection side by side. Their native functions and every
+    provider's impl call this first, so an odd width gets this one error
+    whichever impl is selected (without it, native would broadcast a width of 1
+    or 3 and fail on others with torch's size-mismatch error). A kernel binding
+    keeps its own check as the last line of defense.
+    """
+    width = x.shape[-1]
+    if width % 2:
+        raise ValueError(
+            f"{op}: x's last dimension ({width}) must be even: "
+            "it holds the gate and the up projection"
+        )
+
+
 @register_op
 def silu_and_mul(x: Tensor) -> Tensor:
-    """``silu(gate) * up`` where ``gate, up`` are the two halves of the last dim."""
+    """``silu(gate) * up`` where ``gate, up`` are the two halves of the last dim.
+
+    An odd last dim is a ``ValueError`` (:func:`check_gated_width`).
+    """
+    check_gated_width("silu_and_mul", x)
     d = x.shape[-1] // 2
     return F.silu(x[..., :d]) * x[..., d:]
 
@@ -31,8 +58,10 @@ def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
 
     ``approximate`` is ``"none"`` (erf: vLLM's ``gelu_and_mul``) or ``"tanh"``
     (``gelu_tanh_and_mul``; Hugging Face's ``gelu_pytorch_tanh``), as in
-    ``torch.nn.functional.gelu``.
+    ``torch.nn.functional.gelu``. An odd last dim is a ``ValueError``
+    (:func:`check_gated_width`).
     """
+    check_gated_width("gelu_and_mul", x)
     d = x.shape[-1] // 2
     return F.gelu(x[..., :d], approximate=approximate) * x[..., d:]
 
@@ -54,6 +83,7 @@ gelu_and_mul.register_tolerances(
 def _gated_inputs(
     seed: int, dtype: torch.dtype, device: torch.device
 ) -> Iterator[tuple[Tensor, str]]:
+    # every width even: an odd one is an error (check_gated_width), not a sample
     gen = torch.Generator().manual_seed(seed)
     for shape in ((1, 128), (7, 192), (2, 3, 2000)):
         x = torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)

@@ -45,11 +45,18 @@ def static_scaled_fp8_quant(x: Tensor, scale: Tensor) -> Tensor:
 def dynamic_per_token_fp8_quant(x: Tensor, scale_ub: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Quantize each token (row) with its own scale ``amax / FP8_MAX``.
 
-    Returns ``(q, scales)``; ``scale_ub`` bounds each row's amax from above.
+    Returns ``(q, scales)``; ``scale_ub`` (usually one float32 element, of shape
+    ``()`` or ``(1,)``) bounds each row's amax from above, as ``clamp(max=...)``
+    does: a NaN bound makes the scales NaN. It may live on another device than
+    ``x`` (a 0-d CPU tensor with CUDA ``x``): it is copied to ``x``'s device,
+    without a host sync.
     """
     amax = x.abs().amax(dim=-1, keepdim=True).to(torch.float32)
     if scale_ub is not None:
-        amax = amax.clamp(max=scale_ub)
+        # clamp takes no bound on another device, not even a 0-d CPU one. A copy to
+        # an accelerator need not wait for it (no host sync); one to the host must
+        ub = scale_ub.to(amax.device, non_blocking=amax.device.type != "cpu")
+        amax = amax.clamp(max=ub)
     scales = (amax / FP8_MAX).clamp(min=_MIN_SCALE)
     return _quantize(x, scales), scales
 
