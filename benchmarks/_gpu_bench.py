@@ -245,7 +245,9 @@ def accuracy(op_name: str, fn: Variant, args: tuple[Any, ...]) -> dict[str, Any]
             ok &= steps <= fp8_limit
             err = max(err, float(steps))
         else:
-            err = max(err, (g.float() - w.float()).abs().max().item() if g.numel() else 0.0)
+            # a NaN where native has none is an infinite error (max() would drop it)
+            diff = (g.float() - w.float()).abs().nan_to_num(nan=float("inf"))
+            err = max(err, diff.max().item() if g.numel() else 0.0)
             ok &= torch.allclose(g, w, atol=tol.atol, rtol=tol.rtol)
     return {"max_abs_err": err, "within_tolerance": bool(ok)}
 

@@ -178,15 +178,25 @@ def _kernel_us(fn: Callable[[], object], calls: int = 5) -> dict[str, Any]:
         if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
             continue
         us = e.device_time / calls if hasattr(e, "device_time") else e.cuda_time / calls
-        kind = "matmul_us" if any(m in e.name.lower() for m in GEMM_MARKERS) else "other_us"
-        sums[kind] += us
-        if kind == "other_us":
-            names[e.name[:80]] = names.get(e.name[:80], 0.0) + us
-    top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
+        sums["matmul_us" if is_gemm(e.name) else "other_us"] += us
+        names[e.name[:80]] = names.get(e.name[:80], 0.0) + us
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:16]
     return {
         **{k: round(v, 2) for k, v in sums.items()},
-        "other_kernels": {k: round(v, 2) for k, v in top},
+        "kernels": {k: round(v, 2) for k, v in top},
     }
+
+
+def is_gemm(kernel: str) -> bool:
+    """A GEMM library kernel (cuBLAS, CUTLASS) or an Inductor matmul template.
+
+    Inductor names a pointwise or reduction kernel after every op fused into it
+    (``triton_poi_fused__scaled_mm_...``): those are norms and quantization, not GEMMs.
+    """
+    name = kernel.lower()
+    if name.startswith("triton_") and not name.startswith("triton_tem"):
+        return False
+    return any(m in name for m in GEMM_MARKERS)
 
 
 Build = tuple[Any, Callable[[nn.Module], Callable[..., Tensor]]]

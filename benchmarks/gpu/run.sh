@@ -86,8 +86,8 @@ print([l.split()[-1] for l in open("/proc/self/maps") if "libstdc++" in l][:1])
 '
 fi
 workers=${WORKERS:-16}
-# the CUDA kernels' tests first (bad-argument fuzz included), then the kernel table and the
-# FP8 decoder; Triton's tests (long compiles) and the compiled decoder after them
+# the CUDA kernels' tests first (bad-argument fuzz included), then the kernel table, the
+# FP8 decoder and the compiled decoder; Triton's tests (long compiles) last
 (cd "$root/packages/vllm-ir-cuda" && stage tests.log 150 "$PY" -m pytest -q -p no:cacheprovider -n "$workers" -rfE tests) || status=1
 cd "$root" || exit 3
 # decode (1 token) and the bandwidth sizes of the targets (16384 tokens: >= 64 MB in bf16);
@@ -99,11 +99,11 @@ if [[ "$device" != no-cuda ]]; then
   stage benchmarks.log 120 "$PY" benchmarks/fp8_decoder.py --rounds 20 \
     --out "$OUT/fp8_decoder-$device.json"
 fi
-(cd "$root/packages/vllm-ir-triton" && stage tests.log 150 "$PY" -m pytest -q -p no:cacheprovider -n "$workers" -rfE tests) || status=1
-cd "$root" || exit 3
 if [[ "$device" != no-cuda ]]; then
   stage benchmarks.log 90 "$PY" benchmarks/compiled_priorities.py --rounds 20 \
     --out "$OUT/compiled_priorities-$device.json"
 fi
+(cd "$root/packages/vllm-ir-triton" && stage tests.log 150 "$PY" -m pytest -q -p no:cacheprovider -n "$workers" -rfE tests) || status=1
+cd "$root" || exit 3
 el "done (status $status)"
 exit $status

@@ -107,7 +107,7 @@ SPOILS: dict[str, Spoil] = {
     "empty": lambda t, a, r: t[:0] if t.dim() else t,
     "transposed": lambda t, a, r: t.transpose(0, -1) if t.dim() >= 2 else t,
     "strided": lambda t, a, r: t.repeat_interleave(2, -1)[..., ::2] if t.dim() else t,
-    "stride_0": lambda t, a, r: t.flatten()[:1].expand(t.shape) if t.numel() else t,
+    "stride_0": lambda t, a, r: t.flatten()[:1].expand(t.shape) if t.dim() and t.numel() else t,
     "alias": _other_tensor,
     "huge_rows": lambda t, a, r: t.flatten()[:1].expand(2**31, 1) if t.numel() else t,
     "huge_hidden": lambda t, a, r: t.flatten()[:1].expand(1, 2**31) if t.numel() else t,
