@@ -25,6 +25,12 @@ from share_bytecode import share as share_bytecode  # noqa: E402
 CONSTRAINTS = str(ROOT / "constraints.txt")
 CORE = "vllm-ir-core"
 
+TORCH_VERSIONS = ("2.11.0", "2.13.0", "2.14.1", "2.15.0")
+"""Every torch CI tests, oldest first: the first is core's ``torch>=`` bound (a core
+test checks it); ``constraints.txt``'s pin runs every session, the others run
+``torch_matrix`` (the CPU build of 2.13.0 is on the CI machine; the others are
+the index's CUDA builds, which run on the CPU too)."""
+
 nox.options.sessions = ["lint", "tests", "build", "integration"]
 nox.options.reuse_existing_virtualenvs = True
 # uv where installed (``pip install uv``): a session's venv and installs take
@@ -250,6 +256,68 @@ def build(session: nox.Session) -> None:
     session.run("twine", "check", "--strict", *sorted(str(p) for p in dist.iterdir()))
     session.run("python", str(ROOT / "tools" / "check_wheels.py"), str(dist))
     _BUILT_THIS_RUN.extend(sorted(dist.glob("*.whl")))
+
+
+def _pinned_torch() -> str:
+    for line in Path(CONSTRAINTS).read_text().splitlines():
+        if line.startswith("torch=="):
+            return line.removeprefix("torch==").strip()
+    raise RuntimeError(f"{CONSTRAINTS} pins no torch")
+
+
+MATRIX_TESTS: dict[str, tuple[str, ...]] = {
+    CORE: (
+        "test_compile_*.py",
+        "test_compiled_eager.py",
+        "test_autotune.py",
+        "test_buckets.py",
+        "test_plan.py",
+        "test_selector.py",
+        "test_priority.py",
+        "test_dispatch.py",
+        "test_providers.py",
+        "test_provider_isolation.py",
+        "test_registration.py",
+        "test_opcheck.py",
+        "test_conformance_kit.py",
+        "test_native_semantics.py",
+        "test_tracing.py",
+        "test_fusion.py",
+        "test_absolute_views.py",
+        "test_torch_wrap.py",
+        "test_upstream_hazards.py",
+    ),
+    "vllm-ir-cpu": ("test_*.py",),
+    "vllm-ir-cuda": ("test_*.py",),
+    "vllm-ir-triton": ("test_*.py",),
+    "vllm-ir-transformers": ("test_*.py",),
+    "vllm-ir-vllm": ("test_*.py",),
+}
+"""What ``torch_matrix`` runs on each other torch: of core, the tests of what a torch
+release can break (compile, selection, autotune, providers, tracing, custom ops);
+every provider's, the transformers' and the plugin's tests whole."""
+
+
+@nox.session
+@nox.parametrize("version", [v for v in TORCH_VERSIONS if v != _pinned_torch()])
+def torch_matrix(session: nox.Session, version: str) -> None:
+    """Core's compile, selection, autotune and provider tests and every other package's
+    tests on another torch of :data:`TORCH_VERSIONS`, then a compiled decoder
+    (``vllm-ir demo``). Not a default session; CI runs it."""
+    constraints = ROOT / ".cache" / f"constraints-torch-{version}.txt"
+    constraints.parent.mkdir(parents=True, exist_ok=True)
+    pinned = Path(CONSTRAINTS).read_text().replace(f"torch=={_pinned_torch()}", f"torch=={version}")
+    constraints.write_text(pinned)
+    env = {"PIP_CONSTRAINT": str(constraints), "UV_CONSTRAINT": str(constraints)}
+    # core alone first, as ``tests`` runs it (its tests assume no other provider)
+    for name in MATRIX_TESTS:
+        session.install("-c", str(constraints), f"{PACKAGES[name]}[test]", "pytest-xdist", env=env)
+        if name == CORE:
+            session.run("python", "-c", "import torch; print('torch', torch.__version__)")
+        tests = PACKAGES[name] / "tests"
+        _pytest(session, *sorted({str(f) for g in MATRIX_TESTS[name] for f in tests.glob(g)}),
+                env=env)  # fmt: skip
+    session.run("vllm-ir", "demo", "--tokens", "8", "--runs", "5", env={**ENV, **env})
 
 
 VLLM_PIN = "vllm==0.33.0"

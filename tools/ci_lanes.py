@@ -38,6 +38,7 @@ LOGS = ROOT / ".cache" / "ci"
 
 ORDER = (
     "tests(package='vllm-ir-core')",
+    "torch_matrix",
     "build",
     "tests(package='vllm-ir-cpu')",
     "tests(package='vllm-ir-triton')",
@@ -45,7 +46,8 @@ ORDER = (
     "vllm",
     "tests(package='vllm-ir-transformers')",
 )
-"""Sessions to start first, longest first; unnamed ones follow in nox's order."""
+"""Sessions to start first, longest first (a parametrized session's base name ranks
+each instance); unnamed ones follow in nox's order."""
 
 TOGETHER = {"build": ("build", "integration")}
 """A job that runs several sessions in one nox process, in this order."""
@@ -53,8 +55,10 @@ TOGETHER = {"build": ("build", "integration")}
 TWO_WORKERS = ("tests(package='vllm-ir-core')",)
 """Jobs that keep one xdist worker per core while other lanes run."""
 
-EXTRA = ("vllm",)
-"""Not default sessions, run in CI all the same (``vllm`` installs vLLM's wheel)."""
+EXTRA = ("vllm", "torch_matrix")
+"""Not default sessions, run in CI all the same (``vllm`` installs vLLM's wheel;
+``torch_matrix`` is one job per torch version): a name or a parametrized
+session's base name."""
 
 
 @dataclass
@@ -69,15 +73,22 @@ class Job:
         self.log = LOGS / (re.sub(r"[^\w.-]+", "_", self.name).strip("_") + ".log")
 
 
-def default_sessions(nox: list[str]) -> list[str]:
-    """The sessions ``nox`` runs without ``-s``, as ``nox -l`` lists them."""
+def listed_sessions(nox: list[str]) -> tuple[list[str], list[str]]:
+    """(the default sessions, every other session), as ``nox -l`` lists them."""
     listed = subprocess.run([*nox, "-l"], capture_output=True, text=True, check=True, cwd=ROOT)
-    return [m.group(1) for m in re.finditer(r"^\* (\S+) ->", listed.stdout, re.MULTILINE)]
+    found = re.findall(r"^([*-]) (\S+) ->", listed.stdout, re.MULTILINE)
+    return [n for mark, n in found if mark == "*"], [n for mark, n in found if mark == "-"]
 
 
-def plan(sessions: list[str]) -> list[Job]:
-    """The jobs for ``sessions`` (plus :data:`EXTRA`), longest first."""
-    wanted = [*sessions, *(s for s in EXTRA if s not in sessions)]
+def extra_sessions(others: list[str]) -> list[str]:
+    """The sessions of :data:`EXTRA` among ``others`` (parametrized ones: each instance)."""
+    return [n for n in others if any(n == e or n.startswith(f"{e}(") for e in EXTRA)]
+
+
+def plan(sessions: list[str], extra: list[str] | None = None) -> list[Job]:
+    """The jobs for ``sessions`` plus ``extra`` (default: :data:`EXTRA`), longest first."""
+    extra = list(EXTRA) if extra is None else extra
+    wanted = [*sessions, *(s for s in extra if s not in sessions)]
     grouped = {member for group in TOGETHER.values() for member in group}
     jobs = []
     for name in wanted:
@@ -86,7 +97,9 @@ def plan(sessions: list[str]) -> list[Job]:
         elif name not in grouped:
             jobs.append(Job((name,), name))
     rank = {name: i for i, name in enumerate(ORDER)}
-    return sorted(jobs, key=lambda job: rank.get(job.name, len(ORDER)))
+    return sorted(
+        jobs, key=lambda job: rank.get(job.name, rank.get(job.name.split("(")[0], len(ORDER)))
+    )
 
 
 def _start(job: Job, nox: list[str], lanes: int) -> None:
@@ -141,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.lanes < 1:
         parser.error(f"--lanes must be at least 1, got {args.lanes}")
     nox = [sys.executable, "-m", "nox"]
-    jobs = plan(default_sessions(nox))
+    defaults, others = listed_sessions(nox)
+    jobs = plan(defaults, extra_sessions(others))
     if args.sessions:
         chosen = set(args.sessions)
         jobs = [job for job in jobs if chosen & set(job.sessions)]
