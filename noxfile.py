@@ -295,7 +295,16 @@ MATRIX_TESTS: dict[str, tuple[str, ...]] = {
 }
 """What ``torch_matrix`` runs on each other torch: of core, the tests of what a torch
 release can break (compile, selection, autotune, providers, tracing, custom ops);
-every provider's, the transformers' and the plugin's tests whole."""
+every provider's, the transformers' and the plugin's tests whole, but for
+:data:`MATRIX_DESELECT`."""
+
+MATRIX_DESELECT = (
+    # cpu_c's 16-bit norms round as the pinned torch's ATen does, bit for bit, its
+    # fp32 sum of squares included; ATen 2.15 sums in another order (fused add + norm,
+    # fp16: 3 of 16,000 elements one ulp apart). Other torches: within the op's
+    # tolerance, which the rest of the test file checks.
+    "packages/vllm-ir-cpu/tests/test_kernels.py::test_bf16_fp16_bit_exact_fp32_within_tolerance",
+)
 
 
 @nox.session
@@ -315,8 +324,11 @@ def torch_matrix(session: nox.Session, version: str) -> None:
         if name == CORE:
             session.run("python", "-c", "import torch; print('torch', torch.__version__)")
         tests = PACKAGES[name] / "tests"
-        _pytest(session, *sorted({str(f) for g in MATRIX_TESTS[name] for f in tests.glob(g)}),
-                env=env)  # fmt: skip
+        files = sorted({str(f) for g in MATRIX_TESTS[name] for f in tests.glob(g)})
+        # node ids as pytest names them here: relative to the checkout
+        own = str(tests.relative_to(ROOT))
+        skip = [f"--deselect={d}" for d in MATRIX_DESELECT if d.startswith(own)]
+        _pytest(session, *files, *skip, env=env)
     session.run("vllm-ir", "demo", "--tokens", "8", "--runs", "5", env={**ENV, **env})
 
 

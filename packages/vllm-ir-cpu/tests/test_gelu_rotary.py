@@ -169,3 +169,15 @@ def test_rotary_kernel_errors_say_what_is_wrong(
     cos = torch.randn(3, cos_width)
     with pytest.raises(RuntimeError, match=message):
         KERNELS["rotary_embedding_functional"](q, k, cos, cos, True)
+
+
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_rotary_of_head_size_zero_is_natives_empty_result(kernels: Path, is_neox: bool) -> None:
+    # head_size 0 once counted rows as numel / head_size: a division by zero (SIGFPE)
+    q, k, c = torch.randn(2, 4, 0), torch.randn(2, 4, 0), torch.randn(2, 0)
+    with ROPE.set_priority([PROVIDER]):
+        assert ROPE.selected_impl(q, k, c, c, is_neox).provider == PROVIDER
+        out = ROPE(q, k, c, c, is_neox)
+        inplace = ROPE.maybe_inplace(q.clone(), k.clone(), c, c, is_neox)
+    for got in (out, inplace):
+        assert [tuple(t.shape) for t in got] == [(2, 4, 0), (2, 4, 0)]

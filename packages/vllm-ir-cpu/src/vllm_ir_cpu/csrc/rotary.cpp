@@ -192,8 +192,9 @@ void rotate(
   const at::Tensor cos = last_dim_contiguous(cos_in).unsqueeze(-2).expand(rows_shape);
   const at::Tensor sin = last_dim_contiguous(sin_in).unsqueeze(-2).expand(rows_shape);
   const at::Tensor src = last_dim_contiguous(src_in);
+  // head_size 0 (and so rot 0): nothing to rotate, and no rows to count by dividing
+  if (head_size == 0 || src.numel() == 0) return;
   const int64_t rows = src.numel() / head_size;
-  if (rows == 0) return;
   const RowOffsets src_at(src.sizes(), src.strides()), dst_at(dst.sizes(), dst.strides());
   const RowOffsets cos_at(cos.sizes(), cos.strides()), sin_at(sin.sizes(), sin.strides());
   const bool same = dst.data_ptr() == src.data_ptr() && dst.strides() == src.strides();
