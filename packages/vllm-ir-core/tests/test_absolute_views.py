@@ -14,7 +14,11 @@ from torch import Tensor, fx
 from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
-from vllm_ir.compilation._absolute_views import rebase_absolute_views, resolve_storage_offsets
+from vllm_ir.compilation._absolute_views import (
+    count_input_offsets_from_the_input,
+    rebase_absolute_views,
+    resolve_storage_offsets,
+)
 
 as_strided = torch.ops.aten.as_strided.default
 
@@ -98,3 +102,24 @@ def test_an_offset_it_cannot_express_is_an_error() -> None:
         node.args[0].meta["val"] = torch.empty(16).as_strided((2, 3), (3, 1), stranger)
     with pytest.raises(RuntimeError, match="would read 0"):
         resolve_storage_offsets(gm.graph)
+
+
+def _as_strided_at(offset: int) -> fx.GraphModule:
+    """``as_strided`` at ``offset`` of a graph input whose storage offset is 3."""
+    gm = make_fx(lambda x: as_strided(x, (2, 3), (3, 1), offset), tracing_mode="fake")(
+        torch.zeros(6, 3)[1:5]
+    )
+    (placeholder,) = gm.graph.find_nodes(op="placeholder")
+    assert placeholder.meta["val"].storage_offset() == 3
+    return gm
+
+
+def test_input_offsets_counted_from_the_input() -> None:
+    """For torch 2.11's Inductor (``_inductor_compat``), which reads them so: the
+    rewritten graph no longer means what eager means, so only its offsets are checked."""
+    gm = _as_strided_at(6)
+    assert count_input_offsets_from_the_input(gm.graph) == 1
+    (node,) = gm.graph.find_nodes(op="call_function", target=as_strided)
+    assert node.args[3] == 3
+    with pytest.raises(RuntimeError, match="before the input's first element"):
+        count_input_offsets_from_the_input(_as_strided_at(0).graph)

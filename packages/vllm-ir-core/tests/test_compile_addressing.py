@@ -1,9 +1,9 @@
 """Compiled == eager where memory is addressed absolutely, and never worse than
 plain Inductor: programs with and without IR ops that take ``as_strided``
 views of copies Inductor's no-op removal drops, of ``split``/``chunk``/
-``unbind`` pieces, of dtype views; offsets with floor divisions; the
-upstream-hazard fallback's view spellings; the lowering's trace cache across
-recompiles; ``supports_args`` reading data pointers.
+``unbind`` pieces, of dtype views, of row-slice graph inputs; offsets with
+floor divisions; the upstream-hazard fallback's view spellings; the lowering's
+trace cache across recompiles; ``supports_args`` reading data pointers.
 
 Values are small integers so eager and compiled agree bit for bit.
 """
@@ -144,6 +144,56 @@ def test_storage_offset_with_a_floor_division_under_dynamic_shapes(
     with torch.no_grad(), inductor_caches_off():
         compiled = torch.compile(fn, backend=ir.VllmIRBackend(priority=prio), dynamic=True)
         got = compiled(base)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+# -- explicit offsets on a row-slice graph input ------------------------------------
+
+
+def row_slice(rows: int) -> Tensor:
+    """``rows`` rows of a fresh base, from its second: a nonzero storage offset."""
+    return torch.arange((rows + 2) * 8.0).view(rows + 2, 8)[1 : rows + 1]
+
+
+INPUT_VIEWS: dict[str, Callable[[Tensor], Tensor]] = {
+    "rows_1_2": lambda x: _rows_1_2(x),  # defined with the hazard tests below
+    "of_a_slice": lambda x: (s := x[1:3]).as_strided(s.size(), s.stride(), s.storage_offset()),
+    "identity": lambda x: x.as_strided(x.size(), x.stride(), x.storage_offset()),
+}
+
+
+@pytest.mark.parametrize("view", list(INPUT_VIEWS))
+def test_as_strided_at_an_absolute_offset_on_a_row_slice_input(view: str) -> None:
+    """The offset counts from the input's storage; torch 2.11's Inductor counts it
+    from the input's first element (plain ``torch.compile`` reads rows further
+    on), and the absolute-views pass counts it so there. Dynamic shapes: with
+    static ones Dynamo does not trace ``storage_offset()`` (a graph break)."""
+
+    def fn(x: Tensor) -> Tensor:
+        return INPUT_VIEWS[view](x) * 2 + 1
+
+    compiled = torch.compile(fn, backend=ir.VllmIRBackend(), dynamic=True)
+    with torch.no_grad(), inductor_caches_off():
+        for rows in (4, 5):
+            got, want = compiled(row_slice(rows)), fn(row_slice(rows))
+            torch.testing.assert_close(got, want, atol=0, rtol=0, msg=f"{rows} rows")
+
+
+@pytest.mark.parametrize("copy", ["none", "clone", "clone_and_input"])
+def test_offset_reading_impl_on_a_row_slice_input(copy: str) -> None:
+    """Fuzz seed 1085 (torch 2.11): the inlined impl's ``as_strided`` at the
+    input's own offset, on the input or (once Inductor or clone elimination
+    removed the copy) on a copy of it, read the rows after the slice."""
+
+    def fn(x: Tensor) -> Tensor:
+        if copy == "none":
+            return head2(x)
+        return head2(x.clone()) if copy == "clone" else head2(x.clone()) + x[:2]
+
+    prio = {head2.name: ["addressing_strided"]}
+    with head2.set_priority(prio[head2.name]), torch.no_grad(), inductor_caches_off():
+        got = torch.compile(fn, backend=ir.VllmIRBackend(priority=prio))(row_slice(4))
+        want = fn(row_slice(4))
     torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 

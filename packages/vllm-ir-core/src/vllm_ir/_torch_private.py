@@ -8,6 +8,15 @@ read and edit the bookkeeping below. Written against torch 2.11 to 2.13
 ``OPDEFS``, ``OPDEF_TO_LIB``); a torch that moves them breaks only these
 functions, and ``tests/test_registration.py`` says so.
 
+torch 2.11's ``Library._destroy`` drops each definition's cached
+``torch.ops.<ns>.<name>`` after undefining the ops, checking for it with
+``hasattr``: for an op with two overloads (``name`` and
+``name.maybe_inplace``) the second check misses the cache the first emptied,
+and asks the dispatcher for the op it just removed, which reads freed memory
+(a ``UnicodeDecodeError``, or worse). torch 2.13 checks the namespace's own
+``vars()`` (``torch.library._clear_torch_ops_cache``); :func:`_destroy` does
+so on torch 2.11 as well.
+
 Imports torch lazily: :mod:`vllm_ir._registration` imports nothing at load.
 """
 
@@ -52,10 +61,36 @@ def _forget(defs: Iterable[str]) -> None:
         custom_ops.OPDEF_TO_LIB.pop(qualname, None)
 
 
+def _destroy(lib: Any) -> None:
+    """``lib._destroy()``, never looking up an op it removed (see the module doc)."""
+    import torch
+    import torch.library
+
+    if hasattr(torch.library, "_clear_torch_ops_cache"):  # torch 2.13 and later
+        lib._destroy()
+        return
+    # torch 2.11: _destroy would look each definition's packet up; it reads
+    # _op_defs for nothing else, and the finalizer needs them back afterwards
+    defs = set(lib._op_defs)
+    lib._op_defs.clear()
+    try:
+        lib._destroy()
+    finally:
+        lib._op_defs.update(defs)
+    for qualname in defs:
+        ns, name = qualname.split("::")
+        name = name.split(".")[0]
+        namespace = vars(torch.ops).get(ns)
+        if namespace is not None and name in vars(namespace):
+            delattr(namespace, name)
+            if name in namespace._dir:
+                namespace._dir.remove(name)
+
+
 def destroy_library(lib: Any) -> None:
     """Destroy ``lib`` (a ``torch.library.Library``), so its op names can be defined again."""
     defs = set(lib._op_defs)
-    lib._destroy()
+    _destroy(lib)
     _forget(defs)
 
 
@@ -74,7 +109,7 @@ def destroy_libraries_defining(defs: set[str], impls: set[str]) -> list[str]:
             continue  # not a library, or one already destroyed
         mine = (set(obj._op_defs) & defs) | (set(obj._op_impls) & impls)
         if mine:
-            obj._destroy()
+            _destroy(obj)
             destroyed.append(f"torch.library {obj.ns} ({', '.join(sorted(mine))})")
     _forget(defs)
     return destroyed
@@ -88,8 +123,6 @@ def size_hint(value: Any, fallback: int) -> int:
     """
     from torch.fx.experimental import symbolic_shapes
 
-    hint = getattr(symbolic_shapes, "optimization_hint", None)
-    if hint is not None:
-        return hint(value, fallback=fallback)
-    return symbolic_shapes.hint_int(value, fallback=fallback)
-
+    older = "hint_int"  # read by name: the stubs of torch 2.12+ lack it
+    hint = getattr(symbolic_shapes, "optimization_hint", None) or getattr(symbolic_shapes, older)
+    return int(hint(value, fallback=fallback))

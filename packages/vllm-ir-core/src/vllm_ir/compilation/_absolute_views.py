@@ -41,6 +41,16 @@ addresses the slice's base. The pass replaces each such node by the offset
 itself: an integer, or the graph's symbols (symbol inputs, sizes and strides of
 tensor inputs) combined with ``+`` and ``*``.
 An offset it cannot express that way is an error, never a silent 0.
+
+**Offsets on graph inputs (torch 2.11).** Inductor in torch 2.11 counts an
+explicit ``as_strided`` offset on a graph input from the input's first element,
+not from the start of its storage (:mod:`._inductor_compat`), so on a row-slice
+input it reads rows further on. An inlined impl reading ``x.storage_offset()``
+meets this on such an input, and on a copy of one once the copy is gone (fuzz
+seed 1085, which plain ``torch.compile`` compiles right). On such a torch the
+pass, last, subtracts the input's storage offset from each such offset, so the
+graph means what that Inductor reads; an offset before the input's first
+element, or one it cannot express, is an error.
 """
 
 from __future__ import annotations
@@ -51,15 +61,18 @@ from typing import Any
 import sympy
 import torch
 from torch import fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._sympy import functions as _sympy_functions
 
 from vllm_ir.compilation._context import get_pass_context
+from vllm_ir.compilation._inductor_compat import as_strided_input_offsets_count_from_the_input
 from vllm_ir.compilation._pass_base import VllmIRPass
 
 __all__ = [
     "AS_STRIDED_INPUT_OFFSET_META",
     "AbsoluteViewPass",
     "AbsoluteViewRecordPass",
+    "count_input_offsets_from_the_input",
     "rebase_absolute_views",
     "record_as_strided_offsets",
     "resolve_storage_offsets",
@@ -89,6 +102,11 @@ class AbsoluteViewPass(VllmIRPass):
     def run(self, graph: fx.Graph) -> None:
         get_pass_context().views_rebased += rebase_absolute_views(graph)
         resolve_storage_offsets(graph)
+        if as_strided_input_offsets_count_from_the_input():
+            count_input_offsets_from_the_input(graph)  # last: eager reads it differently
+
+    def cache_state(self) -> Any:
+        return as_strided_input_offsets_count_from_the_input()
 
 
 def record_as_strided_offsets(graph: fx.Graph) -> int:
@@ -306,6 +324,42 @@ def resolve_storage_offsets(graph: fx.Graph) -> int:
         node.replace_all_uses_with(value)  # type: ignore[arg-type]
         graph.erase_node(node)
     return len(nodes)
+
+
+def count_input_offsets_from_the_input(graph: fx.Graph) -> int:
+    """Make each explicit ``as_strided`` offset on a graph input count from the
+    input's first element (what torch 2.11's Inductor reads); the count.
+
+    Eager reads the rewritten graph differently: only for an Inductor that
+    :func:`~._inductor_compat.as_strided_input_offsets_count_from_the_input`.
+    """
+    symbols: _Symbols | None = None
+    rewritten = 0
+    for node in list(graph.find_nodes(op="call_function", target=_AS_STRIDED)):
+        source = node.args[0]
+        if not isinstance(source, fx.Node) or source.op != "placeholder":
+            continue
+        offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+        val = _val(source)
+        if offset is None or val is None:
+            continue  # no explicit offset: Inductor takes the input's own
+        start = _expr(val.storage_offset())
+        if start == 0:
+            continue
+        symbols = symbols or _Symbols(graph)
+        with graph.inserting_before(node):
+            shift = _build(graph, -start, symbols)
+            value = _add(graph, offset, shift) if shift is not None else None
+        if value is None or not statically_known_true(_meta(value) >= 0):
+            raise RuntimeError(
+                f"{node.format_node()}: the offset {offset} on graph input {source.name} "
+                f"(storage offset {start}) is before the input's first element, or cannot "
+                "be counted from it with the graph's symbols, as this torch's Inductor "
+                "reads it (torch 2.11, pytorch/pytorch#175325); use torch 2.13 or later"
+            )
+        node.args, node.kwargs = (source, node.args[1], node.args[2], value), {}
+        rewritten += 1
+    return rewritten
 
 
 class _Symbols:

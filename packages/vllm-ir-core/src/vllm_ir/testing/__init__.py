@@ -56,6 +56,7 @@ from vllm_ir._eager import DispatchMismatch, set_dispatch_check
 from vllm_ir._impl import IrOpImpl
 from vllm_ir._op import IrOp
 from vllm_ir._samples import SampleInput
+from vllm_ir.testing._opcheck_compat import strides_compared_on_every_device
 from vllm_ir.testing.isolation import SELECTION_ENV, inductor_caches_off, isolated
 from vllm_ir.testing.models import TinyDecoder, compile_agrees
 
@@ -419,7 +420,8 @@ def _check_compiled(case: ConformanceCase) -> Iterator[str]:
 _OPCHECK_OF_THE_IMPL = ("test_schema", "test_autograd_registration", "test_faketensor")
 """The opcheck tests the kit runs on every sample: the schema check (the impl's
 mutation and aliasing), the autograd registration, and the fake impl's metadata
-against the impl's outputs. ``test_aot_dispatch_dynamic`` traces the op's fake
+against the impl's outputs (strides too, on every device and torch:
+:mod:`~vllm_ir.testing._opcheck_compat`). ``test_aot_dispatch_dynamic`` traces the op's fake
 impl, core's native for every provider (about 0.4 s a sample for rotary), so
 the kit runs it on the first sample only; core's suite runs all four on every
 sample of every op."""
@@ -435,7 +437,8 @@ def _check_opcheck(case: ConformanceCase) -> Iterator[str]:
             tests: dict[str, Any] = {} if index == 0 else {"test_utils": _OPCHECK_OF_THE_IMPL}
             for overload in overloads:
                 try:
-                    torch.library.opcheck(overload, sample.clone().args, **tests)
+                    with strides_compared_on_every_device():  # torch 2.11: CUDA only
+                        torch.library.opcheck(overload, sample.clone().args, **tests)
                 except Exception as e:
                     yield f"{overload} on sample {sample.name}: {str(e).splitlines()[0]}"
 
