@@ -287,16 +287,25 @@ MATRIX_TESTS: dict[str, tuple[str, ...]] = {
         "test_torch_wrap.py",
         "test_upstream_hazards.py",
     ),
-    "vllm-ir-cpu": ("test_*.py",),
-    "vllm-ir-cuda": ("test_*.py",),
-    "vllm-ir-triton": ("test_*.py",),
+    # the C++ kernels built against this torch's headers, their ops and impls
+    "vllm-ir-cpu": ("test_build.py", "test_impls.py", "test_kernels.py", "test_provider.py"),
+    # the binding's torch ops (schemas, fake impls, opcheck) and the impls' wiring
+    "vllm-ir-cuda": (
+        "test_cuda_ops.py",
+        "test_cuda_registration.py",
+        "test_cuda_wiring.py",
+        "test_cuda_*_wiring.py",
+    ),
+    # the provider, its impls and compiled graphs with its kernels
+    "vllm-ir-triton": ("test_triton_provider.py", "test_triton_impls.py", "test_triton_compile.py"),
     "vllm-ir-transformers": ("test_*.py",),
     "vllm-ir-vllm": ("test_*.py",),
 }
-"""What ``torch_matrix`` runs on each other torch: of core, the tests of what a torch
-release can break (compile, selection, autotune, providers, tracing, custom ops);
-every provider's, the transformers' and the plugin's tests whole, but for
-:data:`MATRIX_DESELECT`."""
+"""What ``torch_matrix`` runs on each other torch, the parts of each package a torch
+release can break: of core, compile, selection, autotune, providers, tracing and
+custom ops; of the providers, their torch ops and impls and compiled graphs (their
+kernels' numerics run on the pinned torch); the transformers' and the plugin's tests
+whole; less :data:`MATRIX_DESELECT`. CI runs it for every other version."""
 
 MATRIX_DESELECT: dict[str, tuple[str, ...]] = {
     # cpu_c's 16-bit norms round as the pinned torch's ATen does, bit for bit, its

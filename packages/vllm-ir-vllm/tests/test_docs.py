@@ -18,9 +18,31 @@ CORE_DOCS_TEST = REPO / "packages" / "vllm-ir-core" / "tests" / "test_docs_examp
 PAGE = REPO / "docs" / "vllm.md"
 
 
+def _platform_refusal() -> str | None:
+    """Why vLLM refuses to build a config on this machine, if it does.
+
+    vLLM 0.34's CPU platform requires triton-cpu on x86 (0.33 warns), which
+    vLLM's CPU builds ship and no package index has; the page's example builds
+    a ``VllmConfig`` in a fresh process. ``test_vllm.py`` runs the same calls
+    with vLLM's Triton check satisfied.
+    """
+    from vllm.config import VllmConfig
+
+    try:
+        VllmConfig()
+    except RuntimeError as e:
+        if "triton" not in str(e).lower():
+            raise
+        return str(e)
+    return None
+
+
 def test_vllm_page_examples(tmp_path: Path) -> None:
     if not CORE_DOCS_TEST.is_file() or not PAGE.is_file():
         pytest.skip("not in the repository checkout")
+    refusal = _platform_refusal()
+    if refusal is not None:
+        pytest.skip(f"vLLM refuses this machine: {refusal}")
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("core_docs_examples", CORE_DOCS_TEST)

@@ -1,18 +1,21 @@
 """The plugin inside the real vLLM, without an engine (``nox -s vllm``).
 
-Needs ``vllm`` (0.33: installed without its dependencies plus the pure-Python
-packages its layer code imports, see the noxfile); skipped where it is absent.
+Needs ``vllm`` (0.33.0 or 0.34.0, one per instance of the session: installed
+without its dependencies plus the packages its config, plugin and layer code
+import, see the noxfile); skipped where it is absent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, version
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -23,11 +26,14 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # a CPU-only torch: vLLM's C
 import vllm_ir as ir
 import vllm_ir_vllm
 from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
-from vllm.model_executor.hw_agnostic.custom_op import op_registry_oot
+from vllm.model_executor import hw_agnostic
+from vllm.model_executor.hw_agnostic.custom_op import CustomOp, op_registry_oot
 from vllm.model_executor.hw_agnostic.layers.activation import SiluAndMul
 from vllm.model_executor.hw_agnostic.layers.layernorm import RMSNorm
+from vllm_ir import _namespace as namespace
 from vllm_ir_vllm import layers
 
+VLLM = version("vllm")
 MARKER = "vllm_marker"
 OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul")
 
@@ -60,6 +66,20 @@ def test_both_import_orders(vllm_first: bool) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "vllm_ir_core"
+
+
+def test_the_namespace_is_chosen_without_importing_vllm() -> None:
+    """0.33 and 0.34 both ship ``vllm.ir``, which claims ``vllm_ir`` when imported:
+    vllm-ir takes ``vllm_ir_core`` from the installed files alone."""
+    assert namespace.vllm_ships_ir(), f"vLLM {VLLM} ships vllm/ir"
+    code = (
+        "import sys, vllm_ir\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'vllm'], 'vllm imported'\n"
+        "print(vllm_ir.NAMESPACE)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == namespace.FALLBACK_NAMESPACE
 
 
 # -- plugin discovery ---------------------------------------------------------
@@ -125,8 +145,30 @@ def marker(monkeypatch: pytest.MonkeyPatch, teardown: None) -> Iterator[Marker]:
         yield m
 
 
+@contextlib.contextmanager
+def _triton_cpu_stand_in() -> Iterator[None]:
+    """vLLM 0.34's CPU platform refuses to configure an x86 machine without
+    triton-cpu (``vllm/platforms/cpu.py``, ``check_and_update_config``; 0.33 only
+    warns). vLLM's CPU builds ship it, no package index has it, and these tests
+    run no Triton kernel: while a config is built, vLLM sees Triton as present."""
+    import vllm.triton_utils
+    from vllm.platforms import CpuArchEnum, current_platform
+
+    missing = (
+        current_platform.is_cpu()
+        and current_platform.get_cpu_architecture() == CpuArchEnum.X86
+        and not vllm.triton_utils.HAS_TRITON
+    )
+    if not missing:
+        yield
+        return
+    with mock.patch.object(vllm.triton_utils, "HAS_TRITON", True):
+        yield
+
+
 def _config(custom_ops: list[str]) -> VllmConfig:
-    return VllmConfig(compilation_config=CompilationConfig(custom_ops=custom_ops))
+    with _triton_cpu_stand_in():
+        return VllmConfig(compilation_config=CompilationConfig(custom_ops=custom_ops))
 
 
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor, op: str) -> None:
@@ -223,3 +265,52 @@ def test_compiled_layers_keep_the_selection(marker: Marker) -> None:
         out, _ = compiled(x16, x16.clone())  # declined (bf16 sum): vLLM's numerics
         assert torch.equal(out, norm.forward_native(x16, x16.clone())[0])
     assert marker.calls["fused_add_rms_norm"] == 0
+
+
+# -- vLLM 0.34: hw_agnostic.resolve() and its subclass check ---------------------
+
+
+def test_resolve_builds_the_plugin_layers(monkeypatch: pytest.MonkeyPatch, marker: Marker) -> None:
+    """vLLM 0.34 builds the Transformers backend's layers through
+    ``hw_agnostic.resolve(module, name)``: the hardware-agnostic class under
+    ``VLLM_USE_HW_AGNOSTIC=1``, else the in-tree one. An override registered for
+    the hardware-agnostic path must subclass what it replaces, or building the
+    layer raises ``TypeError``. The plugin's layers subclass the resolved classes,
+    and building a resolved class builds the plugin's layer."""
+    resolve = getattr(hw_agnostic, "resolve", None)
+    if resolve is None:
+        pytest.skip(f"vLLM {VLLM} has no hw_agnostic.resolve() (0.34 adds it)")
+    monkeypatch.setenv("VLLM_USE_HW_AGNOSTIC", "1")
+    norm_cls = resolve("layernorm", "RMSNorm")
+    act_cls = resolve("activation", "SiluAndMul")
+    assert (norm_cls, act_cls) == (RMSNorm, SiluAndMul)
+    assert issubclass(layers.IrRMSNorm, norm_cls)
+    assert issubclass(layers.IrSiluAndMul, act_cls)
+    with set_current_vllm_config(_config(["all"])), torch.inference_mode():
+        norm, act = norm_cls(64, dtype=torch.float32), act_cls()
+        assert type(norm) is layers.IrRMSNorm
+        assert type(act) is layers.IrSiluAndMul
+        x = torch.randn(3, 64)
+        _assert_close(norm(x), norm.forward_native(x), "rms_norm")
+        _assert_close(act(x), act.forward_native(x), "silu_and_mul")
+    assert marker.calls["rms_norm"] == marker.calls["silu_and_mul"] == 1
+
+    # the check is live in this vLLM: an override that does not derive from
+    # the hardware-agnostic layer is refused where the layer is built
+    class NotASiluAndMul(CustomOp):
+        def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    op_registry_oot["SiluAndMul"] = NotASiluAndMul
+    try:
+        with set_current_vllm_config(_config(["all"])), pytest.raises(TypeError, match="derive"):
+            act_cls()
+    finally:
+        op_registry_oot["SiluAndMul"] = layers.IrSiluAndMul  # for unregister()
+
+    # without VLLM_USE_HW_AGNOSTIC vLLM builds its in-tree layers, which the
+    # plugin leaves alone
+    monkeypatch.delenv("VLLM_USE_HW_AGNOSTIC")
+    in_tree = resolve("layernorm", "RMSNorm")
+    assert in_tree.__module__ == "vllm.model_executor.layers.layernorm"
+    assert not issubclass(layers.IrRMSNorm, in_tree)

@@ -119,10 +119,11 @@ def size_hint(value: Any, fallback: int) -> int:
     """The concrete value a backed ``torch.SymInt`` was traced with, else ``fallback``.
 
     torch 2.12 and later name this ``symbolic_shapes.optimization_hint``; torch
-    2.11 (the GPU machine's) has only its older name, ``hint_int``.
+    2.11 (the GPU machine's) ``size_hint`` (its ``hint_int`` warns that it is
+    deprecated in favour of that).
     """
     from torch.fx.experimental import symbolic_shapes
 
-    older = "hint_int"  # read by name: the stubs of torch 2.12+ lack it
+    older = "size_hint"  # read by name: the stubs of later torches may lack it
     hint = getattr(symbolic_shapes, "optimization_hint", None) or getattr(symbolic_shapes, older)
     return int(hint(value, fallback=fallback))
