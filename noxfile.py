@@ -118,17 +118,25 @@ WORKERS = os.environ.get("VLLM_IR_TEST_WORKERS", str(min(2, os.cpu_count() or 1)
 are dominated by single-threaded compiles, and CI machines have two cores)."""
 
 
-def _install(session: nox.Session, *names: str, extras: str = "test") -> None:
+def _install(
+    session: nox.Session,
+    *names: str,
+    extras: str = "test",
+    constraints: str = CONSTRAINTS,
+    env: dict[str, str] | None = None,
+) -> None:
     """Install core and the named packages from this checkout, with test extras.
 
     Core's own extras only when core is named: a provider's tests need core,
-    not core's test dependencies (Triton alone is a 290 MB wheel).
+    not core's test dependencies (Triton alone is a 290 MB wheel). Another torch:
+    ``constraints, env = _torch_constraints(version)``.
     """
     targets = [CORE, *[n for n in names if n != CORE]]
     args = [
         f"{PACKAGES[n]}[{extras}]" if extras and (n in names) else str(PACKAGES[n]) for n in targets
     ]
-    session.install("-c", CONSTRAINTS, *args, *(["pytest-xdist"] if extras == "test" else []))
+    xdist = ["pytest-xdist"] if extras == "test" else []
+    session.install("-c", constraints, *args, *xdist, env=env)
 
 
 def _share_bytecode(session: nox.Session) -> None:
@@ -265,6 +273,19 @@ def _pinned_torch() -> str:
     raise RuntimeError(f"{CONSTRAINTS} pins no torch")
 
 
+def _torch_constraints(version: str) -> tuple[str, dict[str, str]]:
+    """``constraints.txt`` with torch pinned to ``version``, and the environment that
+    makes pip and uv read it instead (``.cache/constraints-torch-<version>.txt``;
+    ``constraints.txt`` itself and no environment for its own torch)."""
+    if version == _pinned_torch():
+        return CONSTRAINTS, {}
+    constraints = ROOT / ".cache" / f"constraints-torch-{version}.txt"
+    constraints.parent.mkdir(parents=True, exist_ok=True)
+    pinned = Path(CONSTRAINTS).read_text().replace(f"torch=={_pinned_torch()}", f"torch=={version}")
+    constraints.write_text(pinned)
+    return str(constraints), {"PIP_CONSTRAINT": str(constraints), "UV_CONSTRAINT": str(constraints)}
+
+
 MATRIX_TESTS: dict[str, tuple[str, ...]] = {
     CORE: (
         "test_compile_*.py",
@@ -324,11 +345,7 @@ def torch_matrix(session: nox.Session, version: str) -> None:
     """Core's compile, selection, autotune and provider tests and every other package's
     tests on another torch of :data:`TORCH_VERSIONS`, then a compiled decoder
     (``vllm-ir demo``). Not a default session; CI runs it."""
-    constraints = ROOT / ".cache" / f"constraints-torch-{version}.txt"
-    constraints.parent.mkdir(parents=True, exist_ok=True)
-    pinned = Path(CONSTRAINTS).read_text().replace(f"torch=={_pinned_torch()}", f"torch=={version}")
-    constraints.write_text(pinned)
-    env = {"PIP_CONSTRAINT": str(constraints), "UV_CONSTRAINT": str(constraints)}
+    constraints, env = _torch_constraints(version)
     # core alone first, as ``tests`` runs it (its tests assume no other provider)
     for name in MATRIX_TESTS:
         session.install("-c", str(constraints), f"{PACKAGES[name]}[test]", "pytest-xdist", env=env)
@@ -341,28 +358,46 @@ def torch_matrix(session: nox.Session, version: str) -> None:
     session.run("vllm-ir", "demo", "--tokens", "8", "--runs", "5", env={**ENV, **env})
 
 
-VLLM_PIN = "vllm==0.33.0"
-"""The vLLM the ``vllm`` session tests beside and inside (the last with ``vllm.ir``)."""
+VLLM_VERSIONS: dict[str, str | None] = {"0.33.0": None, "0.34.0": "2.14.0"}
+"""The vLLMs the ``vllm`` session tests beside and inside, each with its torch:
+0.33.0 on ``constraints.txt``'s (None), 0.34.0 on the ``torch==2.14.0`` its wheel
+pins (the index's CUDA build, which runs on the CPU too). Both ship ``vllm.ir``."""
+
+
+def _vllm_wheel(version: str) -> str:
+    """``vllm==<version>``, or the local wheel of that version that
+    ``VLLM_IR_VLLM_WHEEL`` names (one path, or several joined by ``os.pathsep``)."""
+    for path in os.environ.get("VLLM_IR_VLLM_WHEEL", "").split(os.pathsep):
+        if path and Path(path).name.startswith(f"vllm-{version}-"):
+            return path
+    return f"vllm=={version}"
 
 
 @nox.session
-def vllm(session: nox.Session) -> None:
-    """vllm-ir beside and inside vLLM, without an engine (not in the default sessions).
+@nox.parametrize("version", list(VLLM_VERSIONS))
+def vllm(session: nox.Session, version: str) -> None:
+    """vllm-ir beside and inside vLLM ``version``, without an engine (not in the
+    default sessions; CI runs each version).
 
-    Installs ``vllm==0.33.0`` and the pinned packages its config, plugin and
+    Installs ``vllm==<version>`` and the pinned packages its config, plugin and
     layer code import (``packages/vllm-ir-vllm/tests/vllm-requirements.txt``),
-    all with ``--no-deps`` so the torch of ``constraints.txt`` stays the only
-    one, then runs the plugin's tests: both import orders, discovery through
-    ``load_general_plugins()``, vLLM's layers on marker impls. A local wheel
-    instead of the index: ``VLLM_IR_VLLM_WHEEL=/path/to/vllm-0.33.0-*.whl``.
+    all with ``--no-deps`` so the torch of :data:`VLLM_VERSIONS` stays the only
+    one, then runs the plugin's tests: both import orders and the namespace
+    choice, discovery through ``load_general_plugins()``, vLLM's layers on marker
+    impls, ``hw_agnostic.resolve()`` (0.34). A local wheel instead of the index:
+    ``VLLM_IR_VLLM_WHEEL=/path/to/vllm-0.34.0-*.whl`` (the instance of its version).
     """
     plugin = PACKAGES["vllm-ir-vllm"]
-    _install(session, "vllm-ir-vllm")
-    wheel = os.environ.get("VLLM_IR_VLLM_WHEEL", VLLM_PIN)
+    constraints, env = _torch_constraints(VLLM_VERSIONS[version] or _pinned_torch())
+    _install(session, "vllm-ir-vllm", constraints=constraints, env=env)
     requirements = str(plugin / "tests" / "vllm-requirements.txt")
-    session.install("-c", CONSTRAINTS, "--no-deps", wheel, "-r", requirements)
-    # a CPU-only torch: vLLM's CPU platform, chosen explicitly
-    _pytest(session, str(plugin / "tests"), env={"VLLM_TARGET_DEVICE": "cpu"})
+    session.install(
+        *("-c", constraints, "--no-deps", _vllm_wheel(version), "-r", requirements), env=env
+    )
+    versions = "import torch, importlib.metadata as m; print(torch.__version__, m.version('vllm'))"
+    session.run("python", "-c", versions)  # torch, vllm
+    # a CPU-only torch (or a CUDA build without a GPU): vLLM's CPU platform, chosen explicitly
+    _pytest(session, str(plugin / "tests"), env={"VLLM_TARGET_DEVICE": "cpu", **env})
 
 
 @nox.session

@@ -43,7 +43,8 @@ ORDER = (
     "tests(package='vllm-ir-cpu')",
     "tests(package='vllm-ir-triton')",
     "tests(package='vllm-ir-cuda')",
-    "vllm",
+    "vllm(version='0.34.0')",
+    "vllm(version='0.33.0')",
     "tests(package='vllm-ir-transformers')",
 )
 """Sessions to start first, longest first (a parametrized session's base name ranks
