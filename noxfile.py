@@ -273,6 +273,14 @@ def _pinned_torch() -> str:
     raise RuntimeError(f"{CONSTRAINTS} pins no torch")
 
 
+TORCH_EXTRA_PINS: dict[str, tuple[str, ...]] = {
+    # torch 2.11 pins Triton 3.6, whose interpreter (the Triton tests on a CPU) fails on
+    # numpy 2.4 ("only 0-dimensional arrays can be converted to Python scalars")
+    "2.11.0": ("numpy<2.4",),
+}
+"""What else a torch of :data:`TORCH_VERSIONS` needs pinned beside it in the tests."""
+
+
 def _torch_constraints(version: str) -> tuple[str, dict[str, str]]:
     """``constraints.txt`` with torch pinned to ``version``, and the environment that
     makes pip and uv read it instead (``.cache/constraints-torch-<version>.txt``;
@@ -282,7 +290,8 @@ def _torch_constraints(version: str) -> tuple[str, dict[str, str]]:
     constraints = ROOT / ".cache" / f"constraints-torch-{version}.txt"
     constraints.parent.mkdir(parents=True, exist_ok=True)
     pinned = Path(CONSTRAINTS).read_text().replace(f"torch=={_pinned_torch()}", f"torch=={version}")
-    constraints.write_text(pinned)
+    extra = "".join(f"{pin}\n" for pin in TORCH_EXTRA_PINS.get(version, ()))
+    constraints.write_text(pinned + extra)
     return str(constraints), {"PIP_CONSTRAINT": str(constraints), "UV_CONSTRAINT": str(constraints)}
 
 

@@ -1,6 +1,6 @@
 """The torch namespace of the IR ops beside a vLLM that ships ``vllm.ir``.
 
-vLLM 0.32/0.33's ``vllm/ir/op.py`` defines ``vllm_ir::rms_norm`` and friends
+vLLM 0.32 to 0.34's ``vllm/ir/op.py`` defines ``vllm_ir::rms_norm`` and friends
 at import. A stand-in package doing the same (no vLLM needed here) checks that
 vllm-ir moves to :data:`vllm_ir._namespace.FALLBACK_NAMESPACE` and that both
 import orders work; the real wheel is checked by ``nox -s vllm``.
@@ -19,7 +19,7 @@ import torch
 import vllm_ir as ir
 from vllm_ir import _namespace as namespace
 
-# what vllm/ir/__init__.py of vLLM 0.33 does, reduced to the clashing part
+# what vllm/ir of vLLM 0.33 and 0.34 does, reduced to the clashing part
 _FAKE_VLLM_IR = """
 import torch
 from torch.library import Library
@@ -86,7 +86,8 @@ def test_a_taken_namespace_is_left_alone_without_vllm(tmp_path: Path) -> None:
 
 
 def test_vllm_without_ir_keeps_the_default(tmp_path: Path) -> None:
-    # vLLM 0.34+ has no vllm.ir: nothing to avoid
+    # a vLLM without vllm.ir (before 0.32, or one that drops it; 0.34 still
+    # ships it): nothing to avoid
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("")
     result = _run("import vllm, vllm_ir; print(vllm_ir.NAMESPACE)", tmp_path)

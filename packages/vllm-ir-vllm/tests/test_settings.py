@@ -91,7 +91,7 @@ def _pairs(a: object, b: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(a, b, strict=True))
 
 
-# vLLM 0.33's hw-agnostic RMSNorm._rms_norm / _fused_add_rms_norm, restated
+# vLLM 0.33/0.34's hw-agnostic RMSNorm._rms_norm / _fused_add_rms_norm, restated
 # here so the check is tested where vLLM is not installed (test_vllm.py
 # compares against the real layer)
 def _vllm_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -31,6 +31,7 @@ from vllm.model_executor.hw_agnostic.custom_op import CustomOp, op_registry_oot
 from vllm.model_executor.hw_agnostic.layers.activation import SiluAndMul
 from vllm.model_executor.hw_agnostic.layers.layernorm import RMSNorm
 from vllm_ir import _namespace as namespace
+from vllm_ir.provider import recording_registrations
 from vllm_ir_vllm import layers
 
 VLLM = version("vllm")
@@ -117,7 +118,7 @@ class Marker:
         self._log: Any = None
 
     def __enter__(self) -> Marker:
-        with ir.recording_registrations() as log:
+        with recording_registrations() as log:
             for name in OPS:
                 op = ir.get_op(name)
                 op.register_impl(MARKER)(self._counting(name, op.native))

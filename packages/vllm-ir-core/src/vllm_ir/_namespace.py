@@ -1,12 +1,15 @@
 """The ``torch.ops`` namespace of the IR ops, chosen once at import.
 
-It is ``vllm_ir`` unless vLLM's own IR (``vllm.ir``, shipped by vLLM 0.32 and
-0.33) is installed or the ``vllm_ir`` torch namespace already holds ops when
-this module is imported; then it is ``vllm_ir_core``. vLLM's IR registers its
-ops in ``vllm_ir`` at import (``Library("vllm_ir", "FRAGMENT")``) with the
-same names as ours, and torch refuses a second definition of an op, so the two
-cannot share the namespace. The test is on what is *installed*, not on what is
-imported, so both import orders give the same answer in one environment.
+It is ``vllm_ir`` unless vLLM's own IR (``vllm.ir``, shipped by vLLM 0.32 to
+0.34: 0.34 still ships it, though its deprecation notices say 0.34.0 removes
+it) is installed or the ``vllm_ir`` torch namespace already holds ops when this
+module is imported; then it is ``vllm_ir_core``. vLLM's IR registers its ops in ``vllm_ir`` at
+import (``Library("vllm_ir", "FRAGMENT")``) with the same names as ours
+(``rms_norm``, ``fused_add_rms_norm``), and torch refuses a second definition
+of an op, so the two cannot share the namespace. The test is on what is
+*installed* (a ``vllm/ir`` package), not on vLLM's version nor on what is
+imported, so both import orders give the same answer in one environment, and
+a vLLM that drops ``vllm.ir`` gets ``vllm_ir`` back with no change here.
 
 Code that names IR ops in ``torch.ops`` goes through :data:`NAMESPACE`:
 
@@ -26,10 +29,10 @@ import torch
 __all__ = ["DEFAULT_NAMESPACE", "FALLBACK_NAMESPACE", "NAMESPACE", "choose_namespace"]
 
 DEFAULT_NAMESPACE = "vllm_ir"
-"""The namespace where nothing else claims it (no vLLM, or vLLM 0.34+)."""
+"""The namespace where nothing else claims it (no vLLM, or a vLLM without ``vllm.ir``)."""
 
 FALLBACK_NAMESPACE = "vllm_ir_core"
-"""The namespace beside vLLM 0.32/0.33, whose ``vllm.ir`` owns ``vllm_ir``."""
+"""The namespace beside vLLM 0.32 to 0.34, whose ``vllm.ir`` owns ``vllm_ir``."""
 
 
 def vllm_ships_ir() -> bool:

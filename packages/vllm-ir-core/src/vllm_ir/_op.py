@@ -74,7 +74,7 @@ from vllm_ir.selection import Candidates, Selection
 __all__ = ["IrOp", "IrOpInplaceOverload", "NAMESPACE", "get_op", "register_op"]
 
 # The torch.ops namespace of every IR op: vllm_ir, or vllm_ir_core beside
-# vLLM 0.32/0.33 (see vllm_ir._namespace)
+# vLLM 0.32 to 0.34 (see vllm_ir._namespace)
 _torch_ns = getattr(torch.ops, NAMESPACE)
 
 _grad_enabled = torch.is_grad_enabled

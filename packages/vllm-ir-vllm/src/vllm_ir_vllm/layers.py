@@ -1,9 +1,14 @@
 """vLLM's hardware-agnostic layers, run through vllm-ir ops (imports vLLM).
 
-Each class subclasses vLLM's in-tree layer and is registered with
-``CustomOp.register_oot(name=<in-tree class name>)``, so ``CustomOp.__new__``
-builds it wherever a model builds the in-tree layer; ``__init__``, weights and
-``forward_native`` stay vLLM's own.
+Each class subclasses vLLM's hardware-agnostic layer and is registered with
+``CustomOp.register_oot(name=<class name>)``, so ``CustomOp.__new__`` builds it
+wherever vLLM builds that layer; ``__init__``, weights and ``forward_native``
+stay vLLM's own. vLLM 0.34 requires the subclassing (its ``CustomOp.__new__``
+raises ``TypeError`` for an override that does not derive from the layer it
+replaces) and builds the Transformers backend's layers from
+``hw_agnostic.resolve(module, name)``, which is that layer under
+``VLLM_USE_HW_AGNOSTIC=1`` (else vLLM's in-tree layer, which the plugin leaves
+alone).
 
 vLLM calls ``forward_oot`` only on out-of-tree *platforms*; these classes run
 it on every platform whenever vLLM enables the op (``custom_ops``: ``all``,

@@ -1,6 +1,6 @@
 """When vllm-ir's ops compute exactly what vLLM's hardware-agnostic layers do.
 
-vLLM 0.33's ``RMSNorm.forward_native`` and vllm-ir's native functions (the
+vLLM's ``RMSNorm.forward_native`` (0.33 and 0.34 alike) and vllm-ir's native functions (the
 ops' semantics, ``vllm_ir.ops.layernorm``) differ in two places:
 
 - **Weight dtype.** vLLM casts the normalized fp32 value to the *weight's*

@@ -1,8 +1,9 @@
 """Kernel priorities for vLLM's layers, from ``VLLM_IR_*`` environment variables.
 
-vLLM's own per-op priority flag goes away with its IR (0.34), so the plugin
-reads its own settings, in every process vLLM starts (it loads the plugin in
-each):
+vLLM's own per-op priority flag (``--ir-op-priority``) is deprecated with its
+IR (0.33 and 0.34 warn that 0.34.0 removes it; 0.34.0 still has both) and
+only reaches ``vllm.ir``'s ops, so the plugin reads its own settings, in every
+process vLLM starts (it loads the plugin in each):
 
 - ``VLLM_IR_PRIORITY_FILE=PATH``: a JSON priority file, ``{"OP": ["a", "b"]}``
   or what ``vllm-ir tune --out PATH`` writes.
