@@ -139,6 +139,15 @@ def _install(
     session.install("-c", constraints, *args, *xdist, env=env)
 
 
+def _uninstall(session: nox.Session, names: Sequence[str]) -> None:
+    """Uninstall the distributions ``names`` from the session's venv (absent ones: a no-op)."""
+    location = getattr(session.virtualenv, "location", None)
+    if getattr(session.virtualenv, "venv_backend", None) == "uv" and location:
+        session.run_install("uv", "pip", "uninstall", *names, env={"VIRTUAL_ENV": location})
+    else:
+        session.run_install("python", "-m", "pip", "uninstall", "-y", *names)
+
+
 def _share_bytecode(session: nox.Session) -> None:
     """Link in the bytecode other sessions' venvs compiled of the files they share.
 
@@ -355,7 +364,9 @@ def torch_matrix(session: nox.Session, version: str) -> None:
     tests on another torch of :data:`TORCH_VERSIONS`, then a compiled decoder
     (``vllm-ir demo``). Not a default session; CI runs it."""
     constraints, env = _torch_constraints(version)
-    # core alone first, as ``tests`` runs it (its tests assume no other provider)
+    # core alone first, as ``tests`` runs it (its tests assume no other provider),
+    # also in a venv a previous run left with the others installed
+    _uninstall(session, [n for n in MATRIX_TESTS if n != CORE])
     for name in MATRIX_TESTS:
         session.install("-c", str(constraints), f"{PACKAGES[name]}[test]", "pytest-xdist", env=env)
         if name == CORE:
