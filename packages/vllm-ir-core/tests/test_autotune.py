@@ -176,9 +176,17 @@ def test_a_corrupted_cache_is_retuned_with_a_warning(
         lambda r: r.__setitem__("times_s", {k: True for k in r["times_s"]}),
         lambda r: r.__setitem__("times_s", {k: float("nan") for k in r["times_s"]}),
         lambda r: r.__setitem__("native_overhead_s", 10**400),  # no float holds it
+        # read as int(...) once: a crash of the lowering, not a retune
+        lambda r: r.__setitem__("tokens", "many"),
+        lambda r: r.__setitem__("tokens", None),
+        lambda r: r.__setitem__("tokens", [1]),
+        lambda r: r.__setitem__("threads", "x"),
     ],
-    ids=["no-times", "list", "overhead-str", "no-winner-time", "null", "bool", "nan", "huge"],
-)
+    ids=[
+        "no-times", "list", "overhead-str", "no-winner-time", "null", "bool", "nan", "huge",
+        "tokens-str", "tokens-null", "tokens-list", "threads-str",
+    ],
+)  # fmt: skip
 def test_a_malformed_record_is_retuned_with_a_warning(
     op: ir.IrOp, cache_dir: Path, caplog: pytest.LogCaptureFixture, edit: Callable[..., Any]
 ) -> None:
@@ -192,6 +200,20 @@ def test_a_malformed_record_is_retuned_with_a_warning(
     assert "malformed" in caplog.text
     (rewritten,) = json.loads(path.read_text())["entries"].values()
     assert rewritten["winner"] == "fast"
+
+
+def test_a_cache_path_that_is_a_directory_is_treated_as_empty(
+    op: ir.IrOp, cache_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    times = {"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0}
+    choose(op, Autotuner(timer=FakeTimer(times)), ALL)
+    (path,) = cache_dir.glob("autotune/*.json")
+    path.unlink()
+    path.mkdir(mode=0o700)
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        assert TuningCache(torch.device("cpu")).entries() == {}
+        assert choose(op, Autotuner(timer=FakeTimer(times)), ALL) == "slow"
+    assert "unreadable" in caplog.text
 
 
 def test_a_deeply_nested_cache_file_is_treated_as_empty(

@@ -73,3 +73,47 @@ def test_dispatch_is_the_deprecated_name_of_selected_impl(scale_op: ir.IrOp) -> 
     with pytest.warns(DeprecationWarning, match=r"selected_impl\(\)"):
         impl = scale_op.dispatch(x, 2.0)
     assert impl is scale_op.selected_impl(x, 2.0)
+
+
+def test_calls_never_raise_while_another_thread_unregisters_an_impl(scale_op: ir.IrOp) -> None:
+    """A selection sees the impls before or after another thread's change, never half of it
+    (select() once checked an impl, then looked it up again: KeyError in between)."""
+    import sys
+    import threading
+    import time
+
+    def quick(x: Tensor, factor: float) -> Tensor:
+        return x * factor
+
+    scale_op.register_impl("quick")(quick)
+    errors: list[str] = []
+    stop = time.monotonic() + 2.0
+    x = torch.ones(2, 4)
+
+    def call() -> None:
+        while time.monotonic() < stop:
+            try:
+                scale_op.select(x, 2.0)
+                scale_op(x, 2.0)
+            except Exception as e:  # noqa: BLE001 - any escape is the failure
+                errors.append(f"{type(e).__name__}: {e}")
+
+    def churn() -> None:
+        while time.monotonic() < stop:
+            scale_op.unregister_impl("quick")
+            scale_op.register_impl("quick")(quick)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: the window shows within a second
+    # process-wide (the fixture resets it), so every thread tries "quick" first
+    ir.IrOpPriorityConfig.from_dict({scale_op.name: ["quick"]}).apply()
+    try:
+        threads = [threading.Thread(target=call) for _ in range(2)]
+        threads.append(threading.Thread(target=churn))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:3]

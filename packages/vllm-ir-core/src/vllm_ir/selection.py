@@ -242,6 +242,9 @@ def select(
     ``native`` is always on the list and always accepts, so this never fails
     (an impl whose ``supports_args`` raises propagates its error).
     """
+    # one snapshot (a dict copy is atomic): another thread may unregister an impl
+    # between a check and its lookup
+    impls = dict(impls)
     decisions: list[Decision] = []
     for entry, reason in _walk(op_name, impls, args, mode, tokens):
         if reason is None:
@@ -275,6 +278,7 @@ def candidates(
     tokens: int | None = None,
 ) -> Candidates:
     """:func:`select`'s rule applied to every entry and every registered impl (no early stop)."""
+    impls = dict(impls)  # one snapshot, as in select
     decisions: list[Decision] = []
     chosen = False
     for entry, reason in _walk(op_name, impls, args, mode, tokens):

@@ -107,6 +107,10 @@ def record_problem(record: object) -> str | None:
         return f"times_s has no time for its winner {winner!r}"
     if not _number(record.get("native_overhead_s", 0.0)):
         return "native_overhead_s is not a number"
+    for field in ("tokens", "threads"):
+        value = record.get(field, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return f"{field} is not a non-negative integer"
     return None
 
 
@@ -128,7 +132,11 @@ class TuningCache:
             return {}
         check_private(self.path)
         try:
-            doc = json.loads(self.path.read_text())
+            try:
+                text = self.path.read_text()
+            except OSError as e:  # a directory, a FIFO gone, no permission: unreadable
+                raise ValueError(f"{type(e).__name__}: {e.strerror or e}") from e
+            doc = json.loads(text)
             if doc.get("format") != _FORMAT or doc.get("env") != self.env:
                 raise ValueError("another format or environment")
             entries = doc["entries"]
