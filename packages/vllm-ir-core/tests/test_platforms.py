@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import os
 import subprocess
 import sys
@@ -171,6 +173,25 @@ def test_discovery_loads_platforms_before_providers(
     assert seen == ["nova"], "the provider's register() saw the platform"
     assert "nova" in platform_mod.platforms()
     assert providers.load_errors() == {}
+
+
+def test_platform_defaults_naming_an_unknown_op_are_a_load_error(
+    fake_platform_eps: tuple[dict[str, object], list[tuple[str, str, object]]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    table, entries = fake_platform_eps
+    entries.append(("nova", "novapkg", _nova(eager={"rms_nrom": ["native"]})))
+    # an op a provider package declares is known once it loaded, whatever the order
+    vega = Platform("vega", device_type="cpu", detect=lambda: False, compiled={"rms_norm": []})
+    entries.append(("vega", "vegapkg", vega))
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        errors = providers.load_errors()
+    cause = errors["nova (platform)"].cause
+    assert "eager defaults name unknown IR op(s) 'rms_nrom'; known ops: " in cause
+    assert "rms_norm" in cause
+    assert "vega (platform)" not in errors
+    assert "rms_nrom" in caplog.text
+    assert "nova" in platform_mod.platforms()  # its other defaults still apply
 
 
 def test_entry_points_claiming_one_platform_twice_load_neither(

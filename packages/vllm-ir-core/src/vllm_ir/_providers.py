@@ -486,6 +486,28 @@ def _discover() -> None:
                 package,
                 error.cause,
             )
+    _report_platform_defaults_of_unknown_ops()
+
+
+def _report_platform_defaults_of_unknown_ops() -> None:
+    """A platform's defaults naming an op no package declared would silently never apply.
+
+    Checked once every provider has loaded (a provider may declare the op); each
+    unknown op is a load error of the platform, whose other defaults still apply.
+    """
+    for name, registered in platforms().items():
+        for mode in MODES:
+            defaults = getattr(registered.platform, mode)
+            unknown = sorted(op for op in defaults if op not in RUNTIME.ops)
+            if not unknown:
+                continue
+            cause = (
+                f"{mode} defaults name unknown IR op(s) {', '.join(map(repr, unknown))}; known "
+                f"ops: {', '.join(sorted(RUNTIME.ops))}"
+            )
+            key = _platform_key(name)
+            _state.errors[key] = ProviderLoadError(key, registered.package, cause, "")
+            logger.warning("platform %r (%s): %s", name, registered.package, cause)
 
 
 def ensure_loaded() -> None:
