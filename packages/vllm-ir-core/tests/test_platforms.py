@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-
 import os
 import subprocess
 import sys
@@ -179,7 +178,7 @@ def test_platform_defaults_naming_an_unknown_op_are_a_load_error(
     fake_platform_eps: tuple[dict[str, object], list[tuple[str, str, object]]],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    table, entries = fake_platform_eps
+    _, entries = fake_platform_eps
     entries.append(("nova", "novapkg", _nova(eager={"rms_nrom": ["native"]})))
     # an op a provider package declares is known once it loaded, whatever the order
     vega = Platform("vega", device_type="cpu", detect=lambda: False, compiled={"rms_norm": []})
