@@ -190,3 +190,14 @@ def test_a_file_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
         ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority=@{path}"])
     assert f"--ir-op-priority=@{path}" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_an_endless_priority_file_is_refused_after_a_bounded_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vllm_ir import config
+
+    monkeypatch.setattr(config, "MAX_PRIORITY_FILE_BYTES", 2**20)
+    with pytest.raises(ValueError, match="@/dev/zero: the file is larger than 1 MiB") as info:
+        ir.IrOpPriorityConfig.from_cli_args(["--ir-op-priority=@/dev/zero"])
+    assert "\n" not in str(info.value)

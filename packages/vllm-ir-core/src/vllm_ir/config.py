@@ -421,6 +421,10 @@ def _parse_json(value: str, where: str | None = None) -> dict[str, Any]:
     return parsed
 
 
+MAX_PRIORITY_FILE_BYTES = 16 * 2**20
+"""The largest priority file read (a tuned table of every op and bucket is kilobytes)."""
+
+
 def _read_json_source(source: str | Path) -> tuple[str, str | None]:
     """JSON text from ``source`` (a ``Path``, or text not starting with ``{``, is a
     file), and how errors name it (``None``: by the text itself)."""
@@ -429,7 +433,15 @@ def _read_json_source(source: str | Path) -> tuple[str, str | None]:
     path = Path(source)
     where = f"{CLI_FLAG}=@{path}"
     try:
-        return path.read_text(encoding="utf-8"), where
+        # bounded: /dev/zero or a stray huge file must not fill the memory
+        with path.open("rb") as f:
+            data = f.read(MAX_PRIORITY_FILE_BYTES + 1)
+        if len(data) > MAX_PRIORITY_FILE_BYTES:
+            raise ValueError(
+                f"{where}: the file is larger than {MAX_PRIORITY_FILE_BYTES // 2**20} MiB; "
+                "give a priority file such as `vllm-ir tune --out` writes"
+            )
+        return data.decode("utf-8"), where
     except OSError as e:
         raise ValueError(f"{where}: cannot read the file ({e.strerror})") from None
     except UnicodeDecodeError as e:
