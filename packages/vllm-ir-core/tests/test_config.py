@@ -201,3 +201,20 @@ def test_an_endless_priority_file_is_refused_after_a_bounded_read(
     with pytest.raises(ValueError, match="@/dev/zero: the file is larger than 1 MiB") as info:
         ir.IrOpPriorityConfig.from_cli_args(["--ir-op-priority=@/dev/zero"])
     assert "\n" not in str(info.value)
+
+
+def test_errors_quote_huge_or_deep_priorities_in_bounded_text() -> None:
+    last = {"priority": ["native"]}
+    many = [{"max_tokens": 16, "priority": [f"nope{i}" for i in range(20_000)]}, last]
+    with pytest.raises(ValueError, match=r"'nope0', .* and 19992 more for op 'rms_norm'") as info:
+        ir.IrOpPriorityConfig(rms_norm=many)
+    assert len(str(info.value)) < 400
+    flag = "--ir-op-priority.rms_norm=<=" + "9" * 5000 + ":native;native"
+    with pytest.raises(ValueError, match=r"bucket bound '9+\.\.\. \(5002 chars\) is not an int"):
+        ir.parse_ir_op_priority_args([flag])
+    deep: list[object] = ["native"]
+    for _ in range(20_000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="must be") as info:  # no RecursionError
+        ir.IrOpPriorityConfig(rms_norm=deep)
+    assert len(str(info.value)) < 400

@@ -29,6 +29,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
+from vllm_ir._text import short_repr
+
 __all__ = [
     "ALL_SIZES",
     "AmbiguousBucket",
@@ -260,12 +262,15 @@ def parse_bucket_text(text: str, where: str) -> list[Any]:
         if part.startswith("<="):
             bound_text, colon, names = part[2:].partition(":")
             if not colon:
-                raise ValueError(f"{where}: bucket {part!r} needs ':' after its bound; {example}")
+                raise ValueError(
+                    f"{where}: bucket {short_repr(part)} needs ':' after its bound; {example}"
+                )
             try:
                 bound = int(bound_text.strip())
             except ValueError:
                 raise ValueError(
-                    f"{where}: bucket bound {bound_text.strip()!r} is not an int; {example}"
+                    f"{where}: bucket bound {short_repr(bound_text.strip(), 40)} is not an int; "
+                    f"{example}"
                 ) from None
             buckets.append({"max_tokens": bound, "priority": _names(names, where, example)})
         else:
@@ -277,7 +282,7 @@ def _names(text: str, where: str, example: str) -> list[str]:
     names = [p.strip() for p in text.split(",")]
     if not text.strip() or any(not p for p in names):
         raise ValueError(
-            f"{where}={text!r}: expected a comma-separated list of providers; {example}"
+            f"{where}={short_repr(text)}: expected a comma-separated list of providers; {example}"
         )
     return names
 
@@ -293,10 +298,7 @@ def format_bucket_text(spec: PrioritySpec) -> str:
 
 
 def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    if len(text) > limit:
-        text = f"{text[: limit - 3]}... ({len(text)} chars)"
-    return f"{type(value).__name__} {text}"
+    return short_repr(value, limit, with_type=True)
 
 
 class AmbiguousBucket(ValueError):

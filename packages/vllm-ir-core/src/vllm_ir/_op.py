@@ -58,6 +58,7 @@ from vllm_ir._signature import (
     check_op_name,
     resolve_activations,
 )
+from vllm_ir._text import listing, short_repr
 from vllm_ir._tolerances import Tolerance, ToleranceTable, tolerance_for
 from vllm_ir._torch_private import destroy_library
 from vllm_ir.priority import (
@@ -537,13 +538,14 @@ class IrOp:
         """Validate a priority list for this op; returns it as a list."""
         if isinstance(providers, str) or not all(isinstance(p, str) for p in providers):
             raise TypeError(
-                f"priority of op {self.name!r} must be a list of provider names, got {providers!r}"
+                f"priority of op {self.name!r} must be a list of provider names, got "
+                f"{short_repr(providers)}"
             )
         known = self.impls
         unknown = [p for p in providers if p not in known]
         if unknown:
             raise ValueError(
-                f"unknown provider(s) {', '.join(map(repr, unknown))} for op {self.name!r}; "
+                f"unknown provider(s) {listing(unknown)} for op {self.name!r}; "
                 f"known providers: {', '.join(sorted(known))}"
             )
         return list(providers)

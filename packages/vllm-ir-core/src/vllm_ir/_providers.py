@@ -52,6 +52,7 @@ from vllm_ir._registration import (
     recording_registrations,
 )
 from vllm_ir._runtime import RUNTIME
+from vllm_ir._text import short_repr
 from vllm_ir._version import API_VERSION, __version__
 from vllm_ir.priority import (
     MODES,
@@ -110,11 +111,7 @@ class ProviderSpec:
 
 
 def _short(value: object, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters, with its type: for one-line errors."""
-    text = repr(value)
-    if len(text) > limit:
-        text = f"{text[: limit - 3]}... ({len(text)} chars)"
-    return f"{type(value).__name__} {text}"
+    return short_repr(value, limit, with_type=True)
 
 
 _VALID = object()

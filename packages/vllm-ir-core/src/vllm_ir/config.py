@@ -31,6 +31,7 @@ from vllm_ir_cli.flags import (
 
 from vllm_ir._buckets import BucketedPriority, parse_bucket_text, spec_to_json
 from vllm_ir._op import IrOp, get_op
+from vllm_ir._text import short_repr
 from vllm_ir.priority import scoped_priority, set_process_priority
 
 __all__ = [
@@ -55,9 +56,7 @@ _MAX_JSON_DEPTH = 32  # a priority map nests two levels; deeper input is not a p
 
 
 def _short(value: object, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters: errors stay one readable line."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text)} chars)"
+    return short_repr(value, limit)
 
 
 PriorityValue = Sequence[str] | Sequence[Mapping[str, Any]] | BucketedPriority

@@ -47,6 +47,7 @@ from vllm_ir._impl import NATIVE
 from vllm_ir._platform import current_platform, platform_problem
 from vllm_ir._registration import RegistrationHandle, on_snapshot, record
 from vllm_ir._runtime import RUNTIME
+from vllm_ir._text import short_repr
 
 __all__ = [
     "Mode",
@@ -423,11 +424,7 @@ def add_platform_defaults(source: str, defaults: Sequence[PlatformDefaults]) -> 
 
 
 def _short(value: object, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters, with its type: for one-line errors."""
-    text = repr(value)
-    if len(text) > limit:
-        text = f"{text[: limit - 3]}... ({len(text)} chars)"
-    return f"{type(value).__name__} {text}"
+    return short_repr(value, limit, with_type=True)
 
 
 def remove_platform_defaults(source: str) -> None:
