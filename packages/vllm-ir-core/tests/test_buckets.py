@@ -16,6 +16,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from torch import Tensor
+from torch._dynamo.testing import CompileCounterWithBackend
 from vllm_ir import priority
 from vllm_ir._buckets import BucketedPriority, as_priority, format_bucket_text, parse_bucket_text
 from vllm_ir.provider import PlatformDefaults
@@ -654,6 +655,23 @@ def test_symbolic_tokens_select_without_guards(tagged: ir.IrOp) -> None:
     with tagged.set_priority(table), pytest.raises(AmbiguousBucket, match=r"ranges over \[2, "):
         tagged.selected_impl(x, 2.0)
     assert not mode.shape_env.guards
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "vllm_ir"])
+def test_trace_through_guards_a_dynamic_count_to_its_bucket(tagged: ir.IrOp, backend: str) -> None:
+    """Trace-through with a dynamic token count spanning buckets: the traced call
+    guards on its bucket, as a Python branch on a size would, and a count in another
+    bucket recompiles; each runs its bucket's impl (it raised AmbiguousBucket)."""
+    table = [{"max_tokens": 8, "priority": ["t1"]}, {"priority": ["t2"]}]
+    chosen: Any = "aot_eager" if backend == "aot_eager" else ir.VllmIRBackend()
+    counter = CompileCounterWithBackend(chosen)
+    torch._dynamo.reset()
+    with tagged.set_priority(table), torch.no_grad(), ir.enable_torch_wrap(False):
+        compiled = torch.compile(lambda t: tagged(t, 2.0) * 3, backend=counter, dynamic=True)
+        for n, tag in ((4, "t1"), (8, "t1"), (9, "t2"), (30, "t2"), (3, "t1")):
+            x = torch.randint(-4, 4, (n, 16)).float()
+            assert _tag_of(compiled(x) / 3, x, 2.0) == tag, n
+    assert counter.frame_count == 2, "one graph per bucket reached"
 
 
 def test_kernel_config_autotune_buckets_flag() -> None:

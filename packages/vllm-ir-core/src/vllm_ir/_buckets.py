@@ -44,6 +44,7 @@ __all__ = [
     "bucket_index",
     "bucket_label",
     "format_bucket_text",
+    "guarded_bucket_tokens",
     "merged_bounds",
     "parse_bucket_text",
     "priority_for_tokens",
@@ -316,6 +317,17 @@ def static_bucket_tokens(op_name: str, bounds: tuple[int, ...], tokens: Any) -> 
         f"op {op_name!r}: the token count {tokens} ranges over [{low}, {high}], across "
         f"buckets with bounds {list(bounds)}; select per bucket (the compile lowering does)"
     )
+
+
+def guarded_bucket_tokens(bounds: tuple[int, ...], tokens: Any) -> int:
+    """A token count in the bucket of symbolic ``tokens``, found by comparisons that
+    guard: for a call traced from user code (trace-through), where branching on a
+    size is what Python code does. The graph then serves that bucket only, and a
+    count in another bucket recompiles."""
+    for bound in bounds:
+        if tokens <= bound:  # a SymBool's truth: a guard on the count
+            return bound
+    return bounds[-1] + 1
 
 
 # (sympy expression, low, high): the size range a graph being compiled serves

@@ -250,7 +250,7 @@ class EagerCall:
         op = self.op
         if self.selector.check_args(args) != "plain":
             return self.torch_op(*args)
-        impl = self.selector.impl_for(args)
+        impl = self.selector.traced_impl(args)
         if not impl.inplace:  # never the compiled callable: this call is being traced
             return impl.impl_fn(*args)
         if _is_compiling():

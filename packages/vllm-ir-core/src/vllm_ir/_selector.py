@@ -30,7 +30,13 @@ from types import MappingProxyType
 from typing import Any
 
 from vllm_ir._arguments import make_argument_check
-from vllm_ir._buckets import bucket_index, static_bucket_tokens, tokens_of
+from vllm_ir._buckets import (
+    AmbiguousBucket,
+    bucket_index,
+    guarded_bucket_tokens,
+    static_bucket_tokens,
+    tokens_of,
+)
 from vllm_ir._cache import before_selection, generation, register_cache, release_cache, store
 from vllm_ir._dispatch_key import key_is_cacheable, make_key_fn
 from vllm_ir._hotpath import compile_source
@@ -162,6 +168,17 @@ class Selector:
             return self._caches[selection_mode()][self.key(*args)]
         except Exception:  # a miss, an unhashable key, or arguments of the wrong shape
             return self.miss(args)
+
+    def traced_impl(self, args: tuple[Any, ...]) -> IrOpImpl:
+        """The impl a call traced from user code runs (trace-through): as
+        :meth:`impl_for`, but a symbolic token count that spans buckets is guarded
+        to its bucket, as a Python branch on a size would be, instead of raising
+        :class:`~vllm_ir._buckets.AmbiguousBucket`."""
+        try:
+            return self.impl_for(args)
+        except AmbiguousBucket:
+            tokens = guarded_bucket_tokens(self.bucket_bounds(), self.tokens(*args))
+            return self.select(args, tokens=tokens).impl
 
     def miss(self, args: tuple[Any, ...]) -> IrOpImpl:
         """Select for ``args`` and cache the answer (when the arguments allow it)."""
