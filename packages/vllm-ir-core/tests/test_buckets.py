@@ -301,6 +301,83 @@ def test_compiled_differential_dynamic_tokens(
             assert _tag_of(got + 1.0, x, 2.0) == want, rows
 
 
+def _storage_reading(x: Tensor, factor: float) -> Tensor:
+    # addresses x's storage, as a kernel handed a data pointer does; adds 1 (a t1 tag)
+    return x.as_strided(x.size(), x.stride(), x.storage_offset()) * factor + 1.0
+
+
+def _rope_tagged(
+    query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
+) -> tuple[Tensor, Tensor]:
+    q, k = ir.ops.rotary_embedding.native(query, key, cos, sin, is_neox)
+    return q + 100.0, k - 100.0
+
+
+BRANCH_PROGRAMS = {
+    # token counts that are not a bare symbol: the branch needs the symbols passed in
+    "row-slice": (lambda op, x: op(x[1:], 2.0), lambda n: _ints(n + 1, 8)),
+    "every-other-row": (lambda op, x: op(x[::2], 2.0), lambda n: _ints(2 * n, 8)),
+    "flattened-batch": (lambda op, x: op(x.flatten(0, 1), 2.0), lambda n: _ints(2, n, 8)),
+    # an impl reading its argument's storage offset, on a row-slice graph input
+    "storage-offset-input": (lambda op, x: op(x, 2.0) + 0, lambda n: _ints(n + 1, 8)[1:]),
+}
+
+
+@pytest.mark.parametrize("program", list(BRANCH_PROGRAMS))
+def test_compiled_branches_of_awkward_sizes_and_layouts(
+    make_op: Callable[..., ir.IrOp], no_recompile: None, program: str
+) -> None:
+    """torch.cond branches where a size is an expression of symbols, or where an
+    impl addresses a row-slice input's storage: compiled == eager in both buckets
+    (they crashed Inductor, or read from the storage's start)."""
+    op = make_op(scaled)
+    op.register_impl("t1")(_storage_reading)
+    op.register_impl("t2")(_tag_impl(2.0))
+    table = [{"max_tokens": 6, "priority": ["t1"]}, {"priority": ["t2"]}]
+    fn, make = BRANCH_PROGRAMS[program]
+    backend = ir.VllmIRBackend(priority={op.name: table}, bucket_dispatch="branches")
+    compiled = torch.compile(lambda x: fn(op, x), backend=backend, dynamic=True)
+    with op.set_priority(table):
+        for n in (3, 5, 9, 20):
+            x = make(n)
+            assert torch.equal(compiled(x), fn(op, x)), n
+
+
+def test_compiled_branches_return_rope_heads_of_symbolic_sizes(no_recompile: None) -> None:
+    """Bucketed rotary_embedding on q, k views of a fused projection whose head
+    count and size Dynamo makes symbols: the branches' outputs get strides
+    torch.cond can merge (it refused ``Max(1, s1)``)."""
+    rope = ir.ops.rotary_embedding
+    rope.register_impl("test_tagged_rope")(_rope_tagged)
+    table = [{"max_tokens": 8, "priority": ["test_tagged_rope"]}, {"priority": ["native"]}]
+
+    def attention(heads: int, kv_heads: int, size: int) -> Callable[..., Any]:
+        def f(x: Tensor, w: Tensor, cos: Tensor, sin: Tensor) -> Any:
+            qkv = x @ w
+            q = qkv[:, : heads * size].unflatten(-1, (heads, size))
+            k = qkv[:, heads * size : (heads + kv_heads) * size].unflatten(-1, (kv_heads, size))
+            return tuple(t * 1 for t in rope(q, k, cos, sin, True))
+
+        return f
+
+    f = attention(2, 1, 8)
+    backend = ir.VllmIRBackend(priority={rope.name: table}, bucket_dispatch="branches")
+    try:
+        compiled = torch.compile(f, backend=backend, dynamic=True)
+        with rope.set_priority(table):
+            for n in (5, 9, 20):
+                args = (
+                    torch.randn(n, 16),
+                    torch.randn(16, 32),
+                    torch.randn(n, 8),
+                    torch.randn(n, 8),
+                )
+                for got, want in zip(compiled(*args), f(*args), strict=True):
+                    torch.testing.assert_close(got, want)
+    finally:
+        rope.unregister_impl("test_tagged_rope")
+
+
 def test_compiled_static_and_single_impl_tables(tagged: ir.IrOp, no_recompile: None) -> None:
     """A static token count picks its one bucket; a table whose buckets all select one
     impl emits no branch."""

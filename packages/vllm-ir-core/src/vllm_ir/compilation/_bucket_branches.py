@@ -29,7 +29,9 @@ __all__ = [
     "bucket_branches",
     "describe_branches",
     "emit_cond",
+    "plain_strides",
     "ranges_text",
+    "size_symbol_operands",
 ]
 
 Branch = tuple[int | None, IrOpImpl]
@@ -113,6 +115,70 @@ def branch_buckets(
         found.append((label, rep, impl))
         below = bound
     return found
+
+
+def size_symbol_operands(graph: fx.Graph, vals: Sequence[torch.Tensor]) -> list[fx.Node]:
+    """Nodes of ``graph`` (inserted at its insertion point where needed) giving
+    each size symbol the tensors ``vals`` use, in their sizes, strides and offsets.
+
+    A ``torch.cond`` branch is a graph of its own, and Inductor binds a symbol in
+    it only from an input that is that symbol: a branch reading ``x[1:]`` (size
+    ``s0 - 1``) needs ``s0`` passed in, as Dynamo passes a user ``cond`` the free
+    symbols of its operands. Taken from a symbol input of the graph, else from a
+    size or stride of a tensor input.
+    """
+    wanted: set[Any] = set()
+    for val in vals:
+        for size in (*val.shape, *val.stride(), val.storage_offset()):
+            if isinstance(size, torch.SymInt):
+                wanted |= size.node.expr.free_symbols
+    found: dict[Any, fx.Node] = {}
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    for ph in placeholders:
+        val = ph.meta.get("val")
+        if isinstance(val, torch.SymInt) and val.node.expr in wanted:
+            found.setdefault(val.node.expr, ph)
+    for ph in placeholders:
+        val = ph.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        for getter, sizes in ((torch.ops.aten.sym_size.int, val.shape),
+                              (torch.ops.aten.sym_stride.int, val.stride())):  # fmt: skip
+            for dim, size in enumerate(sizes):
+                if isinstance(size, torch.SymInt) and size.node.expr in wanted - found.keys():
+                    node = graph.call_function(getter, (ph, dim))
+                    node.meta["val"] = size
+                    found[size.node.expr] = node
+    missing = wanted - found.keys()
+    if missing:
+        raise RuntimeError(
+            f"a bucket branch needs the size symbols {sorted(map(str, missing))}, which no "
+            "input of the graph gives"
+        )
+    return [found[sym] for sym in sorted(found, key=str)]
+
+
+def plain_strides(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a contiguous copy whose strides are the plain products of its
+    sizes: what ``torch.cond`` merges branch outputs by (it refuses a stride it
+    cannot rebuild from the sizes, such as ``Max(1, s1)``, or a non-dense one)."""
+    strides: list[Any] = []
+    expected: Any = 1
+    for size in reversed(t.shape):
+        strides.append(expected)
+        expected = expected * size
+    strides.reverse()
+    if all(_same_expr(a, b) for a, b in zip(t.stride(), strides, strict=True)):
+        return t
+    out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
+def _same_expr(a: Any, b: Any) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    expr = lambda v: v.node.expr if isinstance(v, torch.SymInt) else v  # noqa: E731
+    return bool(expr(a) == expr(b))
 
 
 def _token_count(graph: fx.Graph, act: fx.Node, val: torch.Tensor, feature_dims: int) -> Any:

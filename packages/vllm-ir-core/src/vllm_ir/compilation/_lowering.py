@@ -56,6 +56,8 @@ from vllm_ir.compilation._bucket_branches import (
     describe_branches,
     emit_cond,
     nested_cond_module,
+    plain_strides,
+    size_symbol_operands,
 )
 from vllm_ir.compilation._context import DONATED_INPUTS_META, DONATED_META, get_pass_context
 from vllm_ir.compilation._fingerprint import code_fingerprint
@@ -232,9 +234,29 @@ class LoweringPass:
             raise RuntimeError(f"{node.name}: the token count's activation is not a tensor node")
         act_index = tensor_pos.index(act)
         operands = [args[i] for i in tensor_pos]
+        fake_mode = detect_fake_mode([fake_args[i] for i in tensor_pos])
+        traces = [self._trace(op, impl, args, fake_args, branch=True) for _, impl in branches]
+        if any(t.absolute_views for t in traces):
+            if not inplace:
+                return 0  # after Inductor's no-op removal, which would drop the copies
+            # A branch addresses its operands' storage, but Inductor counts a branch
+            # input's storage from its first element: hand the branches contiguous
+            # copies, whose storage starts there.
+            args, fake_args = list(args), list(fake_args)
+            with graph.inserting_before(node):
+                for i in tensor_pos:
+                    args[i] = _contiguous_copy(graph, args[i], fake_mode)
+                    fake_args[i] = args[i].meta["val"]
+            operands = [args[i] for i in tensor_pos]
         vals = [fake_args[i] for i in tensor_pos]
-        fake_mode = detect_fake_mode(vals)
-        modules = [self._trace(op, impl, args, fake_args, branch=True).gm for _, impl in branches]
+        with graph.inserting_before(node):
+            symbols = size_symbol_operands(graph, vals)
+        operands += symbols
+        vals += [s.meta["val"] for s in symbols]
+        modules = [
+            self._trace(op, impl, args, fake_args, branch=True, symbols=vals[len(tensor_pos) :]).gm
+            for _, impl in branches
+        ]
         bounds = [b for b, _ in branches[:-1] if b is not None]
         assert len(bounds) == len(branches) - 1  # only the last branch is unbounded
         owner = graph.owning_module
@@ -289,14 +311,18 @@ class LoweringPass:
         fake_args: list[Any],
         *,
         branch: bool = False,
+        symbols: Sequence[Any] = (),
     ) -> _Trace:
         """The impl traced for these arguments' metadata. ``branch``: as a
-        ``torch.cond`` branch: functional (an inplace impl runs on copies) and
-        returning a tuple, with the IR ops it calls lowered too."""
+        ``torch.cond`` branch: functional (an inplace impl runs on copies),
+        returning a tuple of outputs with plain strides, with the IR ops it calls
+        lowered too; ``symbols``: SymInts the branch takes after the tensors, so
+        that its sizes' symbols are bound in it (``size_symbol_operands``)."""
         # A trace of op(c, c) reads one placeholder for both arguments: it must
         # not serve op(a, b), so which arguments are the same node is keyed too.
         same = tuple(next(j for j, b in enumerate(args) if b is a) for a in args)
         key = (op.name, impl.provider, impl.impl_fn, branch, same, *map(_metadata, fake_args))
+        key += tuple(map(str, symbols))
         tensor_pos = [i for i, a in enumerate(args) if isinstance(a, fx.Node)]
         fake_mode = detect_fake_mode([fake_args[i] for i in tensor_pos])
         self._forget_other_shape_envs(fake_mode)
@@ -311,9 +337,10 @@ class LoweringPass:
             for i, t in zip(tensor_pos, tensors, strict=True):
                 full[i] = t.clone() if i in activations else t
             out = impl.impl_fn(*full)
-            if branch and not isinstance(out, (tuple, list)):
-                return (out,)  # torch.cond branches return tuples
-            return tuple(out) if branch else out
+            if not branch:
+                return out
+            outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)  # cond returns tuples
+            return tuple(plain_strides(o) if isinstance(o, torch.Tensor) else o for o in outs)
 
         # The clones must survive tracing: no no-op removal for inplace impls.
         # In the arguments' fake mode, tensors an impl allocates are fake too.
@@ -321,8 +348,15 @@ class LoweringPass:
         tensor_names = [names[i] for i in tensor_pos]
         functional = branch or not impl.inplace
         traced = _functionalized(call, op, impl, tensor_names) if functional else call
+        inputs = [fake_args[i] for i in tensor_pos]
+        if symbols:
+            tensors_only, count = traced, len(inputs)
+
+            def traced(*values: Any) -> Any:  # the symbols only bind sizes
+                return tensors_only(*values[:count])
+
         with fake_mode if fake_mode is not None else contextlib.nullcontext():
-            gm = fwd_only(traced, [fake_args[i] for i in tensor_pos], run_functional_passes=False)
+            gm = fwd_only(traced, [*inputs, *symbols], run_functional_passes=False)
         if functional:
             gm.graph.eliminate_dead_code()
         if branch:
@@ -512,6 +546,18 @@ def _copy_constant(graph: fx.Graph, gm: fx.GraphModule, node: fx.Node, fake_mode
     else:
         new.meta["val"] = value
     return new
+
+
+def _contiguous_copy(graph: fx.Graph, node: fx.Node, fake_mode: Any) -> fx.Node:
+    """A contiguous copy of ``node`` inserted into ``graph`` (at its insertion point)."""
+    copy = graph.call_function(
+        torch.ops.aten.clone.default, (node,), {"memory_format": torch.contiguous_format}
+    )
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        copy.meta["val"] = torch.ops.aten.clone.default(
+            node.meta["val"], memory_format=torch.contiguous_format
+        )
+    return copy
 
 
 def _new_fake_like(val: torch.Tensor, fake_mode: Any) -> torch.Tensor:
