@@ -440,6 +440,26 @@ def test_as_strided_of_a_slice_of_an_intermediate_with_dynamic_shapes() -> None:
     compare(as_strided_of_an_intermediate_slice, [arange(4, 3)], {}, dynamic=True)
 
 
+def as_strided_of_a_dtype_view_of_a_row_slice(a: Tensor) -> Tensor:
+    words = a[1:].view(torch.int16)[1:]  # an implicit offset, counted in int16 elements
+    return words.as_strided((2, 3), (1, 2)) * 1
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_as_strided_of_a_dtype_view_of_an_input_row_slice(dynamic: bool) -> None:
+    """compile-v4 r06: reinterpreting a row-slice input would place the view at the
+    slice's start, where Inductor's own dtype view may not start: left to Inductor,
+    as plain ``torch.compile`` does."""
+    x = arange(9, 8)[1:]  # a graph input at storage offset 8
+    want = as_strided_of_a_dtype_view_of_a_row_slice(x)
+    torch._dynamo.reset()
+    with inductor_caches_off(), torch.no_grad():
+        compiled = torch.compile(
+            as_strided_of_a_dtype_view_of_a_row_slice, backend=ir.VllmIRBackend(), dynamic=dynamic
+        )
+        assert torch.equal(compiled(x), want)
+
+
 def offset_read_of_a_later_slice(a: Tensor) -> Tensor:
     rows = (a * 2 + 1)[2:4]  # storage offset 2 * columns: a product of symbols
     return scale_add(rows, torch.ones_like(rows))

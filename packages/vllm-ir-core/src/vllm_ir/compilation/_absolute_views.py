@@ -10,7 +10,10 @@ computes: ``(a * 2 + 1)[1:3].as_strided((2, 3), (3, 1), 3)`` reads rows 2..3
 instead of 1..2 (with static shapes and with dynamic ones), in plain
 ``torch.compile`` too. Such views come from programs and, more often, from
 impls the lowering inlines (``x.as_strided(x.size(), x.stride(),
-x.storage_offset())`` to address a tensor's memory directly).
+x.storage_offset())`` to address a tensor's memory directly). A view that
+reinterprets the dtype of a graph input that does not start its storage (a row
+slice) is left to Inductor, whose own dtype view may not start where the slice
+does.
 
 Since the view chain between the root and ``x`` cannot change which storage an
 ``as_strided`` reads, the pass rewires its input to the root, which Inductor
@@ -221,6 +224,10 @@ def _reinterpreted(
     root, position = up
     root_val = _val(root)
     if root_val is None or root_val.dim() == 0 or root_val.stride(-1) != 1:
+        return None
+    if _expr(root_val.storage_offset()) != 0:
+        # a row slice of a graph input: Inductor may reinterpret it into a buffer of
+        # its own, which starts at the slice, where offsets would count from there
         return None
     ratio = sympy.Rational(parent_val.element_size(), val.element_size())
     converted = sympy.expand(position * ratio)
