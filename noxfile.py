@@ -444,7 +444,8 @@ def fuzz(session: nox.Session) -> None:
     ``VLLM_IR_FUZZ_COMPILES`` random IR programs (default 300) compiled with
     ``VllmIRBackend`` against eager. Against plain Inductor:
     ``VLLM_IR_FUZZ_INDUCTOR`` programs per family (default 50; views without IR
-    ops, pieces, recompiles, autotune). Counts land in
+    ops, pieces, recompiles, autotune). Threads: ``VLLM_IR_FUZZ_THREADS`` random
+    sequences of registry changes (default 200) against concurrent calls. Counts land in
     benchmarks/results/compile_fuzz.json. The two run side by side (pytest-xdist).
     """
     _install(session, CORE)
@@ -459,6 +460,8 @@ def fuzz(session: nox.Session) -> None:
         "VLLM_IR_FUZZ_COMPILE_SEED": os.environ.get("VLLM_IR_FUZZ_COMPILE_SEED", "1000"),
         "VLLM_IR_FUZZ_INDUCTOR": os.environ.get("VLLM_IR_FUZZ_INDUCTOR", "50"),
         "VLLM_IR_FUZZ_INDUCTOR_SEED": os.environ.get("VLLM_IR_FUZZ_INDUCTOR_SEED", "100"),
+        "VLLM_IR_FUZZ_THREADS": os.environ.get("VLLM_IR_FUZZ_THREADS", "200"),
+        "VLLM_IR_FUZZ_THREADS_SEED": os.environ.get("VLLM_IR_FUZZ_THREADS_SEED", "1000"),
         "VLLM_IR_FUZZ_REPORT": str(report),
     }
     tests = PACKAGES[CORE] / "tests"
@@ -467,6 +470,7 @@ def fuzz(session: nox.Session) -> None:
         str(tests / "test_clone_elimination_fuzz.py"),
         str(tests / "test_compile_fuzz.py"),
         str(tests / "test_inductor_fuzz.py"),
+        str(tests / "test_concurrency_fuzz.py"),
         *session.posargs,
         env=env,
     )
