@@ -21,6 +21,11 @@ Families (``FAMILIES``), each a generator of random programs over one
   ``VLLM_BATCH_INVARIANT`` settings: a graph served from the cache must be
   the one the settings in force select (across processes too: the cache
   directory outlives the run).
+* ``buckets``: a bucketed priority table on a token count that is a symbol
+  or an expression of one (``x[1:]``, ``x[::2]``, a flattened ``(2, n, 6)``
+  input), lowered per size range (``"graphs"``), to ``torch.cond`` branches, by
+  the autotuner, or traced through (``enable_torch_wrap(False)``), called at
+  counts on both sides of the bound.
 
 Half the cases compile with dynamic shapes. A case where Inductor is right and
 vllm-ir wrong is a failure; where both are wrong it is counted as upstream.
@@ -44,7 +49,7 @@ from vllm_ir.selection import invalidate_caches
 from vllm_ir.testing import inductor_caches_off
 
 COLS = 6
-FAMILIES = ("views", "pieces", "recompiles", "autotune", "cache_reuse")
+FAMILIES = ("views", "pieces", "recompiles", "autotune", "cache_reuse", "buckets")
 
 
 @ir.register_op(name="inductor_fuzz_offset_reader")
@@ -179,13 +184,20 @@ class Case:
     autotune: str | None = None
     settings: list[tuple[str, bool]] = field(default_factory=list)
     """cache_reuse: (first provider, batch invariance) of each compile."""
+    dispatch: str = "graphs"
+    """buckets: ``VllmIRBackend(bucket_dispatch=...)``."""
+    wrap: bool = True
+    """buckets: False compiles in trace-through mode."""
+    ours: str = "vllm_ir"
+    """The backend under test: ``vllm_ir``, or ``inductor`` in trace-through mode."""
 
     def describe(self) -> str:
         program = "x" + "".join(s.describe for s in self.steps)
         shapes = [tuple(t.shape) for t in self.inputs]
         return (
             f"seed {self.seed} ({self.family}, dynamic={self.dynamic}, "
-            f"autotune={self.autotune}, priority={self.priority}, settings={self.settings}): "
+            f"autotune={self.autotune}, priority={self.priority}, settings={self.settings}, "
+            f"dispatch={self.dispatch}, wrap={self.wrap}, ours={self.ours}): "
             f"{program} on {shapes}"
         )
 
@@ -202,6 +214,8 @@ def _arange(rows: int, dtype: torch.dtype = torch.float32) -> Tensor:
 
 def make_case(seed: int, family: str) -> Case:
     rng = random.Random(seed)
+    if family == "buckets":
+        return _bucket_case(rng, seed)
     dynamic = rng.random() < 0.5
     x = _arange(rng.choice([4, 6]))
     if family == "views":
@@ -225,6 +239,49 @@ def make_case(seed: int, family: str) -> Case:
     assert family == "autotune"
     prio = {"inductor_fuzz_offset_reader": ["strided", "by_rows", "native"]}
     return Case(seed, family, steps, dynamic, [x], prio, rng.choice(["fake", "real"]))
+
+
+TOKEN_COUNTS: dict[str, tuple[Step, Callable[[int], Tensor]]] = {
+    # (the step making the op's activation, an input giving it n tokens)
+    "x": (Step("", lambda t: t), lambda n: _arange(n)),
+    "x[1:]": (Step("[1:]", lambda t: t[1:]), lambda n: _arange(n + 1)),
+    "x[::2]": (Step("[::2]", lambda t: t[::2]), lambda n: _arange(2 * n)),
+    "flatten": (
+        Step(".flatten(0, 1)", lambda t: t.flatten(0, 1)),
+        lambda n: _arange(2 * n).view(2, n, COLS),
+    ),
+}
+
+
+def _bucket_case(rng: random.Random, seed: int) -> Case:
+    """A bucketed table on a symbolic (or compound) token count, called on both
+    sides of its bound; the impls' values differ (``plus_half``) except under
+    the autotuner, whose choice eager cannot know."""
+    mode = rng.choice(["graphs", "branches", "autotune", "trace_through"])
+    providers = ["strided", "by_rows", "native"]
+    if mode != "autotune":
+        providers.append("plus_half")
+    bound = rng.randint(3, 9)
+
+    def ranked() -> list[str]:
+        return list(dict.fromkeys([*rng.sample(providers, rng.randint(1, 2)), "native"]))
+
+    table = [{"max_tokens": bound, "priority": ranked()}, {"priority": ranked()}]
+    count, make = TOKEN_COUNTS[rng.choice(list(TOKEN_COUNTS))]
+    steps = [Step(" * 2 + 1", lambda t: t * 2 + 1), count, Step(" -> offset_reader", offset_reader)]
+    sizes = sorted({rng.randint(2, bound), bound, bound + 1, rng.randint(bound + 1, 3 * bound)})
+    return Case(
+        seed,
+        "buckets",
+        steps,
+        True,
+        [make(n) for n in sizes],
+        {offset_reader.name: table},  # type: ignore[dict-item]
+        "fake" if mode == "autotune" else None,
+        dispatch="branches" if mode == "branches" else "graphs",
+        wrap=mode != "trace_through",
+        ours=rng.choice(["vllm_ir", "inductor"]) if mode == "trace_through" else "vllm_ir",
+    )
 
 
 class _RandomTimer:
@@ -264,11 +321,15 @@ class Stats:
 
 
 def _backend(case: Case) -> Any:
+    if case.ours == "inductor":
+        return "inductor"
     if case.autotune is None:
-        return ir.VllmIRBackend(priority=case.priority)
+        return ir.VllmIRBackend(priority=case.priority, bucket_dispatch=case.dispatch)
     timer = _RandomTimer(case.seed) if case.autotune == "fake" else WallClockTimer(0, 1)
     return ir.VllmIRBackend(
-        priority=case.priority, autotune=Autotuner(timer=timer, persist=False, margin=0.0)
+        priority=case.priority,
+        autotune=Autotuner(timer=timer, persist=False, margin=0.0),
+        bucket_dispatch=case.dispatch,
     )
 
 
@@ -289,7 +350,21 @@ def check_case(case: Case, stats: Stats) -> None:
             except RuntimeError:  # the steps do not fit this input (recompiles)
                 stats.invalid[case.family] += 1
                 continue
-            got, plain = ours(x.clone()), theirs(x.clone())
+            plain = theirs(x.clone())
+            try:
+                with ir.enable_torch_wrap(case.wrap):
+                    got = ours(x.clone())
+            except Exception as e:  # a crash where Inductor runs is a finding too
+                stats.calls[case.family] += 1
+                if _same(plain, want):
+                    first = str(getattr(e, "inner_exception", e)).splitlines()[0][:200]
+                    stats.regressions.append(
+                        f"[{case.family}] {case.describe()}: input {tuple(x.shape)}: "
+                        f"vllm_ir raised {type(e).__name__}: {first} (inductor right)"
+                    )
+                else:
+                    stats.upstream[case.family] += 1
+                return
         stats.calls[case.family] += 1
         ok, plain_ok = _same(got, want), _same(plain, want)
         if ok and not plain_ok:

@@ -45,3 +45,12 @@ def test_more_seeds_of_the_addressing_families(seed: int, family: str) -> None:
     stats = inductor_fuzz.Stats()
     inductor_fuzz.check_case(inductor_fuzz.make_case(seed, family), stats)
     assert not stats.regressions, "\n".join(stats.regressions)
+
+
+@pytest.mark.parametrize("seed", [1, 5, 6, 8])
+def test_more_seeds_of_the_bucket_family(seed: int) -> None:
+    """Seeds that crashed or misread before the bucket branches took their size
+    symbols, plain strides and storage-starting copies (compile-v4 r02, r07, r08)."""
+    stats = inductor_fuzz.Stats()
+    inductor_fuzz.check_case(inductor_fuzz.make_case(seed, "buckets"), stats)
+    assert not stats.regressions, "\n".join(stats.regressions)
