@@ -83,8 +83,10 @@ def test_compiled_call_runs_plain_where_compile_is_not_in_force(row_op: ir.IrOp)
     with row_op.set_priority(["native"], compile=True):
         with compiled_selection():  # the lowering pass's selection: never compiled
             torch.testing.assert_close(call(x, w, 3.0), expected)
-        with pytest.raises(AssertionError, match="compiled callable ran"):
-            call(x, w, 3.0)
+        ran: list[tuple[Any, ...]] = []
+        call.compiled = lambda *a: ran.append(a) or expected  # in force: compiled
+        call(x, w, 3.0)
+        assert len(ran) == 1
 
 
 def test_an_outer_compile_records_the_op_not_the_compiled_callable(row_op: ir.IrOp) -> None:
@@ -139,3 +141,43 @@ def test_make_fx_in_a_compile_scope_traces_the_plain_impl(row_op: ir.IrOp) -> No
     with row_op.set_priority(["native"], compile=True):
         gm = make_fx(lambda a, b: call(a, b, 2.0))(x, w)  # under a dispatch mode: plain
     torch.testing.assert_close(gm(x, w), row_op.native(x, w, 2.0))
+
+
+def add_rows(x: Tensor, y: Tensor) -> Tensor:
+    return x + y * 2
+
+
+def test_an_invalid_call_gets_the_plain_impls_own_error(make_op: Callable[..., ir.IrOp]) -> None:
+    op = make_op(add_rows)
+    x5, y5, x7 = torch.randn(5, 8), torch.randn(5, 8), torch.randn(7, 8)
+    native_error = r"^The size of tensor a \(7\) must match the size of tensor b \(5\)"
+    with op.set_priority(["native"], compile=True):
+        for _ in range(2):  # on the first call (not compiled yet), then on a warmed one
+            with pytest.raises(RuntimeError, match=native_error) as info:
+                op(x7, y5)  # not Dynamo's fake-tensor error, nor one chained to it
+            assert info.value.__context__ is None
+            torch.testing.assert_close(op(x5, y5), add_rows(x5, y5))
+        call = _cached_fn(op, x5, y5)
+        assert isinstance(call, CompiledCall)
+        assert call.warmed
+        assert not call.failed  # the caller's error: still compiled
+    torch._dynamo.reset()
+
+
+def test_a_warmed_call_whose_recompile_fails_runs_plain(
+    make_op: Callable[..., ir.IrOp], caplog: pytest.LogCaptureFixture
+) -> None:
+    op = make_op(add_rows)
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    with op.set_priority(["native"], compile=True), torch._dynamo.config.patch(recompile_limit=1):
+        op(x, y)
+        call = _cached_fn(op, x, y)
+        assert call.warmed
+        # Dynamo guards on grad mode: a recompile, over the limit (FailOnRecompileLimitHit)
+        for mode in (torch.no_grad, torch.inference_mode):
+            with mode():
+                torch.testing.assert_close(op(x, y), add_rows(x, y))
+        assert call.failed  # the compile's fault: the class runs plain from now on
+        torch.testing.assert_close(op(x, y), add_rows(x, y))
+    assert sum("could not be compiled" in r.getMessage() for r in caplog.records) == 1
+    torch._dynamo.reset()

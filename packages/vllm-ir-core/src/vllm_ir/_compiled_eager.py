@@ -14,6 +14,11 @@ native is a chain of unfused kernels; compiled, it is one or two.
 * Calls a compile cannot serve run the plain impl: a non-contiguous tensor,
   an impl not marked compilable, more than :data:`MAX_VARIANTS` argument
   classes for one op, or a compile that failed (logged once).
+* A compiled call that raises (a first compile, or a recompile of a warmed
+  class: Dynamo guards on grad mode, and its recompile limit may be hit) runs
+  the plain impl: if that raises too, the call was invalid and the caller gets
+  the impl's own error, not Dynamo's; if not, the argument class runs plain
+  from then on (logged once).
 * Never traced into an outer compile: under Dynamo, ``make_fx`` or a
   dispatch mode the eager fast path is not taken (calls go through the torch
   op or trace-through), and the compiled callable itself runs the plain impl
@@ -121,9 +126,33 @@ class CompiledCall:
             or selection_mode() == "compiled"
         ):
             return self.impl.impl_fn(*args)
-        if self.warmed:
-            return self.compiled(*args)
-        return self._first_call(args)
+        try:
+            return self.compiled(*args) if self.warmed else self._first_call(args)
+        except Exception as e:  # judged by the plain impl, below
+            failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        # Outside the except block, so the plain impl's own error (if any) is
+        # raised without Dynamo's one chained to it.
+        return self._run_plain_after(failure, args)
+
+    def _run_plain_after(self, failure: str, args: tuple[Any, ...]) -> Any:
+        """The plain impl, after the compiled call raised ``failure``.
+
+        A warmed call may recompile (a guard on grad mode, a shape the compile
+        did not cover) and a recompile can fail (Dynamo's recompile limit) or
+        wrap the caller's error in pages of fake-tensor internals. The plain
+        impl decides which it was: if it raises too, the call was invalid and
+        the caller gets the impl's own error; if not, the compile was at fault,
+        and this argument class runs plain from now on (logged once).
+        """
+        out = self.impl.impl_fn(*args)
+        self.failed = True
+        logger.warning(
+            "compiled eager: %s of op %r could not be compiled, running it plain: %s",
+            self.impl.provider,
+            self.op_name,
+            failure,
+        )
+        return out
 
     def _first_call(self, args: tuple[Any, ...]) -> Any:
         import torch._dynamo
@@ -136,18 +165,7 @@ class CompiledCall:
                 aliases.append(alias)
             else:
                 aliases.append(a)
-        try:
-            out = self.compiled(*aliases)
-        except Exception as e:  # a compile problem: the plain impl, said once
-            self.failed = True
-            logger.warning(
-                "compiled eager: %s of op %r could not be compiled, running it plain: %s: %s",
-                self.impl.provider,
-                self.op_name,
-                type(e).__name__,
-                str(e).splitlines()[0] if str(e) else "",
-            )
-            return self.impl.impl_fn(*args)
+        out = self.compiled(*aliases)
         self.warmed = True
         return out
 
