@@ -174,6 +174,30 @@ def test_bad_plan_files_say_what_is_wrong(text: str, says: str) -> None:
         Plan.from_json(text)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("notes", "abc", "'notes' must be a list, got 'abc'"),
+        ("count", True, "'count' must be an int, got True"),
+        ("count", -3, "'count' must be at least 1, got -3"),
+        ("count", 0, "'count' must be at least 1, got 0"),
+        ("tokens", False, "'tokens' must be an integer, a string or null"),
+    ],
+)
+def test_plan_fields_of_the_wrong_kind_are_refused(
+    model: Model, field: str, value: object, says: str
+) -> None:
+    """A string is not a list of notes, and a bool or a count below 1 is not a count."""
+    doc = json.loads(ir.plan(model, torch.randn(2, 8)).to_json())
+    if field == "notes":
+        doc["notes"] = value
+    else:
+        doc["sites"][0][field] = value
+    with pytest.raises(PlanFormatError, match=says) as e:
+        Plan.from_json(json.dumps(doc))
+    assert "\n" not in str(e.value)
+
+
 def test_plan_is_served_beside_the_twenty_names() -> None:
     from vllm_ir import _planning as planning
 

@@ -187,7 +187,9 @@ class Plan:
                 platform=_typed(doc["platform"], str, "platform"),
                 batch_invariant=_typed(doc["batch_invariant"], bool, "batch_invariant"),
                 sites=sites,
-                notes=tuple(_typed(n, str, "notes") for n in doc.get("notes", [])),
+                notes=tuple(
+                    _typed(n, str, "notes") for n in _typed(doc.get("notes", []), list, "notes")
+                ),
             )
         except KeyError as e:
             raise PlanFormatError(f"missing key {e}") from None
@@ -196,8 +198,17 @@ class Plan:
 
 
 def _typed(value: Any, kind: type, what: str) -> Any:
-    if not isinstance(value, kind):
-        raise TypeError(f"{what!r} must be a {kind.__name__}, got {value!r:.60}")
+    # bool is an int subclass: true is not a count
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        article = "an" if kind.__name__[0] in "aeiou" else "a"
+        raise TypeError(f"{what!r} must be {article} {kind.__name__}, got {value!r:.60}")
+    return value
+
+
+def _count(value: Any) -> int:
+    """A site's call count: a whole number of at least 1 (a site is recorded when called)."""
+    if _typed(value, int, "count") < 1:
+        raise TypeError(f"'count' must be at least 1, got {value!r}")
     return value
 
 
@@ -205,7 +216,7 @@ def _site_from_dict(d: Any) -> CallSite:
     if not isinstance(d, dict):
         raise TypeError(f"a call site must be an object, got {d!r:.60}")
     tokens = d["tokens"]
-    if tokens is not None and not isinstance(tokens, (int, str)):
+    if tokens is not None and (not isinstance(tokens, (int, str)) or isinstance(tokens, bool)):
         raise TypeError(f"'tokens' must be an integer, a string or null, got {tokens!r:.60}")
     notes = []
     for c in _typed(d["candidates"], list, "candidates"):
@@ -227,7 +238,7 @@ def _site_from_dict(d: Any) -> CallSite:
         batch_invariant=_typed(d["batch_invariant"], bool, "batch_invariant"),
         candidates=tuple(notes),
         source=_typed(d.get("source", ""), str, "source"),
-        count=_typed(d.get("count", 1), int, "count"),
+        count=_count(d.get("count", 1)),
         mismatch=None if mismatch is None else _typed(mismatch, str, "mismatch"),
     )
 
