@@ -90,7 +90,7 @@ def test_example_provider_is_discovered() -> None:
     loaded = ir.loaded_providers()["example"]
     assert loaded.package == EXAMPLE_PACKAGE
     assert loaded.spec is vllm_ir_example.provider
-    assert loaded.spec.api_version == ir.API_VERSION
+    assert loaded.spec.api_version == ir.provider.API_VERSION
 
 
 def test_impls_are_attributed_to_the_example_package() -> None:
@@ -193,7 +193,7 @@ def test_incompatible_provider_is_refused_naming_both_versions() -> None:
     error = ir.load_errors()["incompatible"]
     assert error.package == "vllm-ir-incompatible-provider 0.1.0"
     assert re.search(rf"\bAPI {vllm_ir_incompatible.API_VERSION}\b", error.cause), error.cause
-    assert re.search(rf"\bAPI {ir.API_VERSION}\b", error.cause), error.cause
+    assert re.search(rf"\bAPI {ir.provider.API_VERSION}\b", error.cause), error.cause
     assert vllm_ir_incompatible.register_calls == []
     assert "incompatible" not in ir.loaded_providers()
 

@@ -128,6 +128,49 @@ def test_donated_activation_read_after_is_an_error(fn, match: str) -> None:  # t
         InplaceFunctionalizationPass()(gm.graph)
 
 
+ROPE = ir.ops.rotary_embedding
+
+
+def rope_then_v(qkv, cos, sin):  # type: ignore[no-untyped-def]
+    """vLLM's attention inputs: RoPE donates q and k, v (a sibling slice) is read after."""
+    q, k, v = qkv.split([16, 8, 8], dim=-1)
+    q, k = ROPE.maybe_inplace(q.unflatten(-1, (2, 8)), k.unflatten(-1, (1, 8)), cos, sin, True)
+    return q, k, v * 1, qkv[:, 24:] * 2  # v, and v again sliced after the call
+
+
+def rope_then_overlap(qkv, cos, sin):  # type: ignore[no-untyped-def]
+    q, k = qkv[:, :16], qkv[:, 24:]
+    straddle = qkv[:, 8:24]  # overlaps q, but neither covers the other densely
+    q, k = ROPE.maybe_inplace(q.unflatten(-1, (2, 8)), k.unflatten(-1, (1, 8)), cos, sin, True)
+    return q, k, straddle * 1
+
+
+def rope_then_base(qkv, cos, sin):  # type: ignore[no-untyped-def]
+    q, k, _ = qkv.split([16, 8, 8], dim=-1)
+    q, k = ROPE.maybe_inplace(q.unflatten(-1, (2, 8)), k.unflatten(-1, (1, 8)), cos, sin, True)
+    return q, k, qkv * 1
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_donation_check_reads_elements_not_storages(mode: str) -> None:
+    """A slice of the donated activation's buffer that is provably apart from it is
+    no reader (compile-v4 r03: the qkv split was refused); one that may overlap
+    declines that activation's donation; the buffer itself is still a reader."""
+    args = torch.randn(6, 32), torch.randn(6, 8), torch.randn(6, 8)
+    for fn, donated, declined in [
+        (rope_then_v, ["query", "key"], []),
+        (rope_then_overlap, ["key"], [("rotary_embedding", "query")]),
+    ]:
+        gm = make_fx(fn, tracing_mode=mode)(*args)
+        with pass_context() as ctx:
+            InplaceFunctionalizationPass()(gm.graph)
+        assert [d.argument for d in ctx.donations] == donated, fn.__name__
+        assert ctx.declined_activations == declined, fn.__name__
+    gm = make_fx(rope_then_base, tracing_mode=mode)(*args)
+    with pass_context(), pytest.raises(ValueError, match=r"'query'.*reads it through its alias"):
+        InplaceFunctionalizationPass()(gm.graph)
+
+
 # -- lowering ---------------------------------------------------------------
 
 
@@ -155,8 +198,8 @@ def test_compiled_mode_defaults_apply_in_lowering() -> None:
     ir.priority.add_platform_defaults(
         "test-compiled",
         [
-            ir.PlatformDefaults(
-                ir.current_platform(),
+            ir.provider.PlatformDefaults(
+                ir.provider.current_platform(),
                 eager={"rms_norm": [kernels.OPAQUE]},
                 compiled={"rms_norm": ["native"]},
             )

@@ -116,7 +116,7 @@ def test_selection_cached_on_metadata_not_batch_size(scale_op: ir.IrOp) -> None:
 def test_new_registration_invalidates_cache(scale_op: ir.IrOp) -> None:
     x = torch.ones(1)
     ir.priority.add_platform_defaults(
-        "late-pkg", [ir.PlatformDefaults(ir.current_platform(), eager={scale_op.name: ["late"]})]
+        "late-pkg", [ir.provider.PlatformDefaults(ir.provider.current_platform(), eager={scale_op.name: ["late"]})]
     )
     try:
         selection = scale_op.select(x, 1.0)
@@ -162,8 +162,8 @@ def test_compiled_mode_uses_compiled_defaults(scale_op: ir.IrOp) -> None:
     ir.priority.add_platform_defaults(
         "test-defaults",
         [
-            ir.PlatformDefaults(
-                ir.current_platform(),
+            ir.provider.PlatformDefaults(
+                ir.provider.current_platform(),
                 eager={scale_op.name: ["kernel"]},
                 compiled={scale_op.name: ["native"]},
             )
@@ -172,7 +172,7 @@ def test_compiled_mode_uses_compiled_defaults(scale_op: ir.IrOp) -> None:
     try:
         x = torch.ones(1)
         assert scale_op.selected_impl(x, 1.0).provider == "kernel"
-        with ir.compiled_selection():
+        with ir.priority.compiled_selection():
             assert scale_op.selected_impl(x, 1.0).provider == "native"
         assert scale_op.select(x, 1.0, mode="compiled").impl.provider == "native"
     finally:

@@ -130,7 +130,7 @@ def test_fast_path_dispatch_and_select_agree(make_op, seed: int) -> None:  # typ
         args = rng.choice(pool) if rng.random() < 0.7 else _arguments(rng)
         scope = op.set_priority(_priorities(rng)) if rng.random() < 0.3 else None
         compiled = rng.random() < 0.15
-        with scope or _nothing(), ir.compiled_selection() if compiled else _nothing():
+        with scope or _nothing(), ir.priority.compiled_selection() if compiled else _nothing():
             want = op.select(*args).impl.provider
             assert op.selected_impl(*args).provider == want, args
             ran.clear()

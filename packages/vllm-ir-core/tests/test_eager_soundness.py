@@ -226,15 +226,15 @@ def test_store_refuses_a_stale_generation() -> None:
 def test_the_fast_path_honours_compiled_selection(make_op) -> None:  # type: ignore[no-untyped-def]
     op, ran = make_op(double), []
     _recording(op, ran, "fast", None)
-    platform = ir.current_platform()
+    platform = ir.provider.current_platform()
     add_platform_defaults(
         "soundness-test",
-        [ir.PlatformDefaults(platform, eager={op.name: ["fast"]}, compiled={op.name: []})],
+        [ir.provider.PlatformDefaults(platform, eager={op.name: ["fast"]}, compiled={op.name: []})],
     )
     try:
         x = torch.ones(4, 8)
         assert _ran(op, ran, x) == "fast"
-        with ir.compiled_selection():
+        with ir.priority.compiled_selection():
             assert op.selected_impl(x).provider == "native"
             assert _ran(op, ran, x) == "native"
             with op.set_priority(["fast"]):  # scopes inside keep the mode

@@ -28,15 +28,15 @@ def _register(op: ir.IrOp, *providers: str) -> None:
 @pytest.fixture
 def defaults(scale_op: ir.IrOp):  # type: ignore[no-untyped-def]
     _register(scale_op, "vendor", "triton", "other")
-    platform = ir.current_platform()
+    platform = ir.provider.current_platform()
     priority.add_platform_defaults(
-        "pkg-b", [ir.PlatformDefaults(platform, eager={scale_op.name: ["triton"]}, rank=10)]
+        "pkg-b", [ir.provider.PlatformDefaults(platform, eager={scale_op.name: ["triton"]}, rank=10)]
     )
     priority.add_platform_defaults(
         "pkg-a",
         [
-            ir.PlatformDefaults(platform, eager={scale_op.name: ["vendor"]}, rank=100),
-            ir.PlatformDefaults(
+            ir.provider.PlatformDefaults(platform, eager={scale_op.name: ["vendor"]}, rank=100),
+            ir.provider.PlatformDefaults(
                 "xpu" if platform != "xpu" else "cuda", eager={scale_op.name: ["other"]}
             ),
         ],
@@ -53,7 +53,7 @@ def test_defaults_merge_by_rank_then_user_first(defaults: ir.IrOp) -> None:
         entries = op.get_priority_entries()
     assert [(e.provider, e.source) for e in entries] == [
         ("triton", "user (scoped)"),
-        ("vendor", f"{ir.current_platform()} eager default of pkg-a"),
+        ("vendor", f"{ir.provider.current_platform()} eager default of pkg-a"),
         ("native", "native fallback"),
     ]
     # other platforms' defaults do not apply
@@ -62,12 +62,12 @@ def test_defaults_merge_by_rank_then_user_first(defaults: ir.IrOp) -> None:
 
 def test_equal_rank_merges_by_package_name(scale_op: ir.IrOp) -> None:
     _register(scale_op, "p1", "p2")
-    platform = ir.current_platform()
+    platform = ir.provider.current_platform()
     priority.add_platform_defaults(
-        "zzz", [ir.PlatformDefaults(platform, eager={scale_op.name: ["p1"]})]
+        "zzz", [ir.provider.PlatformDefaults(platform, eager={scale_op.name: ["p1"]})]
     )
     priority.add_platform_defaults(
-        "aaa", [ir.PlatformDefaults(platform, eager={scale_op.name: ["p2"]})]
+        "aaa", [ir.provider.PlatformDefaults(platform, eager={scale_op.name: ["p2"]})]
     )
     try:
         assert scale_op.get_priority() == ["p2", "p1", "native"]
@@ -158,7 +158,7 @@ def test_set_priority_validates(defaults: ir.IrOp) -> None:
 def test_platform_override(monkeypatch: pytest.MonkeyPatch, scale_op: ir.IrOp) -> None:
     _register(scale_op, "cuda_kernel")
     priority.add_platform_defaults(
-        "cuda-pkg", [ir.PlatformDefaults("cuda", eager={scale_op.name: ["cuda_kernel"]})]
+        "cuda-pkg", [ir.provider.PlatformDefaults("cuda", eager={scale_op.name: ["cuda_kernel"]})]
     )
     try:
         monkeypatch.setenv("VLLM_IR_PLATFORM", "cuda")
@@ -175,9 +175,9 @@ def test_platform_override(monkeypatch: pytest.MonkeyPatch, scale_op: ir.IrOp) -
 
 def test_platform_defaults_validation() -> None:
     with pytest.raises(ValueError, match="platform must be one of"):
-        ir.PlatformDefaults("tpu")
+        ir.provider.PlatformDefaults("tpu")
     with pytest.raises(TypeError, match="list of provider names"):
-        ir.PlatformDefaults("cpu", eager={"rms_norm": "native"})  # type: ignore[dict-item]
+        ir.provider.PlatformDefaults("cpu", eager={"rms_norm": "native"})  # type: ignore[dict-item]
 
 
 def test_process_wide_change_reaches_ops_a_scope_does_not_name(defaults: ir.IrOp) -> None:

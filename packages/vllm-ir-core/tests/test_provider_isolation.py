@@ -24,15 +24,15 @@ from vllm_ir import _providers as providers
 from vllm_ir._samples import SampleInput
 from vllm_ir._tolerances import DEFAULT_TOLERANCES
 
-PLATFORM = ir.current_platform()
+PLATFORM = ir.provider.current_platform()
 
 
-def _good(name: str) -> ir.ProviderSpec:
-    return ir.ProviderSpec(
+def _good(name: str) -> ir.provider.ProviderSpec:
+    return ir.provider.ProviderSpec(
         name=name,
-        api_version=ir.API_VERSION,
+        api_version=ir.provider.API_VERSION,
         register=lambda: ir.ops.rms_norm.register_impl(name)(_rms_impl),
-        defaults=[ir.PlatformDefaults(PLATFORM, eager={"rms_norm": [name]})],
+        defaults=[ir.provider.PlatformDefaults(PLATFORM, eager={"rms_norm": [name]})],
     )
 
 
@@ -56,9 +56,9 @@ def _call_rms_norm() -> Tensor:
 def test_malformed_spec_is_refused_on_construction(
     kwargs: dict[str, Any], error: type[Exception], message: str
 ) -> None:
-    spec: dict[str, Any] = {"name": "acme", "api_version": ir.API_VERSION, "register": print}
+    spec: dict[str, Any] = {"name": "acme", "api_version": ir.provider.API_VERSION, "register": print}
     with pytest.raises(error, match=message) as info:
-        ir.ProviderSpec(**{**spec, **kwargs})
+        ir.provider.ProviderSpec(**{**spec, **kwargs})
     assert "\n" not in str(info.value)
 
 
@@ -75,11 +75,11 @@ def test_malformed_spec_is_refused_on_construction(
 )
 def test_malformed_platform_defaults_are_refused(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(TypeError, match=message):
-        ir.PlatformDefaults("cpu", **kwargs)
+        ir.provider.PlatformDefaults("cpu", **kwargs)
 
 
 def test_platform_defaults_read_an_iterator_once() -> None:
-    d = ir.PlatformDefaults("cpu", eager={"rms_norm": iter(["acme", "native"])})
+    d = ir.provider.PlatformDefaults("cpu", eager={"rms_norm": iter(["acme", "native"])})
     assert d.eager == {"rms_norm": ["acme", "native"]}
     assert d.eager == {"rms_norm": ["acme", "native"]}
 
@@ -103,11 +103,11 @@ def test_spec_altered_after_construction_is_a_load_error(fresh_discovery) -> Non
 
 def test_defaults_naming_an_unknown_op_are_a_load_error_rolled_back(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
     name = unique("typo")
-    fresh_discovery["typo"] = ir.ProviderSpec(
+    fresh_discovery["typo"] = ir.provider.ProviderSpec(
         name=name,
-        api_version=ir.API_VERSION,
+        api_version=ir.provider.API_VERSION,
         register=lambda: ir.ops.rms_norm.register_impl(name)(_rms_impl),
-        defaults=[ir.PlatformDefaults(PLATFORM, eager={"rms_nrom": [name]})],
+        defaults=[ir.provider.PlatformDefaults(PLATFORM, eager={"rms_nrom": [name]})],
     )
     cause = ir.load_errors()["typo"].cause
     assert "unknown IR op 'rms_nrom'" in cause
@@ -136,7 +136,7 @@ def test_base_exception_at_load_is_isolated(fresh_discovery, exc: BaseException)
     def register() -> None:
         raise exc
 
-    fresh_discovery["a_exit"] = ir.ProviderSpec("a_exit", ir.API_VERSION, register)
+    fresh_discovery["a_exit"] = ir.provider.ProviderSpec("a_exit", ir.provider.API_VERSION, register)
     fresh_discovery["b_good"] = _good(good := unique("b_good"))
     try:
         assert _call_rms_norm().shape == (2, 8)  # the first call does not raise SystemExit
@@ -154,7 +154,7 @@ def test_keyboard_interrupt_propagates_after_rollback(fresh_discovery) -> None: 
         ir.ops.rms_norm.register_impl(name)(_rms_impl)
         raise KeyboardInterrupt
 
-    fresh_discovery["interrupted"] = ir.ProviderSpec("interrupted", ir.API_VERSION, register)
+    fresh_discovery["interrupted"] = ir.provider.ProviderSpec("interrupted", ir.provider.API_VERSION, register)
     with pytest.raises(KeyboardInterrupt):
         providers.ensure_loaded()
     assert name not in ir.ops.rms_norm.registered_impls
@@ -192,7 +192,7 @@ def test_failed_provider_leaves_nothing_behind(fresh_discovery) -> None:  # type
 
         raise RuntimeError("simulated failure after side effects")
 
-    fresh_discovery["partial"] = ir.ProviderSpec("partial", ir.API_VERSION, register)
+    fresh_discovery["partial"] = ir.provider.ProviderSpec("partial", ir.provider.API_VERSION, register)
     assert "partial" in ir.load_errors()
     assert name not in op.impls
     assert extra not in ir.IrOp.registry
@@ -228,7 +228,7 @@ def test_rollback_keeps_other_process_priorities(fresh_discovery) -> None:  # ty
             ir.IrOpPriorityConfig(rms_norm=["native"]).apply()
             raise RuntimeError("no")
 
-        fresh_discovery["prio"] = ir.ProviderSpec("prio", ir.API_VERSION, register)
+        fresh_discovery["prio"] = ir.provider.ProviderSpec("prio", ir.provider.API_VERSION, register)
         ir.load_errors()
         assert ir.ops.silu_and_mul.get_priority_entries()[0].source == "user (process-wide)"
         assert ir.ops.rms_norm.get_priority_entries()[0].source != "user (process-wide)"
@@ -250,7 +250,7 @@ def test_unregister_impl_is_public_and_checked(fresh_discovery) -> None:  # type
 
 def test_registration_handles_undo_exactly_their_registration(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
     name = unique("handle")
-    with ir.recording_registrations("acme-kernels 1.0") as log:
+    with ir.provider.recording_registrations("acme-kernels 1.0") as log:
         ir.ops.rms_norm.register_impl(name)(_rms_impl)
     (handle,) = log.handles
     assert ir.ops.rms_norm.impls[name].package == "acme-kernels 1.0"
@@ -270,7 +270,7 @@ def test_recording_scope_rolls_back_on_exception(fresh_discovery) -> None:  # ty
     before = dict(ir.ops.rms_norm.tolerances)
 
     def fail_after_registering() -> None:
-        with ir.recording_registrations():
+        with ir.provider.recording_registrations():
             ir.ops.rms_norm.register_impl(name)(_rms_impl)
             # the deprecated spelling goes through a recorded registration too
             with pytest.warns(DeprecationWarning, match="register_tolerances"):
@@ -290,7 +290,7 @@ def test_slow_provider_is_logged_before_and_warned_about(
     fresh_discovery, monkeypatch, caplog
 ) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("VLLM_IR_PROVIDER_LOAD_WARN_S", "0.2")
-    fresh_discovery["slow"] = ir.ProviderSpec("slow", ir.API_VERSION, lambda: time.sleep(0.6))
+    fresh_discovery["slow"] = ir.provider.ProviderSpec("slow", ir.provider.API_VERSION, lambda: time.sleep(0.6))
     with caplog.at_level(logging.DEBUG, logger="vllm_ir"):
         ir.loaded_providers()
     text = caplog.text
@@ -309,7 +309,7 @@ def test_waiting_thread_names_the_slow_provider(fresh_discovery, monkeypatch, ca
         started.set()
         time.sleep(0.8)
 
-    fresh_discovery["slow"] = ir.ProviderSpec("slow", ir.API_VERSION, register)
+    fresh_discovery["slow"] = ir.provider.ProviderSpec("slow", ir.provider.API_VERSION, register)
     loader = threading.Thread(target=providers.ensure_loaded)
     with caplog.at_level(logging.WARNING, logger="vllm_ir"):
         loader.start()
@@ -374,7 +374,7 @@ def test_hostile_installed_providers_end_to_end(tmp_path) -> None:  # type: igno
         module = f"r05t_{name}"
         (tmp_path / f"{module}.py").write_text(
             f"import vllm_ir as ir\n{body}"
-            f"provider = ir.ProviderSpec(name={name!r}, api_version=ir.API_VERSION,"
+            f"provider = ir.provider.ProviderSpec(name={name!r}, api_version=ir.provider.API_VERSION,"
             " register=register)\n"
         )
         info = tmp_path / f"{module}-0.1.dist-info"

@@ -21,18 +21,18 @@ def _rms_impl(
 
 
 def _spec(
-    provider: str, *, api_version: int = ir.API_VERSION, fail: bool = False
-) -> ir.ProviderSpec:
+    provider: str, *, api_version: int = ir.provider.API_VERSION, fail: bool = False
+) -> ir.provider.ProviderSpec:
     def register() -> None:
         ir.ops.rms_norm.register_impl(provider)(_rms_impl)
         if fail:
             raise RuntimeError("kernel library missing")
 
-    return ir.ProviderSpec(
+    return ir.provider.ProviderSpec(
         name=provider,
         api_version=api_version,
         register=register,
-        defaults=[ir.PlatformDefaults(ir.current_platform(), eager={"rms_norm": [provider]})],
+        defaults=[ir.provider.PlatformDefaults(ir.provider.current_platform(), eager={"rms_norm": [provider]})],
     )
 
 
@@ -79,10 +79,10 @@ def test_failing_provider_is_skipped_and_rolled_back(fresh_discovery, caplog) ->
 
 def test_incompatible_api_version_is_refused(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
     name = unique("future")
-    fresh_discovery[name] = _spec(name, api_version=ir.API_VERSION + 1)
+    fresh_discovery[name] = _spec(name, api_version=ir.provider.API_VERSION + 1)
     cause = ir.load_errors()[name].cause
-    assert f"provider API {ir.API_VERSION + 1}" in cause
-    assert f"vllm-ir-core {ir.__version__} provides API {ir.API_VERSION}" in cause
+    assert f"provider API {ir.provider.API_VERSION + 1}" in cause
+    assert f"vllm-ir-core {ir.__version__} provides API {ir.provider.API_VERSION}" in cause
     assert name not in ir.ops.rms_norm.impls
 
 
@@ -117,8 +117,8 @@ def test_provider_registering_a_new_op_is_rolled_back(fresh_discovery) -> None: 
         ir.register_op(name=op_name)(op_fn)
         raise ImportError("missing dependency")
 
-    fresh_discovery[name] = ir.ProviderSpec(
-        name=name, api_version=ir.API_VERSION, register=register
+    fresh_discovery[name] = ir.provider.ProviderSpec(
+        name=name, api_version=ir.provider.API_VERSION, register=register
     )
     assert "ImportError: missing dependency" in ir.load_errors()[name].cause
     assert op_name not in ir._op.IrOp.registry
@@ -128,7 +128,7 @@ def test_provider_registering_a_new_op_is_rolled_back(fresh_discovery) -> None: 
 def test_discovery_runs_once(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
     calls = []
     name = unique("once")
-    fresh_discovery[name] = ir.ProviderSpec(name, ir.API_VERSION, lambda: calls.append(1))
+    fresh_discovery[name] = ir.provider.ProviderSpec(name, ir.provider.API_VERSION, lambda: calls.append(1))
     ir.loaded_providers()
     ir.ops.rms_norm(torch.ones(1, 4), None, 1e-6)
     ir.loaded_providers()
@@ -142,7 +142,7 @@ def test_import_time_registrations_are_rolled_back(fresh_discovery, monkeypatch)
     def module_getattr(attr: str) -> object:
         # what a package does when it registers kernels at import time
         ir.ops.rms_norm.register_impl(name)(_rms_impl)
-        return _spec(name, api_version=ir.API_VERSION + 1)
+        return _spec(name, api_version=ir.provider.API_VERSION + 1)
 
     module.__getattr__ = module_getattr  # type: ignore[method-assign]
     monkeypatch.setitem(sys.modules, module.__name__, module)
@@ -176,7 +176,7 @@ def test_an_entry_point_name_claimed_by_two_distributions_is_a_load_error(
     calls: list[str] = []
     for which in ("a", "b"):
         module = types.ModuleType(f"clash_{which}_{name}")
-        module.provider = ir.ProviderSpec(name, ir.API_VERSION, lambda w=which: calls.append(w))  # type: ignore[attr-defined]
+        module.provider = ir.provider.ProviderSpec(name, ir.provider.API_VERSION, lambda w=which: calls.append(w))  # type: ignore[attr-defined]
         monkeypatch.setitem(sys.modules, module.__name__, module)
     eps = [
         _claimed_by(name, "acme-kernels", f"clash_a_{name}"),
@@ -217,8 +217,8 @@ def test_conformance_cases_load_the_providers_first(fresh_discovery) -> None:  #
         def doubled(x: Tensor) -> Tensor:
             return x + x
 
-    fresh_discovery[name] = ir.ProviderSpec(
-        name=name, api_version=ir.API_VERSION, register=register
+    fresh_discovery[name] = ir.provider.ProviderSpec(
+        name=name, api_version=ir.provider.API_VERSION, register=register
     )
     registrations = RUNTIME.discovery.registrations
     try:

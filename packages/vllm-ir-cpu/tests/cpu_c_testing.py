@@ -14,8 +14,8 @@ import vllm_ir as ir
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 on_cpu_platform = pytest.mark.skipif(
-    ir.current_platform() != "cpu",
-    reason=f"cpu_c is offered on the cpu platform only; this is {ir.current_platform()}",
+    ir.provider.current_platform() != "cpu",
+    reason=f"cpu_c is offered on the cpu platform only; this is {ir.provider.current_platform()}",
 )
 
 

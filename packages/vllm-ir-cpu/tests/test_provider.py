@@ -32,7 +32,7 @@ def test_impls_registered_and_attributed() -> None:
         assert impl.package == PACKAGE
         assert impl.batch_invariant
         assert impl.inplace is (name in INPLACE)
-        assert impl.supported is (ir.current_platform() == "cpu")
+        assert impl.supported is (ir.provider.current_platform() == "cpu")
 
 
 @on_cpu_platform

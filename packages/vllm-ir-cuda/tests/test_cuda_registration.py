@@ -56,7 +56,7 @@ def test_impls_are_attributed_to_the_package() -> None:
 def test_provider_spec() -> None:
     spec = vllm_ir_cuda.provider
     assert spec.name == "vllm_c"
-    assert spec.api_version == 1 == ir.API_VERSION
+    assert spec.api_version == 1 == ir.provider.API_VERSION
     (defaults,) = spec.defaults
     assert defaults.platform == "cuda"
     assert defaults.rank == 100

@@ -16,7 +16,7 @@ class TestDefaults(DefaultsChecks):
         # should vllm-ir-cuda build its kernels for ROCm and list vllm_c there (rank 100)
         add_platform_defaults(
             SOURCES[2],
-            [ir.PlatformDefaults("rocm", eager={op: ["vllm_c"] for op in OPS}, rank=100)],
+            [ir.provider.PlatformDefaults("rocm", eager={op: ["vllm_c"] for op in OPS}, rank=100)],
         )
         for op in OPS:
             assert self.eager(op)[:2] == ["aiter", "vllm_c"]

@@ -26,10 +26,10 @@ def _register() -> None:
     raise RuntimeError(FAILURE)
 
 
-provider = ir.ProviderSpec(
+provider = ir.provider.ProviderSpec(
     name="broken",
-    api_version=ir.API_VERSION,
+    api_version=ir.provider.API_VERSION,
     register=_register,
     # must not apply: defaults of a provider that failed to load are dropped
-    defaults=(ir.PlatformDefaults("cpu", eager={"rms_norm": ["broken"]}),),
+    defaults=(ir.provider.PlatformDefaults("cpu", eager={"rms_norm": ["broken"]}),),
 )

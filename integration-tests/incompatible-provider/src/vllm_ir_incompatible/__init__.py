@@ -16,4 +16,4 @@ def _register() -> None:
     register_calls.append("register")
 
 
-provider = ir.ProviderSpec(name="incompatible", api_version=API_VERSION, register=_register)
+provider = ir.provider.ProviderSpec(name="incompatible", api_version=API_VERSION, register=_register)

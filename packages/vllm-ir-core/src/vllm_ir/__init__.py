@@ -68,22 +68,20 @@ def __getattr__(name: str) -> object:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _MOVED:
-        import warnings
+        from vllm_ir._deprecation import warn_deprecated
 
-        warnings.warn(
+        warn_deprecated(
             f"vllm_ir.{name} is deprecated: use {_MOVED[name]}.{name} "
-            "(the old name goes in the next release)",
-            DeprecationWarning,
-            stacklevel=2,
+            "(the old name goes in the next release)"
         )
         return getattr(importlib.import_module(_MOVED[name]), name)
     if name in ("compilation", "testing", "provider"):
         return importlib.import_module(f"vllm_ir.{name}")
     if f"vllm_ir.{name}" in _moved_modules.MOVED:  # an internal module's old name
-        import warnings
+        from vllm_ir._deprecation import warn_deprecated
 
         old = f"vllm_ir.{name}"
-        warnings.warn(_moved_modules.message(old), DeprecationWarning, stacklevel=2)
+        warn_deprecated(_moved_modules.message(old))
         return importlib.import_module(_moved_modules.MOVED[old])
     raise AttributeError(f"module 'vllm_ir' has no attribute {name!r}")
 

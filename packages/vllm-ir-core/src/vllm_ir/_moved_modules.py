@@ -6,7 +6,8 @@ Core's internal modules carry private names (``vllm_ir._op``,
 ``vllm_ir.compilation`` (with ``ir_nodes``), ``vllm_ir.priority``,
 ``vllm_ir.selection``, ``vllm_ir.config`` and ``vllm_ir.envs``. Code that still
 imports an old path gets the very module object of the new one (so a patch
-applied through either name is seen through both) and a ``DeprecationWarning``.
+applied through either name is seen through both) and a ``DeprecationWarning``
+(:class:`~vllm_ir._deprecation.VllmIRDeprecationWarning`).
 
 >>> import warnings
 >>> with warnings.catch_warnings(record=True) as caught:
@@ -14,7 +15,7 @@ applied through either name is seen through both) and a ``DeprecationWarning``.
 ...     import vllm_ir.build_cache as old
 >>> import vllm_ir._build_cache as new
 >>> old is new, caught[0].category.__name__
-(True, 'DeprecationWarning')
+(True, 'VllmIRDeprecationWarning')
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
-import warnings
 from types import ModuleType
+
+from vllm_ir._deprecation import warn_deprecated
 
 __all__ = ["MOVED", "RENAMED", "install", "message", "new_name", "public_name"]
 
@@ -140,7 +142,7 @@ class _Alias(importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         # the import system's own frames are skipped: the warning points at the importer
-        warnings.warn(message(self.old), DeprecationWarning, stacklevel=2)
+        warn_deprecated(message(self.old), stacklevel=1)
         return importlib.import_module(self.new)
 
     def exec_module(self, module: ModuleType) -> None:

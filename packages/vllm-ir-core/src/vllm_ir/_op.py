@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sys
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar, overload
@@ -34,6 +33,7 @@ from vllm_ir._cache import (
     invalidating,
     release_cache,
 )
+from vllm_ir._deprecation import warn_deprecated
 from vllm_ir._eager import EagerCall
 from vllm_ir._hotpath import make_needs_grad_fn, make_route_fn
 from vllm_ir._impl import (
@@ -254,11 +254,9 @@ class IrOp:
 
     def dispatch(self, *args: Any, **kwargs: Any) -> IrOpImpl:
         """Deprecated name of :meth:`selected_impl` (kept for one release)."""
-        warnings.warn(
+        warn_deprecated(
             f"{self.name}.dispatch() is now {self.name}.selected_impl(); dispatch() "
-            "goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
+            "goes in the next release"
         )
         return self.selected_impl(*args, **kwargs)
 

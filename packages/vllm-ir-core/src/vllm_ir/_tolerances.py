@@ -27,13 +27,13 @@ reproduce), so:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from vllm_ir._deprecation import warn_deprecated
 from vllm_ir._registration import RegistrationHandle, on_snapshot, record
 
 __all__ = [
@@ -184,10 +184,9 @@ class ToleranceTable(Mapping[torch.dtype, Tolerance]):
         self.register(dict(other))
 
     def _deprecated(self, spelling: str) -> None:
-        warnings.warn(
+        warn_deprecated(
             f"{spelling} is deprecated: use ir.ops.{self.op_name}.register_tolerances({{...}}), "
             "which returns a handle (the old spelling goes in the next release)",
-            DeprecationWarning,
             stacklevel=3,
         )
 

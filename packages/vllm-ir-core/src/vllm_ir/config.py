@@ -30,6 +30,7 @@ from vllm_ir_cli.flags import (
 )
 
 from vllm_ir._buckets import BucketedPriority, parse_bucket_text, spec_to_json
+from vllm_ir._deprecation import warn_deprecated
 from vllm_ir._op import IrOp, get_op
 from vllm_ir._text import short_repr
 from vllm_ir.priority import scoped_priority, set_process_priority
@@ -306,12 +307,9 @@ class KernelConfig:
         integration, so this late lookup is the one upward reference left.
         """
         import importlib
-        import warnings
 
-        warnings.warn(
-            "KernelConfig.backend() is deprecated; use vllm_ir.VllmIRBackend.from_config(config)",
-            DeprecationWarning,
-            stacklevel=2,
+        warn_deprecated(
+            "KernelConfig.backend() is deprecated; use vllm_ir.VllmIRBackend.from_config(config)"
         )
         backend = importlib.import_module("vllm_ir.compilation._backend")  # no import cycle
         return backend.VllmIRBackend.from_config(self, **kwargs)
