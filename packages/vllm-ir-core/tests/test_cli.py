@@ -138,6 +138,10 @@ BAD_INPUT = [
         ["bench", "silu_and_mul", "--shapes", "4x7", "--no-compiled"],
         "silu_and_mul cannot take shape 4x7: silu_and_mul: x's last dimension (7) must be even",
     ),
+    (  # explain checks the call as bench does: not "cpu_c selected" for a call all reject
+        ["explain", "silu_and_mul", "--shape", "4,7"],
+        "silu_and_mul cannot take shape 4x7: silu_and_mul: x's last dimension (7) must be even",
+    ),
     (
         ["--ir-op-priority.rms_norm", "ops"],
         "--ir-op-priority.rms_norm expects a value before the command, got 'ops'",

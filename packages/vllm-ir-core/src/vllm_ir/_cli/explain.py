@@ -10,6 +10,7 @@ from vllm_ir._cli import plan_cmd
 from vllm_ir._cli.args import (
     UsageError,
     call_args_for,
+    check_native_accepts,
     parse_assignments,
     parse_device,
     parse_dtype,
@@ -83,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     shape = parse_shape(args.shape)
     device = parse_device(args.device)
     call = call_args_for(op, shape, dtype, device, parse_assignments(args.arg))
+    # Selection only asks supports_args, which need not check what the op itself
+    # requires (silu_and_mul's even width): without this, explain would show an
+    # impl selected for a call every impl raises on, and that bench refuses.
+    check_native_accepts(op, call, shape)
     if args.tuned or args.autotune:
         # loads Inductor (about 3 CPU-seconds): only for what needs it, so a plain
         # ``explain`` starts as fast as ``import vllm_ir``
