@@ -38,6 +38,8 @@ def test_explain_names_the_platform_default_of_the_package() -> None:
 def test_demo_runs_with_the_example_provider() -> None:
     out = vllm_ir("demo", "--layers", "2", "--hidden", "32", "--tokens", "8", "--runs", "2").stdout
     assert "fused_add_rms_norm: priority ['example', 'native'] -> example" in out
+    assert "fused_add_rms_norm: priority ['native'] -> native" in out
+    assert "the compiled list is not the eager one" in out  # and the demo says why
     assert "max |compiled - all-native|" in out
 
 

@@ -6,8 +6,7 @@ kernels through ``provider.register`` when it discovers installed providers.
 
 from __future__ import annotations
 
-from vllm_ir import API_VERSION, PlatformDefaults, ProviderSpec
-from vllm_ir.provider import deferred_register
+from vllm_ir.provider import API_VERSION, PlatformDefaults, ProviderSpec, deferred_register
 
 __all__ = ["PROVIDER", "provider"]
 

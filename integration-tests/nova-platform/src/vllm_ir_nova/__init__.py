@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import os
 
-from vllm_ir import API_VERSION
-from vllm_ir.provider import Platform, PlatformDefaults, ProviderSpec
+from vllm_ir.provider import API_VERSION, Platform, PlatformDefaults, ProviderSpec
 
 __all__ = ["PROVIDER", "platform", "provider"]
 

@@ -123,6 +123,13 @@ def run(args: argparse.Namespace) -> int:
         chosen = ", ".join(sorted(set(nodes.values())))
         priority = ir_priority(op_name)
         print(f"  {op_name}: priority {priority} -> {chosen} ({len(nodes)} nodes)")
+    differ = [op.name for op in ops if op.get_priority("eager") != op.get_priority("compiled")]
+    if differ:
+        print(
+            f"  ({', '.join(differ)}: the compiled list is not the eager one: a platform's "
+            "defaults choose per mode, often native under torch.compile, where Inductor "
+            "fuses it with its neighbours; --ir-op-priority sets one list for both)"
+        )
     ctx = backend.pass_contexts[0]
     print(
         f"  maybe_inplace calls functionalized: {ctx.functionalized}; "
