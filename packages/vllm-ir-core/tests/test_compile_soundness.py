@@ -214,6 +214,41 @@ def test_donated_row_slice_writes_only_its_rows() -> None:
     torch.testing.assert_close(got_base[5], base[5], atol=0, rtol=0)
 
 
+def _rope_inplace(
+    query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
+) -> tuple[Tensor, Tensor]:
+    q, k = ir.ops.rotary_embedding.native(query, key, cos, sin, is_neox)
+    return query.copy_(q), key.copy_(k)
+
+
+def rope_on_a_fused_projection(x: Tensor, w: Tensor, cos: Tensor, sin: Tensor) -> Any:
+    qkv = x @ w
+    q, k, v = qkv.split([16, 8, 8], dim=-1)
+    rope = ir.ops.rotary_embedding.maybe_inplace
+    q, k = rope(q.unflatten(-1, (2, 8)), k.unflatten(-1, (1, 8)), cos, sin, True)
+    return q * 1, k * 1, v * 1, qkv[:, 24:] * 2  # v read after, also sliced after
+
+
+def test_donating_slices_of_one_buffer_leaves_the_sibling_slice() -> None:
+    """vLLM's attention inputs (compile-v4 r03): RoPE donates q and k, views of one
+    qkv projection, and v is read after. v shares the storage, not the elements:
+    it compiles (it was refused), donates, and v keeps its values."""
+    ir.ops.rotary_embedding.register_impl("soundness_inplace", inplace=True)(_rope_inplace)
+    try:
+        args = [arange(6, 16) % 5, arange(16, 32) % 3 - 1, arange(6, 8) % 2, arange(6, 8) % 3]
+        backend = compare(
+            rope_on_a_fused_projection,
+            args,
+            {"rotary_embedding": ["soundness_inplace"]},
+            dynamic=True,
+        )
+    finally:
+        ir.ops.rotary_embedding.unregister_impl("soundness_inplace")
+    ctx = backend.pass_contexts[0]
+    assert [d.argument for d in ctx.donations] == ["query", "key"]
+    assert not ctx.declined_activations
+
+
 # -- 4. grad mode -------------------------------------------------------------
 
 

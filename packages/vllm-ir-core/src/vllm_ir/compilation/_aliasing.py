@@ -17,7 +17,14 @@ import torch
 from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-__all__ = ["AliasGroups", "is_write", "meta_value", "tensor_values", "written_args"]
+__all__ = [
+    "AliasGroups",
+    "is_write",
+    "meta_value",
+    "regions_overlap",
+    "tensor_values",
+    "written_args",
+]
 
 
 def tensor_values(value: object) -> Iterator[torch.Tensor]:
@@ -135,3 +142,105 @@ class AliasGroups:
 
 def _is_sparse(t: torch.Tensor) -> bool:
     return t.layout is not torch.strided
+
+
+def _known(condition: object) -> bool:
+    """``condition`` holds for every value its symbols may take (never guards)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true(condition))  # type: ignore[arg-type]
+
+
+def regions_overlap(a: torch.Tensor, b: torch.Tensor) -> bool | None:
+    """Whether two tensors of one storage share a byte: ``False`` proven disjoint,
+    ``True`` proven overlapping, ``None`` when their strides and (symbolic)
+    sizes prove neither.
+
+    Storage sharing says only that two views *may* touch; ``q, k, v =
+    qkv.split(...)`` are three disjoint column blocks of one buffer. Disjoint
+    when their byte spans are apart, or when, for a period ``P`` among their
+    strides, every dimension either steps by multiples of ``P`` or stays inside
+    one sub-range of ``[0, P)`` (a column block of rows ``P`` bytes wide), and
+    the two sub-ranges are apart. Overlapping when one of them fills its span
+    densely and the other's first or last element lies in that span. Answered
+    with ``statically_known_true``: no guard is added.
+    """
+    if _is_sparse(a) or _is_sparse(b):
+        return None
+    if _known(a.numel() == 0) or _known(b.numel() == 0):
+        return False
+    spans = [_span(a), _span(b)]
+    (start_a, end_a), (start_b, end_b) = spans
+    if _known(end_a <= start_b) or _known(end_b <= start_a):
+        return False
+    periods = [
+        s * t.element_size()
+        for t in (a, b)
+        for n, s in zip(t.shape, t.stride(), strict=True)
+        if not _known(n <= 1)
+    ]
+    for period in periods:
+        if _known(period <= 0):
+            continue
+        blocks = [_block(t, start, period) for t, (start, _) in zip((a, b), spans, strict=True)]
+        if None in blocks:
+            continue
+        (lo_a, hi_a), (lo_b, hi_b) = blocks  # type: ignore[misc]
+        if _known(hi_a <= lo_b) or _known(hi_b <= lo_a):
+            return False
+    for dense, (start, end), other, (first, last) in (
+        (a, spans[0], b, spans[1]),
+        (b, spans[1], a, spans[0]),
+    ):
+        last = last - other.element_size()  # the last element's first byte
+        if _fills_span(dense) and any(
+            _known(start <= x) and _known(x < end) for x in (first, last)
+        ):
+            return True
+    return None
+
+
+def _span(t: torch.Tensor) -> tuple[object, object]:
+    """Bytes ``[start, end)`` from ``t``'s first element to past its last (strides are >= 0)."""
+    size = t.element_size()
+    start = t.storage_offset() * size
+    reach = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return start, start + (reach + 1) * size
+
+
+def _block(t: torch.Tensor, start: object, period: object) -> tuple[object, object] | None:
+    """The bytes ``[lo, hi)`` within ``[0, period)`` that ``t`` touches in every
+    period, if each of its dimensions steps by a multiple of ``period`` or
+    stays inside that range; else ``None``."""
+    inner = 0
+    for n, s in zip(t.shape, t.stride(), strict=True):
+        step = s * t.element_size()
+        if not _known(step % period == 0):
+            inner = inner + (n - 1) * step
+    # the offset within its period; ``start % period`` stays an opaque Mod for
+    # symbolic sizes, so take ``start`` itself when it is inside the first period
+    lo = start if _known(start < period) else start % period  # type: ignore[operator]
+    hi = lo + inner + t.element_size()
+    return (lo, hi) if _known(hi <= period) else None
+
+
+def _fills_span(t: torch.Tensor) -> bool:
+    """Every byte of ``t``'s span belongs to one of its elements (a dense layout)."""
+    dims = sorted(
+        ((s, n) for n, s in zip(t.shape, t.stride(), strict=True) if not _known(n == 1)),
+        key=lambda d: _hint(d[0]),
+    )
+    expected: object = 1
+    for stride, n in dims:
+        if not _known(stride == expected):
+            return False
+        expected = stride * n
+    return True
+
+
+def _hint(value: object) -> int:
+    """An ordering key for a stride: its value, or a symbolic one's hint (never a guard)."""
+    if isinstance(value, int):
+        return value
+    hint = getattr(getattr(value, "node", None), "hint", None)
+    return int(hint) if isinstance(hint, int) else 0

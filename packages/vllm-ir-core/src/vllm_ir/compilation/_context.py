@@ -26,8 +26,9 @@ whatever AOTAutograd renames or reorders."""
 
 DONATED_INPUTS_META = "vllm_ir_donated_inputs"
 """Key in an IR node's ``meta["custom"]``: for each donated argument position,
-the positions of the graph inputs the donated value aliased in the pre-grad
-graph, as ``((arg, (input, ...)), ...)``. Only those inputs may be written.
+the positions of the graph inputs the donated value may share elements with
+in the pre-grad graph, as ``((arg, (input, ...)), ...)``. Only those inputs
+may be written.
 Inductor rewrites arguments before the post-grad passes (``remove_noop_ops``
 turns ``op(x.clone())`` into ``op(x)``), so a donated *copy* can reach the
 lowering as the original graph input, which the caller never donated."""
@@ -57,6 +58,10 @@ class PassContext:
     declined: list[str] = field(default_factory=list)
     """``maybe_inplace`` nodes that donate nothing because autograd needs their
     arguments (eager degrades them to the default overload too)."""
+    declined_activations: list[tuple[str, str]] = field(default_factory=list)
+    """``(node, activation)`` pairs not donated because a tensor of the same
+    storage is read after the call and its elements cannot be proven apart
+    from the activation's (the activation is then treated as not donated)."""
     graph_inputs: InputSignature | None = None
     """The pre-grad graph's input signature (see :data:`InputSignature`)."""
     functionalized: int = 0

@@ -1,10 +1,15 @@
 """Pre-grad: ``maybe_inplace`` -> ``default``, after checking the donation is honoured.
 
 A donated activation may be overwritten by the op, so nothing may read it —
-or any view or alias of it, taken before or after the call — once the op has
-run. Such a program raises ``ValueError`` naming the op, the activation and
-the reader. Each rewritten node remembers which of its arguments were
-donated, and which graph inputs each donated value aliased
+or any view or alias of it that shares an element with it, taken before or
+after the call — once the op has run. Such a program raises ``ValueError``
+naming the op, the activation and the reader. A tensor of the same storage
+whose elements are provably apart (``v`` of ``q, k, v = qkv.split(...)``) is
+no reader; one whose overlap sizes and strides leave open (symbolic sizes,
+unusual strides) makes the call donate nothing for that activation, like the
+default overload, rather than fail: a correct program compiles either way.
+Each rewritten node remembers which of its arguments were donated, and which
+graph inputs each donated value may share elements with
 (``meta["custom"]``), which the lowering and clone elimination read after
 AOTAutograd.
 
@@ -14,12 +19,20 @@ nothing: its output requires grad (grad mode on and an input requiring grad).
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
 from torch import fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
-from vllm_ir.compilation._aliasing import AliasGroups, tensor_values
+from vllm_ir.compilation._aliasing import (
+    AliasGroups,
+    meta_value,
+    regions_overlap,
+    tensor_values,
+    written_args,
+)
 from vllm_ir.compilation._context import (
     DONATED_INPUTS_META,
     DONATED_META,
@@ -64,11 +77,17 @@ class InplaceFunctionalizationPass(VllmIRPass):
                     )
                 seen[value] = name
                 group = aliases.aliases(value)
-                _check_not_read_after(op.name, name, value, node, group, order)
+                apart = _check_not_read_after(op.name, name, value, node, group, order)
                 if autograd:
                     continue
+                if not apart:
+                    ctx.declined_activations.append((node.name, name))
+                    continue
                 donated.append(index)
-                positions = tuple(sorted(inputs[m] for m in group if m in inputs))
+                # the graph inputs that may share an element with it (not a sibling slice)
+                positions = tuple(
+                    sorted(inputs[m] for m in group if m in inputs and _may_share(value, m))
+                )
                 donated_inputs.append((index, positions))
                 donation = Donation(op.name, node.name, name, value.name, bool(positions))
                 ctx.donations.append(donation)
@@ -113,16 +132,73 @@ def _check_not_read_after(
     call: fx.Node,
     group: set[fx.Node],
     order: dict[fx.Node, int],
-) -> None:
+) -> bool:
+    """Raise if a tensor sharing elements with ``value`` is read after ``call``.
+
+    Returns False when a later reader of ``value``'s storage may or may not
+    touch its elements (the donation must then be declined), True when every
+    later reader is provably apart from them.
+    """
+    donated = meta_value(value)
+    apart = True
     for member in group:
-        for user in member.users:
-            if user is call or order[user] < order[call]:
+        tensors = list(tensor_values(meta_value(member)))
+        readers = [
+            user
+            for user in member.users
+            if user is not call
+            and order[user] > order[call]
+            and not _takes_a_view(user, member, tensors)
+        ]
+        if not readers:
+            continue
+        if member is not value and isinstance(donated, torch.Tensor):
+            relations = {regions_overlap(donated, t) for t in tensors}
+            if relations == {False}:
+                continue  # same storage, other elements (a sibling slice)
+            if True not in relations:
+                apart = False  # may touch them: undecided, so the donation is declined
                 continue
-            via = "" if member is value else f" through its alias {member.name}"
-            reader = "the graph output" if user.op == "output" else f"{user.name} ({user.target})"
-            raise ValueError(
-                f"{op_name}.maybe_inplace donates activation {arg_name!r} ({value.name}), "
-                f"but {reader} reads it{via} after the call. A donated tensor may hold "
-                "garbage afterwards: clone it before the call, or call the default "
-                f"overload ir.ops.{op_name}(...) which leaves its inputs intact."
-            )
+        user = readers[0]
+        via = "" if member is value else f" through its alias {member.name}"
+        reader = "the graph output" if user.op == "output" else f"{user.name} ({user.target})"
+        raise ValueError(
+            f"{op_name}.maybe_inplace donates activation {arg_name!r} ({value.name}), "
+            f"but {reader} reads it{via} after the call. A donated tensor may hold "
+            "garbage afterwards: clone it before the call, or call the default "
+            f"overload ir.ops.{op_name}(...) which leaves its inputs intact."
+        )
+    return apart
+
+
+def _may_share(value: fx.Node, other: fx.Node) -> bool:
+    a, b = meta_value(value), meta_value(other)
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return True
+    return other is value or regions_overlap(a, b) is not False
+
+
+def _takes_a_view(user: fx.Node, member: fx.Node, tensors: list[torch.Tensor]) -> bool:
+    """``user`` only takes views of ``member``: it reads no element itself.
+
+    A tuple's ``getitem``, or a node whose only tensor argument is ``member``,
+    that writes nothing its schema declares, and whose values are new tensors
+    (an in-place op returns its argument itself) of ``member``'s storage:
+    ``qkv[:, 24:]`` or ``qkv.split(...)`` taken after the call. Its values
+    are members of the alias group, whose readers are checked in turn.
+    """
+    if user.target is operator.getitem and len(tensors) != 1:
+        return True
+    values = list(tensor_values(meta_value(user)))
+    storages = {StorageWeakRef(t.untyped_storage()) for t in tensors if t.layout is torch.strided}
+    if not values or any(
+        v.layout is not torch.strided
+        or StorageWeakRef(v.untyped_storage()) not in storages
+        or any(v is t for t in tensors)
+        for v in values
+    ):
+        return False
+    arguments: list[fx.Node] = []
+    fx.node.map_arg((user.args, user.kwargs), arguments.append)
+    others = [a for a in arguments if a is not member and any(tensor_values(meta_value(a)))]
+    return not others and not written_args(user)
