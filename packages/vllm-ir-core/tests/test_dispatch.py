@@ -116,7 +116,12 @@ def test_selection_cached_on_metadata_not_batch_size(scale_op: ir.IrOp) -> None:
 def test_new_registration_invalidates_cache(scale_op: ir.IrOp) -> None:
     x = torch.ones(1)
     ir.priority.add_platform_defaults(
-        "late-pkg", [ir.provider.PlatformDefaults(ir.provider.current_platform(), eager={scale_op.name: ["late"]})]
+        "late-pkg",
+        [
+            ir.provider.PlatformDefaults(
+                ir.provider.current_platform(), eager={scale_op.name: ["late"]}
+            )
+        ],
     )
     try:
         selection = scale_op.select(x, 1.0)

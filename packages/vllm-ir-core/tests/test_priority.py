@@ -30,7 +30,8 @@ def defaults(scale_op: ir.IrOp):  # type: ignore[no-untyped-def]
     _register(scale_op, "vendor", "triton", "other")
     platform = ir.provider.current_platform()
     priority.add_platform_defaults(
-        "pkg-b", [ir.provider.PlatformDefaults(platform, eager={scale_op.name: ["triton"]}, rank=10)]
+        "pkg-b",
+        [ir.provider.PlatformDefaults(platform, eager={scale_op.name: ["triton"]}, rank=10)],
     )
     priority.add_platform_defaults(
         "pkg-a",

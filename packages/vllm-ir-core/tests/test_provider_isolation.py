@@ -56,7 +56,11 @@ def _call_rms_norm() -> Tensor:
 def test_malformed_spec_is_refused_on_construction(
     kwargs: dict[str, Any], error: type[Exception], message: str
 ) -> None:
-    spec: dict[str, Any] = {"name": "acme", "api_version": ir.provider.API_VERSION, "register": print}
+    spec: dict[str, Any] = {
+        "name": "acme",
+        "api_version": ir.provider.API_VERSION,
+        "register": print,
+    }
     with pytest.raises(error, match=message) as info:
         ir.provider.ProviderSpec(**{**spec, **kwargs})
     assert "\n" not in str(info.value)
@@ -136,7 +140,9 @@ def test_base_exception_at_load_is_isolated(fresh_discovery, exc: BaseException)
     def register() -> None:
         raise exc
 
-    fresh_discovery["a_exit"] = ir.provider.ProviderSpec("a_exit", ir.provider.API_VERSION, register)
+    fresh_discovery["a_exit"] = ir.provider.ProviderSpec(
+        "a_exit", ir.provider.API_VERSION, register
+    )
     fresh_discovery["b_good"] = _good(good := unique("b_good"))
     try:
         assert _call_rms_norm().shape == (2, 8)  # the first call does not raise SystemExit
@@ -154,7 +160,9 @@ def test_keyboard_interrupt_propagates_after_rollback(fresh_discovery) -> None: 
         ir.ops.rms_norm.register_impl(name)(_rms_impl)
         raise KeyboardInterrupt
 
-    fresh_discovery["interrupted"] = ir.provider.ProviderSpec("interrupted", ir.provider.API_VERSION, register)
+    fresh_discovery["interrupted"] = ir.provider.ProviderSpec(
+        "interrupted", ir.provider.API_VERSION, register
+    )
     with pytest.raises(KeyboardInterrupt):
         providers.ensure_loaded()
     assert name not in ir.ops.rms_norm.registered_impls
@@ -192,7 +200,9 @@ def test_failed_provider_leaves_nothing_behind(fresh_discovery) -> None:  # type
 
         raise RuntimeError("simulated failure after side effects")
 
-    fresh_discovery["partial"] = ir.provider.ProviderSpec("partial", ir.provider.API_VERSION, register)
+    fresh_discovery["partial"] = ir.provider.ProviderSpec(
+        "partial", ir.provider.API_VERSION, register
+    )
     assert "partial" in ir.load_errors()
     assert name not in op.impls
     assert extra not in ir.IrOp.registry
@@ -228,7 +238,9 @@ def test_rollback_keeps_other_process_priorities(fresh_discovery) -> None:  # ty
             ir.IrOpPriorityConfig(rms_norm=["native"]).apply()
             raise RuntimeError("no")
 
-        fresh_discovery["prio"] = ir.provider.ProviderSpec("prio", ir.provider.API_VERSION, register)
+        fresh_discovery["prio"] = ir.provider.ProviderSpec(
+            "prio", ir.provider.API_VERSION, register
+        )
         ir.load_errors()
         assert ir.ops.silu_and_mul.get_priority_entries()[0].source == "user (process-wide)"
         assert ir.ops.rms_norm.get_priority_entries()[0].source != "user (process-wide)"
@@ -290,7 +302,9 @@ def test_slow_provider_is_logged_before_and_warned_about(
     fresh_discovery, monkeypatch, caplog
 ) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("VLLM_IR_PROVIDER_LOAD_WARN_S", "0.2")
-    fresh_discovery["slow"] = ir.provider.ProviderSpec("slow", ir.provider.API_VERSION, lambda: time.sleep(0.6))
+    fresh_discovery["slow"] = ir.provider.ProviderSpec(
+        "slow", ir.provider.API_VERSION, lambda: time.sleep(0.6)
+    )
     with caplog.at_level(logging.DEBUG, logger="vllm_ir"):
         ir.loaded_providers()
     text = caplog.text

@@ -32,7 +32,11 @@ def _spec(
         name=provider,
         api_version=api_version,
         register=register,
-        defaults=[ir.provider.PlatformDefaults(ir.provider.current_platform(), eager={"rms_norm": [provider]})],
+        defaults=[
+            ir.provider.PlatformDefaults(
+                ir.provider.current_platform(), eager={"rms_norm": [provider]}
+            )
+        ],
     )
 
 
@@ -128,7 +132,9 @@ def test_provider_registering_a_new_op_is_rolled_back(fresh_discovery) -> None: 
 def test_discovery_runs_once(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
     calls = []
     name = unique("once")
-    fresh_discovery[name] = ir.provider.ProviderSpec(name, ir.provider.API_VERSION, lambda: calls.append(1))
+    fresh_discovery[name] = ir.provider.ProviderSpec(
+        name, ir.provider.API_VERSION, lambda: calls.append(1)
+    )
     ir.loaded_providers()
     ir.ops.rms_norm(torch.ones(1, 4), None, 1e-6)
     ir.loaded_providers()
@@ -176,7 +182,9 @@ def test_an_entry_point_name_claimed_by_two_distributions_is_a_load_error(
     calls: list[str] = []
     for which in ("a", "b"):
         module = types.ModuleType(f"clash_{which}_{name}")
-        module.provider = ir.provider.ProviderSpec(name, ir.provider.API_VERSION, lambda w=which: calls.append(w))  # type: ignore[attr-defined]
+        module.provider = ir.provider.ProviderSpec(
+            name, ir.provider.API_VERSION, lambda w=which: calls.append(w)
+        )  # type: ignore[attr-defined]
         monkeypatch.setitem(sys.modules, module.__name__, module)
     eps = [
         _claimed_by(name, "acme-kernels", f"clash_a_{name}"),

@@ -28,4 +28,6 @@ def _register() -> None:
     raise RuntimeError(FAILURE)
 
 
-provider = ir.provider.ProviderSpec(name="hostile_partial", api_version=ir.provider.API_VERSION, register=_register)
+provider = ir.provider.ProviderSpec(
+    name="hostile_partial", api_version=ir.provider.API_VERSION, register=_register
+)

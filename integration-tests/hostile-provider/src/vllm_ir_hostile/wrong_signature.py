@@ -14,4 +14,6 @@ def _register() -> None:
         return x
 
 
-provider = ir.provider.ProviderSpec(name="hostile_signature", api_version=ir.provider.API_VERSION, register=_register)
+provider = ir.provider.ProviderSpec(
+    name="hostile_signature", api_version=ir.provider.API_VERSION, register=_register
+)

@@ -16,4 +16,6 @@ def _register() -> None:
     register_calls.append("register")
 
 
-provider = ir.provider.ProviderSpec(name="incompatible", api_version=API_VERSION, register=_register)
+provider = ir.provider.ProviderSpec(
+    name="incompatible", api_version=API_VERSION, register=_register
+)
