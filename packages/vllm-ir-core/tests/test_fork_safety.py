@@ -69,7 +69,9 @@ def test_child_forked_during_discovery_discovers_again() -> None:
             started.set()
             time.sleep(1.5 if os.getpid() == parent else 0)
 
-        spec = ir.provider.ProviderSpec(name="slow", api_version=ir.provider.API_VERSION, register=register)
+        spec = ir.provider.ProviderSpec(
+            name="slow", api_version=ir.provider.API_VERSION, register=register
+        )
         providers._discover = lambda: providers.load_provider("slow", "slow 0.1", spec)
         parent = os.getpid()
         threading.Thread(target=providers.ensure_loaded, daemon=True).start()

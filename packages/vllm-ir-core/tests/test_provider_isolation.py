@@ -388,8 +388,8 @@ def test_hostile_installed_providers_end_to_end(tmp_path) -> None:  # type: igno
         module = f"r05t_{name}"
         (tmp_path / f"{module}.py").write_text(
             f"import vllm_ir as ir\n{body}"
-            f"provider = ir.provider.ProviderSpec(name={name!r}, api_version=ir.provider.API_VERSION,"
-            " register=register)\n"
+            f"provider = ir.provider.ProviderSpec(name={name!r},"
+            " api_version=ir.provider.API_VERSION, register=register)\n"
         )
         info = tmp_path / f"{module}-0.1.dist-info"
         info.mkdir()
