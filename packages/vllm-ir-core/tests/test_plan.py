@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,67 @@ def test_a_selection_cache_that_disagrees_is_reported(
     assert bad[0].ran == "unlisted"
     assert "select() chooses 'native'" in (bad[0].mismatch or "")
     assert "MISMATCH at layers.0.scale" in plan.table()
+
+
+def test_a_priority_change_between_the_reads_is_no_mismatch(
+    model: Model, scale_op: ir.IrOp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread's apply() landing between the plan's two reads (the selection
+    cache, then select()) is read again in one state, not reported as a mismatch."""
+    cached = scale_op.selected_impl
+    landed: list[bool] = []
+
+    def then_another_thread_applies(*args: object) -> ir.IrOpImpl:
+        impl = cached(*args)
+        if not landed:
+            landed.append(True)
+            change = ir.IrOpPriorityConfig(**{scale_op.name: ["unlisted"]}).apply
+            thread = threading.Thread(target=change)
+            thread.start()
+            thread.join()
+        return impl
+
+    monkeypatch.setattr(scale_op, "selected_impl", then_another_thread_applies)
+    plan = ir.plan(model, torch.randn(2, 8))
+    assert landed
+    assert not plan.mismatches
+    assert [s.ran for s in plan.sites if s.op == scale_op.name] == ["unlisted", "unlisted"]
+    assert not plan.notes
+
+
+def test_other_threads_modules_do_not_name_the_sites(scale_op: ir.IrOp) -> None:
+    """The global module hooks fire for every thread: a module another thread is
+    running while the plan records a call is not where that call was made."""
+    entered, leave = threading.Event(), threading.Event()
+
+    class Serving(nn.Module):  # another thread's model, mid-forward
+        def forward(self, x: Tensor) -> Tensor:
+            entered.set()
+            leave.wait(10)
+            return x
+
+    class Inner(nn.Module):
+        def forward(self, x: Tensor) -> Tensor:
+            served = threading.Thread(target=Serving(), args=(x,))
+            served.start()
+            entered.wait(10)
+            try:  # the innermost module running anywhere is now Serving
+                return scale_op(x, 2.0)
+            finally:
+                leave.set()
+                served.join()
+
+    class Planned(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x: Tensor) -> Tensor:
+            return scale_op(self.inner(x), 2.0)
+
+    inner, root = (s.site for s in ir.plan(Planned(), torch.randn(2, 8)).sites)
+    assert inner == "inner"
+    assert root.startswith("test_plan.py:")  # the root by its source line
 
 
 def test_plain_functions_are_placed_by_source_line(scale_op: ir.IrOp) -> None:

@@ -10,8 +10,11 @@ impl (:class:`~vllm_ir._callsite.CallSite`).
   kernel runs ``op.selected_impl(...)``: the selection cache the fast path runs
   too). The impl that ran is ``op.selected_impl(...)``; it is cross-checked
   against ``op.candidates(...)`` (the one selection rule) and a difference is
-  reported as a mismatch, never hidden. Global module forward hooks keep the
-  stack of modules being run, for the module path. Outside ``plan()``
+  reported as a mismatch, never hidden. Both are read in one registry
+  generation: another thread's priority change between them is read again,
+  not reported (a call whose reads never settle is noted, not checked).
+  Global module forward hooks keep the stack of modules the planning thread
+  runs, for the module path (other threads' modules are ignored). Outside ``plan()``
   nothing is installed: the normal eager path is unchanged. An IR op that an
   impl calls itself is part of that impl's call (the mode is off while a
   call it intercepted runs), as it is one node of the caller's graph.
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -42,6 +46,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vllm_ir._buckets import ALL_SIZES
+from vllm_ir._cache import generation, settled_generation
 from vllm_ir._callsite import (
     CallSite,
     CandidateNote,
@@ -53,9 +58,10 @@ from vllm_ir._callsite import (
     source_line,
     token_count,
 )
+from vllm_ir._impl import IrOpImpl
 from vllm_ir._namespace import NAMESPACE
-from vllm_ir._op import get_op
-from vllm_ir.selection import selection_env
+from vllm_ir._op import IrOp, get_op
+from vllm_ir.selection import Candidates, selection_env
 
 __all__ = ["FORMAT", "Plan", "PlanFormatError", "plan"]
 
@@ -262,10 +268,17 @@ class _Sites:
 
 
 class _ModuleStack:
-    """The modules being run, kept by global forward pre/post hooks."""
+    """The modules the planning thread is running, kept by global forward pre/post hooks.
+
+    The hooks are process-wide and fire for every thread's modules; only the
+    thread that entered the stack is tracked (the recording dispatch mode is
+    thread-local too), so a thread serving another model meanwhile neither
+    names this plan's sites nor pops its entries.
+    """
 
     def __init__(self, root: Any) -> None:
         self.stack: list[torch.nn.Module] = []
+        self.thread = threading.get_ident()
         self.root = root if isinstance(root, torch.nn.Module) else None
         self.names = (
             {id(m): name for name, m in self.root.named_modules()} if self.root is not None else {}
@@ -285,9 +298,12 @@ class _ModuleStack:
             h.remove()
 
     def _push(self, module: torch.nn.Module, args: Any) -> None:
-        self.stack.append(module)
+        if threading.get_ident() == self.thread:
+            self.stack.append(module)
 
     def _pop(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if threading.get_ident() != self.thread:
+            return
         while self.stack and self.stack.pop() is not module:
             pass
 
@@ -315,6 +331,31 @@ def _caller_source() -> str:
     return "?"
 
 
+_READS = 16
+"""Attempts at reading a call's selection within one registry generation."""
+
+
+def _read_selection(op: IrOp, call: tuple[Any, ...]) -> tuple[IrOpImpl, Candidates, str, bool]:
+    """What the selection cache runs for ``call``, what ``select()`` decides, and
+    the bucket, read in one registry generation; the last item says whether they were.
+
+    Another thread's ``apply()`` or registration between the reads would make
+    them describe two states and the comparison report a mismatch that is only
+    that change. A change bumps the generation once it is complete
+    (``settled_generation`` waits for one in progress), so an unchanged
+    generation means one state; otherwise read again. If the registry moves
+    on every attempt, the last reading is returned unchecked: no verdict.
+    """
+    for _ in range(_READS):
+        since = generation()
+        impl = op.selected_impl(*call)
+        found = op.candidates(*call)
+        bucket = bucket_of(op, call)
+        if settled_generation() == since:
+            return impl, found, bucket, True
+    return impl, found, bucket, False
+
+
 class _EagerRecorder(TorchDispatchMode):
     """Records every IR op call; runs it unchanged."""
 
@@ -322,6 +363,8 @@ class _EagerRecorder(TorchDispatchMode):
         super().__init__()
         self.modules = modules
         self.sites = _Sites()
+        self.unchecked = 0
+        """Calls whose selection could not be read in one generation (not cross-checked)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -334,14 +377,14 @@ class _EagerRecorder(TorchDispatchMode):
         bound = op.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         call = bound.args
-        # what the torch op's kernel runs (the selection cache, as the fast path) ...
-        impl = op.selected_impl(*call)
-        # ... against the one selection rule
-        found = op.candidates(*call)
+        # what the torch op's kernel runs (the selection cache, as the fast path)
+        # against the one selection rule, both in one registry state
+        impl, found, bucket, checked = _read_selection(op, call)
+        self.unchecked += not checked
         rule = found.selected.provider
         mismatch = (
             None
-            if rule == impl.provider
+            if rule == impl.provider or not checked
             else f"the eager selection cache ran {impl.provider!r}, select() chooses {rule!r}"
         )
         tokens = token_count(op, call)
@@ -352,7 +395,7 @@ class _EagerRecorder(TorchDispatchMode):
             overload=func._overloadname,
             args=describe_args(op, call),
             tokens=tokens,
-            bucket=bucket_of(op, call),
+            bucket=bucket,
             ran=impl.provider,
             batch_invariant=impl.batch_invariant,
             candidates=notes_for(found, impl.provider),
@@ -377,6 +420,7 @@ def plan(model_or_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Plan:
     that is an error saying so.
     """
     env = selection_env()
+    notes: list[str] = []
     if _is_compiled(model_or_fn):
         sites = _run_compiled(model_or_fn, args, kwargs)
         mode = "compiled"
@@ -386,7 +430,11 @@ def plan(model_or_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Plan:
             model_or_fn(*args, **kwargs)
         sites = recorder.sites.all()
         mode = "eager"
-    notes: list[str] = []
+        if recorder.unchecked:
+            notes.append(
+                f"{recorder.unchecked} calls ran while other threads kept changing the "
+                "registry: their impl was not cross-checked with select()"
+            )
     if not sites:
         notes.append("no IR op was called (is the model kernelized?)")
     return Plan(mode, env.platform, env.batch_invariant, sites, tuple(notes))
