@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextvars
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -127,6 +129,36 @@ def test_the_request_is_scoped_and_restored(row_op: ir.IrOp) -> None:
 
     with pytest.raises(RuntimeError):
         fails_inside()
+    assert not compiled_eager.compile_requested(row_op.name)
+
+
+def test_a_generator_scope_closed_elsewhere_ends_the_request(row_op: ir.IrOp) -> None:
+    """A compile scope held across a generator's yield, finalized by another thread
+    or closed out of order, ends its request in the caller's context too."""
+
+    def stream() -> Iterator[None]:
+        with row_op.set_priority(["native"], compile=True):
+            yield
+
+    def closed_by_a_thread() -> bool:
+        g = stream()
+        next(g)
+        thread = threading.Thread(target=g.close)
+        thread.start()
+        thread.join()
+        return compiled_eager.compile_requested(row_op.name)
+
+    def closed_out_of_order() -> bool:
+        a, b = stream(), stream()
+        next(a)
+        next(b)
+        a.close()
+        b.close()
+        return compiled_eager.compile_requested(row_op.name)
+
+    for case in (closed_by_a_thread, closed_out_of_order):
+        # a context of its own: a leaked request must not reach the other tests
+        assert not contextvars.Context().run(case), case.__name__
     assert not compiled_eager.compile_requested(row_op.name)
 
 

@@ -24,13 +24,17 @@ native is a chain of unfused kernels; compiled, it is one or two.
   op or trace-through), and the compiled callable itself runs the plain impl
   when it finds itself compiling or in compiled selection.
 
-The request is scoped like priorities (per thread / task). Entering and
-leaving a compile scope invalidates the eager caches, so a call never keeps
-the other setting's cached choice in the same context. Two contexts whose
-scoped priorities are identical share cache entries: a compiled callable
-checks the request at each call and runs the plain impl where it is not in
-force (the same impl, so the same result); the other way round, a context
-asking for compile may run the plain impl cached by another one.
+The request is scoped like priorities (per thread / task), also when its
+scope is a generator's, closed out of order or from another context (a
+generator finalized by another thread): the request is then marked ended, so
+no context that still holds it, the opener's included, keeps compiling.
+Entering and leaving a compile scope invalidates the eager caches, so a call
+never keeps the other setting's cached choice in the same context. Two
+contexts whose scoped priorities are identical share cache entries: a
+compiled callable checks the request at each call and runs the plain impl
+where it is not in force (the same impl, so the same result); the other way
+round, a context asking for compile may run the plain impl cached by another
+one.
 """
 
 from __future__ import annotations
@@ -55,8 +59,25 @@ logger = get_logger(__name__)
 MAX_VARIANTS = 16
 """Most argument classes compiled per op and impl; beyond, calls run the plain impl."""
 
-_requested: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
-    "vllm_ir_compiled_eager", default=frozenset()
+
+class _Request:
+    """One open ``compile=True`` scope of one op.
+
+    Contexts hold requests, not names: ``ContextVar.reset`` cannot restore a
+    context other than the one closing the scope, so a scope closed out of
+    order or from another context ends its request by marking it ``closed``,
+    which every context still holding it sees.
+    """
+
+    __slots__ = ("closed", "op_name")
+
+    def __init__(self, op_name: str) -> None:
+        self.op_name = op_name
+        self.closed = False
+
+
+_requested: contextvars.ContextVar[tuple[_Request, ...]] = contextvars.ContextVar(
+    "vllm_ir_compiled_eager", default=()
 )
 _is_compiling = torch.compiler.is_compiling
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
@@ -67,22 +88,36 @@ _variants: dict[tuple[str, IrOpImpl], dict[Any, CompiledCall | None]] = {}
 
 def compile_requested(op_name: str) -> bool:
     """Whether a ``set_priority(..., compile=True)`` scope for ``op_name`` is open here."""
-    return op_name in _requested.get()
+    return any(r.op_name == op_name and not r.closed for r in _requested.get())
 
 
 @contextlib.contextmanager
 def requested(op_name: str) -> Iterator[None]:
     """Within the block, eager calls of ``op_name`` run their selected impl compiled."""
-    token = _requested.set(_requested.get() | {op_name})
+    request = _Request(op_name)
+    # closed requests (of scopes ended elsewhere) are dropped as new ones open
+    mine = (*(r for r in _requested.get() if not r.closed), request)
+    token = _requested.set(mine)
     invalidate_caches()  # cached calls chose without the request
     try:
         yield
     finally:
+        _end(request, mine, token)
+        invalidate_caches()
+
+
+def _end(request: _Request, mine: tuple[_Request, ...], token: contextvars.Token[Any]) -> None:
+    """End ``request``: in order in its opener's context, ``reset`` (contexts that
+    copied it keep it, as context variables do); out of order (a later scope is
+    still open here) or from another context (``reset`` refuses the token), mark
+    it closed, for every context that holds it."""
+    if _requested.get() is mine:
         try:
             _requested.reset(token)
-        except ValueError:  # closed from another context (a generator): drop the name there
-            _requested.set(_requested.get() - {op_name})
-        invalidate_caches()
+            return
+        except ValueError:  # the token belongs to another context (a copy of it)
+            pass
+    request.closed = True
 
 
 def _argument_class(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -122,7 +157,7 @@ class CompiledCall:
             self.failed
             or _is_compiling()
             or _dispatch_stack_len()  # make_fx, FakeTensorMode: traced, never compiled
-            or self.op_name not in _requested.get()
+            or not compile_requested(self.op_name)
             or selection_mode() == "compiled"
         ):
             return self.impl.impl_fn(*args)
