@@ -197,6 +197,21 @@ def test_fx_graph_cache_keys_on_priority(tmp_path, monkeypatch) -> None:  # type
         assert counters["inductor"]["fxgraph_cache_hit"] == 1
 
 
+def test_a_cache_hit_reports_the_selection_it_was_compiled_with(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    with inductor_config.patch(fx_graph_cache=True, fx_graph_remote_cache=False):
+        first = _compile_once({"rms_norm": ["native"]})
+        counters.clear()  # as in a new process: only the cached graph knows
+        again = _compile_once({"rms_norm": ["native"]})
+    assert not first.pass_contexts[0].from_cache
+    ctx = again.pass_contexts[0]
+    assert ctx.from_cache
+    assert counters["inductor"]["fxgraph_cache_hit"] == 1
+    assert again.lowering_pass.selected_impls == first.lowering_pass.selected_impls
+    assert ctx.selected_impls == {"rms_norm": {"rms_norm": "native"}}
+    assert ctx.selected_impls is again.lowering_pass.selected_impls
+
+
 def test_uuid_covers_priorities_and_impl_sources() -> None:
     a = ir.VllmIRBackend(priority={"rms_norm": ["native"]}).lowering_pass.pre.uuid()
     b = ir.VllmIRBackend(priority={"rms_norm": ["native"]}).lowering_pass.pre.uuid()

@@ -40,7 +40,11 @@ from vllm_ir.compilation._clone_elimination import CloneEliminationPass
 from vllm_ir.compilation._context import PassContext, pass_context
 from vllm_ir.compilation._functionalize import InplaceFunctionalizationPass
 from vllm_ir.compilation._fusion import NormQuantFusionPass
-from vllm_ir.compilation._lowering import LoweringPass
+from vllm_ir.compilation._lowering import (
+    LoweringPass,
+    selection_counts,
+    selections_counted_since,
+)
 from vllm_ir.compilation._sequence_parallel import SequenceParallelismPass
 from vllm_ir.compilation._upstream_hazards import as_strided_input_mutation, has_dynamic_inputs
 from vllm_ir.config import IrOpPriorityConfig, IrPassConfig, KernelConfig
@@ -263,12 +267,23 @@ class VllmIRBackend:
             )
             ctx.eager_fallback = hazard
             return gm.forward
+        counted = selection_counts()
         with pass_context(ctx), inductor_config.patch({**self.options, **self._hooks()}):
             compiled = compile_fx(gm, list(example_inputs))
         # the post-grad pre pass always runs when Inductor compiles the graph
         ctx.from_cache = "lowering_functional" not in ctx.timings_ms
         if ctx.from_cache:
-            logger.debug("graph served from Inductor's cache: vllm-ir passes did not run")
+            # No pass ran; the hit replayed the selections counted when the
+            # cached graph was compiled (_lowering._SELECTED): report those.
+            selected = self.lowering_pass.selected_impls
+            for op_name, nodes in selections_counted_since(counted).items():
+                selected.setdefault(op_name, {}).update(nodes)
+            ctx.selected_impls = selected
+            logger.debug(
+                "graph served from Inductor's cache: vllm-ir passes did not run; "
+                "selections when it was compiled: %s",
+                selected,
+            )
             return compiled
         logger.debug(
             "compiled a graph: %d maybe_inplace functionalized, selections %s, "

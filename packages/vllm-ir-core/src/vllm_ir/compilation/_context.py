@@ -82,8 +82,10 @@ class PassContext:
     for every node that had more than one candidate."""
     from_cache: bool = False
     """Inductor served the graph from its caches, so no pass ran and the
-    fields above are empty; disable ``fx_graph_cache`` (and
-    ``torch._functorch.config.enable_autograd_cache``) to see them again."""
+    fields above are empty but ``selected_impls``: the selections made when the
+    cached graph was compiled, kept with it (as Inductor counters). Disable
+    ``fx_graph_cache`` (and ``torch._functorch.config.enable_autograd_cache``)
+    to see the others again."""
 
     @property
     def donated_graph_inputs(self) -> list[str]:

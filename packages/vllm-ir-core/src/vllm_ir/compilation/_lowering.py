@@ -28,6 +28,7 @@ same name stand for other sizes under other guards after a recompile.
 from __future__ import annotations
 
 import contextlib
+import json
 import operator
 import weakref
 from collections.abc import Mapping, Sequence
@@ -35,6 +36,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import fx
+from torch._dynamo.utils import counters
 from torch._guards import detect_fake_mode
 from torch._inductor.fx_passes.post_grad import decompose_auto_functionalized
 from torch._inductor.pattern_matcher import fwd_only
@@ -72,7 +74,7 @@ from vllm_ir.priority import (
 )
 from vllm_ir.selection import selection_env
 
-__all__ = ["ACTIVATION_CLONE_META", "LoweringPass"]
+__all__ = ["ACTIVATION_CLONE_META", "LoweringPass", "selection_counts", "selections_counted_since"]
 
 logger = get_logger(__name__)
 
@@ -83,6 +85,32 @@ whether the caller donated the argument, and the names of the graph inputs it
 donated with it — the only graph inputs the copy's writes may be moved to."""
 
 _MAX_ROUNDS = 8  # impls may call other IR ops; each round lowers one level
+
+_SELECTED = "vllm_ir_selected:"
+"""Prefix of the Inductor counters that record each lowered node's provider.
+
+Inductor saves the counters a compile increments with the graph in its FX
+cache (``counter_deltas``) and adds them again on a hit, when no pass runs:
+they carry ``selected_impls`` with the cached graph (:func:`selections_counted_since`)."""
+
+
+def _count_selection(op_name: str, node_name: str, provider: str) -> None:
+    counters["inductor"][_SELECTED + json.dumps([op_name, node_name, provider])] += 1
+
+
+def selection_counts() -> dict[str, int]:
+    """The selection counters now (to diff against after a compile)."""
+    return {k: v for k, v in counters["inductor"].items() if k.startswith(_SELECTED)}
+
+
+def selections_counted_since(before: Mapping[str, int]) -> dict[str, dict[str, str]]:
+    """``selected_impls`` as counted since ``before``: by the passes, or replayed by a cache hit."""
+    found: dict[str, dict[str, str]] = {}
+    for key, count in selection_counts().items():
+        if count > before.get(key, 0):
+            op_name, node_name, provider = json.loads(key[len(_SELECTED) :])
+            found.setdefault(op_name, {})[node_name] = provider
+    return found
 
 
 class _Trace(NamedTuple):
@@ -174,6 +202,10 @@ class LoweringPass:
                 )
         ctx.selected_impls = self.selected_impls
 
+    def _record(self, op_name: str, node_name: str, provider: str) -> None:
+        self.selected_impls.setdefault(op_name, {})[node_name] = provider
+        _count_selection(op_name, node_name, provider)  # kept with a cached graph
+
     def _lower_node(
         self, graph: fx.Graph, node: fx.Node, inputs: list[str] | None, *, inplace: bool
     ) -> int:
@@ -206,7 +238,7 @@ class LoweringPass:
             # storage offset: an absolute offset baked into the trace would
             # then address other memory. Lowered after that removal instead.
             return 0
-        self.selected_impls.setdefault(op.name, {})[node.name] = impl.provider
+        self._record(op.name, node.name, impl.provider)
         if branches is None:
             record_lowered(node, op, fake_args, impl.provider)  # for vllm_ir.plan; else no-op
         else:
@@ -288,7 +320,7 @@ class LoweringPass:
                 user.replace_all_uses_with(outs[index])
                 graph.erase_node(user)
         graph.erase_node(node)
-        self.selected_impls.setdefault(op.name, {})[node.name] = describe_branches(branches)
+        self._record(op.name, node.name, describe_branches(branches))
         _record_branches(node, op, fake_args, branches)
         logger.debug("lowered %s to buckets %s", node.name, describe_branches(branches))
         return 1
