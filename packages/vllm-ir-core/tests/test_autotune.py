@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -252,6 +253,43 @@ def test_an_unwritable_cache_keeps_the_measurement(
     with op.set_priority(ALL), compiled_selection():
         assert tuner.choose(op, "node1", (X, 2.0)).provider == "slow"
     assert again.timed == []
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer killed before its rename leaves its temporary file; the next
+    writer of the environment removes it (the lock proves its writer dead).
+    Another environment's is removed only once an hour old: its writer may be live."""
+    import os
+
+    root = tmp_path / "autotune"
+    record = {"op": "o", "winner": "native", "times_s": {"native": 1.0}}
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*args: object) -> None:
+        raise Killed
+
+    with monkeypatch.context() as m:  # SIGKILL before the rename: no clean-up runs
+        m.setattr(os, "replace", killed)
+        m.setattr(os, "unlink", lambda *args, **kwargs: None)
+        with pytest.raises(Killed):
+            TuningCache(torch.device("cpu"), root=root).put("k1", record)
+    (left,) = root.glob(".tmp-*")
+    live_elsewhere = root / ".tmp-0123456789abcdef01234567-live.json"
+    dead_elsewhere = root / ".tmp-0123456789abcdef01234567-dead.json"
+    for other in (live_elsewhere, dead_elsewhere):
+        other.write_text("{}")
+    two_hours_ago = time.time() - 7200
+    os.utime(dead_elsewhere, (two_hours_ago, two_hours_ago))
+
+    cache = TuningCache(torch.device("cpu"), root=root)
+    cache.put("k2", record)
+    assert not left.exists()
+    assert sorted(p.name for p in root.glob(".tmp-*")) == [live_elsewhere.name]
+    assert set(TuningCache(torch.device("cpu"), root=root).entries()) == {"k2"}
 
 
 def test_a_tuning_cache_under_a_parent_others_can_write_is_refused(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ directory (``VLLM_IR_CACHE_DIR``, default ``~/.cache/vllm_ir``)::
 
     autotune/<env digest>.json   {"env": {...}, "entries": {<key>: <record>}}
     autotune/<env digest>.lock   flock held while the file is read-modified-written
+    autotune/.tmp-<env digest>-*.json   the next file, while a writer holds the lock
 
 The environment (device name, torch and triton versions, vllm-ir's version)
 names the file, so a tuning measured elsewhere is never read here. An entry's
@@ -13,7 +14,16 @@ shape and strides, the other arguments and the decision margin.
 
 Crash safety, as for kernel builds (:mod:`vllm_ir._build_cache`): the file is
 written to a private temporary file and published with ``os.replace``, so a
-killed process leaves the old file or the new one. A file that cannot be read
+killed process leaves the old file or the new one. It may also leave its
+temporary file (a full copy of the cache); the next writer removes it. A
+writer creates its temporary file under the lock of its environment's file,
+and renames or removes it before letting go, so under that lock every
+temporary file of the environment is a dead writer's (as
+:mod:`vllm_ir._build_cache` removes stale builds). Temporaries of other
+environments (another torch version sharing the directory, or an older
+vllm-ir's unprefixed ones) are under locks this writer does not hold: they
+are removed only once an hour old (:data:`STALE_TEMPORARY_S`), which no live
+write, a few seconds under its lock, comes near. A file that cannot be read
 (truncated, not JSON, nested too deeply, another layout) is reported with a
 warning and treated as empty: its ops are tuned again and the file rewritten;
 a malformed record (times missing, not numbers, no time for its winner) is
@@ -33,6 +43,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -55,6 +66,9 @@ __all__ = ["TuningCache", "environment", "record_problem"]
 logger = get_logger(__name__)
 
 _FORMAT = 1
+
+STALE_TEMPORARY_S = 3600.0
+"""Age past which another environment's temporary file is taken for a killed writer's."""
 
 
 def _device_name(device: torch.device) -> str:
@@ -209,10 +223,13 @@ class TuningCache:
 
     def _write(self, key: str, record: dict[str, Any]) -> None:
         with self._locked():
+            self._remove_stale_temporaries()
             entries = self._read()
             entries[key] = record
             doc = {"format": _FORMAT, "env": self.env, "entries": entries}
-            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=".json")
+            fd, tmp = tempfile.mkstemp(
+                dir=self.root, prefix=f".tmp-{self.path.stem}-", suffix=".json"
+            )
             try:
                 with os.fdopen(fd, "w") as f:
                     json.dump(doc, f, indent=1, sort_keys=True)
@@ -224,3 +241,16 @@ class TuningCache:
                     os.unlink(tmp)
                 raise
         self._entries = entries
+
+    def _remove_stale_temporaries(self) -> None:
+        """Remove the temporary files of killed writers; call under the lock.
+
+        This environment's are all stale (their writers held this lock);
+        others' only once :data:`STALE_TEMPORARY_S` old (see the module doc).
+        """
+        mine = f".tmp-{self.path.stem}-"
+        now = time.time()
+        for tmp in self.root.glob(".tmp-*.json"):
+            with contextlib.suppress(OSError):  # gone meanwhile: removed by another writer
+                if tmp.name.startswith(mine) or now - tmp.lstat().st_mtime > STALE_TEMPORARY_S:
+                    tmp.unlink()
