@@ -24,7 +24,7 @@ from torch import Tensor, fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-from vllm_ir.compilation import eliminate_clones
+from vllm_ir.compilation import LoweringPass, eliminate_clones, pass_context
 from vllm_ir.compilation._lowering import ACTIVATION_CLONE_META
 from vllm_ir.testing import inductor_caches_off
 
@@ -316,6 +316,53 @@ def test_impl_creating_a_tensor_constant_compiles() -> None:
         [arange(2, 3), torch.ones(2, 3)],
         {"fuzz_scale_add": ["soundness_constant"]},
     )
+
+
+TABLE = torch.tensor([2.0, 3.0])  # a module-level lookup table
+CALLS = torch.zeros(1)
+
+
+class _Holder:
+    def __init__(self) -> None:
+        self.offsets = torch.tensor([[1.0, 0.0, 1.0]])
+
+
+HOLDER = _Holder()
+
+
+def _reading_captured_tensors() -> Callable[[Tensor, Tensor], Tensor]:
+    row = torch.tensor([1.0, 2.0, 3.0])
+
+    def impl(x: Tensor, y: Tensor) -> Tensor:
+        return x * TABLE[0] + y * row + HOLDER.offsets
+
+    return impl
+
+
+scale_add.register_impl("soundness_captured")(_reading_captured_tensors())
+
+
+@scale_add.register_impl("soundness_writes_captured")
+def _writes_captured(x: Tensor, y: Tensor) -> Tensor:
+    CALLS.add_(1)
+    return x * 2 + y
+
+
+def test_impl_reading_tensors_it_did_not_receive_compiles() -> None:
+    """A module-level table, a closure's tensor, an object's attribute (compile-v4
+    r04: the trace refused real tensors); they become constants of the graph."""
+    compare(
+        lambda x, y: scale_add(x, y),
+        [arange(2, 3), torch.ones(2, 3)],
+        {"fuzz_scale_add": ["soundness_captured"]},
+    )
+
+
+def test_impl_writing_a_tensor_it_did_not_receive_is_an_error() -> None:
+    gm = make_fx(lambda x, y: scale_add(x, y), tracing_mode="fake")(arange(2, 3), arange(2, 3))
+    lowering = LoweringPass({"fuzz_scale_add": ["soundness_writes_captured"]})
+    with pass_context(), pytest.raises(RuntimeError, match="writes a tensor it did not receive"):
+        lowering.pre(gm.graph)
 
 
 # -- 7. writes without a schema ---------------------------------------------

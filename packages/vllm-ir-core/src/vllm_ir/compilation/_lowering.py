@@ -31,7 +31,7 @@ import contextlib
 import json
 import operator
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -40,7 +40,7 @@ from torch._dynamo.utils import counters
 from torch._guards import detect_fake_mode
 from torch._inductor.fx_passes.post_grad import decompose_auto_functionalized
 from torch._inductor.pattern_matcher import fwd_only
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensor, fake_tensor_tls
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
@@ -50,7 +50,7 @@ from vllm_ir._callsite import is_collecting, record_lowered
 from vllm_ir._impl import IrOpImpl
 from vllm_ir._logger import get_logger
 from vllm_ir._op import IrOp
-from vllm_ir.compilation._aliasing import is_write
+from vllm_ir.compilation._aliasing import AliasGroups, is_write, written_args
 from vllm_ir.compilation._bucket_branches import (
     Branch,
     branch_buckets,
@@ -387,8 +387,12 @@ class LoweringPass:
             def traced(*values: Any) -> Any:  # the symbols only bind sizes
                 return tensors_only(*values[:count])
 
-        with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        with (
+            fake_mode if fake_mode is not None else contextlib.nullcontext(),
+            _captured_tensors_as_constants(),
+        ):
             gm = fwd_only(traced, [*inputs, *symbols], run_functional_passes=False)
+        _check_constants_unwritten(gm, op, impl)
         if functional:
             gm.graph.eliminate_dead_code()
         if branch:
@@ -477,6 +481,47 @@ def _metadata(value: Any) -> Any:
             str(value.storage_offset()),
         )
     return (type(value), repr(value))
+
+
+@contextlib.contextmanager
+def _captured_tensors_as_constants() -> Iterator[None]:
+    """Let the trace read real tensors the impl did not get as arguments.
+
+    An impl may read a module-level table, a closure's tensor or an object's
+    attribute. The arguments' FakeTensorMode refuses real tensors by default;
+    allowed, ``make_fx`` records each as a ``get_attr`` constant, which
+    ``_copy_constant`` moves onto the compiled graph, as Dynamo does for the
+    tensors a leaf function captures (``fake_tensor_tls`` is how it does so).
+    """
+    old = fake_tensor_tls.allow_non_fake_inputs_override
+    fake_tensor_tls.allow_non_fake_inputs_override = True
+    try:
+        yield
+    finally:
+        fake_tensor_tls.allow_non_fake_inputs_override = old
+
+
+def _check_constants_unwritten(gm: fx.GraphModule, op: IrOp, impl: IrOpImpl) -> None:
+    """An impl may read a tensor it did not receive, never write one.
+
+    The compiled graph holds such a tensor as a constant (a copy, once served
+    from the cache), so a write would not reach the caller's tensor as it does
+    in eager mode.
+    """
+    constants = gm.graph.find_nodes(op="get_attr")
+    if not constants:
+        return
+    aliases = AliasGroups(gm.graph)
+    for node in gm.graph.nodes:
+        for written in written_args(node):
+            hit = aliases.aliases(written).intersection(constants)
+            if hit:
+                raise RuntimeError(
+                    f"{op.name}: impl {impl.provider!r} writes a tensor it did not receive as "
+                    f"an argument ({node.target} on a module-level, captured or attribute "
+                    "tensor). Such tensors are constants of the compiled graph: pass the "
+                    "tensor as an argument, or allocate the buffer inside the impl"
+                )
 
 
 def _functionalized(fn: Any, op: IrOp, impl: IrOpImpl, tensor_names: Sequence[str]) -> Any:
