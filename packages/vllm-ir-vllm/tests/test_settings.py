@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import vllm_ir_vllm
 from vllm_ir_vllm.semantics import rms_norm_mismatch
 from vllm_ir_vllm.settings import priority_config
 
@@ -39,6 +43,23 @@ def test_bad_settings_name_the_variable(env: dict[str, str], names: str) -> None
     with pytest.raises(ValueError, match=names) as info:
         priority_config(env)
     assert "\n" not in str(info.value)
+
+
+def test_the_plugin_entry_stops_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What vLLM's load_general_plugins() calls: a bad setting is one line, not a traceback."""
+    monkeypatch.setenv("VLLM_IR_PRIORITY_RMS_NORM", "no_such_provider")
+    with pytest.raises(SystemExit) as info:
+        vllm_ir_vllm.register()
+    assert str(info.value.code).startswith("vllm-ir-vllm: VLLM_IR_PRIORITY_RMS_NORM")
+    env = {**os.environ, "VLLM_IR_PRIORITY_RMS_NORM": "no_such_provider"}
+    result = subprocess.run(
+        [sys.executable, "-c", "import vllm_ir_vllm; vllm_ir_vllm.register()"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [str(info.value.code)]
 
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16

@@ -30,11 +30,18 @@ _saved_priorities: Mapping[str, Any] | None = None  # op -> providers or size bu
 def register() -> None:
     """The ``vllm.general_plugins`` entry point; safe to call more than once.
 
-    Raises ``ValueError`` naming the variable when a ``VLLM_IR_*`` priority
-    setting is wrong (vLLM then stops at startup, before loading a model).
+    Raises ``SystemExit`` with one line naming the variable when a
+    ``VLLM_IR_*`` priority setting is wrong: vLLM then stops at startup,
+    before loading a model, printing that line (no traceback).
     """
     global _saved_priorities
-    config = priority_config()
+    try:
+        config = priority_config()
+    except ValueError as e:
+        # vLLM's load_general_plugins() lets what a plugin raises propagate, so
+        # a ValueError ends the process in a traceback through vLLM's startup;
+        # SystemExit's message is all Python prints (in worker processes too).
+        raise SystemExit(f"vllm-ir-vllm: {e}") from None
     try:
         from vllm_ir_vllm import layers
     except ImportError as e:  # vLLM < 0.33: no hardware-agnostic layers
