@@ -445,7 +445,9 @@ def fuzz(session: nox.Session) -> None:
     ``VllmIRBackend`` against eager. Against plain Inductor:
     ``VLLM_IR_FUZZ_INDUCTOR`` programs per family (default 50; views without IR
     ops, pieces, recompiles, autotune). Threads: ``VLLM_IR_FUZZ_THREADS`` random
-    sequences of registry changes (default 200) against concurrent calls. Counts land in
+    sequences of registry changes (default 200) against concurrent calls. Model
+    patterns: ``VLLM_IR_FUZZ_MODELS`` cases per family (default 40; fused-qkv views
+    with RoPE, impls reading outside tensors). Counts land in
     benchmarks/results/compile_fuzz.json. The two run side by side (pytest-xdist).
     """
     _install(session, CORE)
@@ -461,6 +463,8 @@ def fuzz(session: nox.Session) -> None:
         "VLLM_IR_FUZZ_INDUCTOR": os.environ.get("VLLM_IR_FUZZ_INDUCTOR", "50"),
         "VLLM_IR_FUZZ_INDUCTOR_SEED": os.environ.get("VLLM_IR_FUZZ_INDUCTOR_SEED", "100"),
         "VLLM_IR_FUZZ_THREADS": os.environ.get("VLLM_IR_FUZZ_THREADS", "200"),
+        "VLLM_IR_FUZZ_MODELS": os.environ.get("VLLM_IR_FUZZ_MODELS", "40"),
+        "VLLM_IR_FUZZ_MODELS_SEED": os.environ.get("VLLM_IR_FUZZ_MODELS_SEED", "100"),
         "VLLM_IR_FUZZ_THREADS_SEED": os.environ.get("VLLM_IR_FUZZ_THREADS_SEED", "1000"),
         "VLLM_IR_FUZZ_REPORT": str(report),
     }
@@ -471,6 +475,7 @@ def fuzz(session: nox.Session) -> None:
         str(tests / "test_compile_fuzz.py"),
         str(tests / "test_inductor_fuzz.py"),
         str(tests / "test_concurrency_fuzz.py"),
+        str(tests / "test_model_fuzz.py"),
         *session.posargs,
         env=env,
     )
