@@ -92,6 +92,9 @@ def build():
 
 def wrong():
     return TinyDecoder(16, 2)
+
+def not_a_model():
+    return "abc", lambda tokens: (torch.randn(tokens, 16),)
 """
 
 
@@ -146,16 +149,24 @@ def _loads_as_priorities(
         ("no_such_module_xyz:build", "cannot import 'no_such_module_xyz'"),
         ("{module}:missing", "has no callable 'missing'"),
         ("{module}:wrong", "must return (model, example_inputs)"),
+        # an empty --model (an unset variable) is not "no --model": no per-op tune
+        ("", "argument --model: expected a model directory"),
+        # a callable that is not a factory, a factory whose model is not callable
+        ("json:loads", "loads cannot be called with no arguments"),
+        ("{module}:not_a_model", "got str 'abc' as model, which is not callable"),
     ],
 )
 def test_bad_models_are_one_line(
     model: str, says: str, model_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["tune", "--model", model.format(module=model_module), "--out", str(tmp_path / "t.json")]
-    assert main(argv) == 2
+    out = tmp_path / "t.json"
+    argv = ["tune", "--model", model.format(module=model_module), "--out", str(out)]
+    assert main([*argv, "--ops", "rms_norm", "--runs", "1", "--warmup", "0"]) == 2
     err = capsys.readouterr().err
     assert says in err
     assert err.count("\n") == 1
+    assert err.startswith("vllm-ir: error:")
+    assert not out.exists()
 
 
 def test_bad_token_lists_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -89,6 +89,17 @@ def _int_at_least(low: int) -> type[int]:
 POSITIVE = _int_at_least(1)
 NON_NEGATIVE = _int_at_least(0)
 
+
+def _model_spec(text: str) -> str:
+    """``--model``'s value: an empty one (an unset variable in a script) is an
+    error, not "no --model", which would tune every op instead."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected a model directory, a cached model name or module:callable, got {text!r}"
+        )
+    return text
+
+
 _SELECTION_HELP = (
     "Kernel selection: --ir-op-priority.OP=a,b (repeatable) or "
     '--ir-op-priority \'{"OP": ["a", "b"]}\'. '
@@ -232,6 +243,7 @@ def _add_tune(subparsers: argparse._SubParsersAction) -> None:
     )
     model.add_argument(
         "--model",
+        type=_model_spec,
         metavar="PATH_OR_NAME",
         help="a local Hugging Face model directory, or module:callable returning "
         "(model, example_inputs); writes a bucketed priority file (docs/cli.md)",

@@ -8,10 +8,12 @@
   ``input_ids`` (fixed seed): ``(tokens, 1)`` — one decode step of ``tokens``
   sequences — at decode sizes (up to the first bucket bound), ``(1, tokens)``
   — one prefill — above, called with ``use_cache=False``;
-* ``module:callable``: ``callable()`` returns ``(model, example_inputs)``
-  where ``example_inputs(tokens: int)`` returns the positional arguments of
-  one step as a tuple, or its keyword arguments as a dict. The module is
-  imported from ``sys.path`` (the current directory included).
+* ``module:callable``: ``callable()`` (called with no arguments) returns
+  ``(model, example_inputs)``, both callable, where ``example_inputs(tokens:
+  int)`` returns the positional arguments of one step as a tuple, or its
+  keyword arguments as a dict. The module is imported from ``sys.path`` (the
+  current directory included). A callable that needs arguments, or returns
+  anything else, is a :class:`UsageError` saying so.
 
 Either way the model is kernelized (``vllm_ir_transformers.kernelize``) when
 that package is installed and the model is not yet; a model that already
@@ -21,6 +23,7 @@ calls IR ops needs nothing more.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,13 +81,33 @@ def _from_callable(spec: str) -> tuple[Any, Callable[[int], Any]]:
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise UsageError(f"--model {spec}: {module_name} has no callable {attr!r}")
-    made = factory()
-    if not (isinstance(made, tuple) and len(made) == 2 and callable(made[1])):
+    try:  # a callable that needs arguments is not a factory (json:loads)
+        inspect.signature(factory).bind()
+    except TypeError as e:
         raise UsageError(
-            f"--model {spec}: {attr}() must return (model, example_inputs) with "
-            f"example_inputs(tokens) -> args tuple or kwargs dict; got {type(made).__name__}"
+            f"--model {spec}: {attr} cannot be called with no arguments ({e}); name a "
+            "factory that takes none and returns (model, example_inputs)"
+        ) from None
+    except ValueError:  # no signature to check (some builtins): the call decides
+        pass
+    made = factory()
+    problem = _factory_result_problem(made)
+    if problem:
+        raise UsageError(
+            f"--model {spec}: {attr}() must return (model, example_inputs), both callable, "
+            f"with example_inputs(tokens) -> args tuple or kwargs dict; {problem}"
         )
     return made
+
+
+def _factory_result_problem(made: Any) -> str | None:
+    """What is wrong with a factory's result (``None``: a usable pair)."""
+    if not (isinstance(made, tuple) and len(made) == 2):
+        return f"got {type(made).__name__}"
+    for what, value in zip(("model", "example_inputs"), made, strict=True):
+        if not callable(value):
+            return f"got {type(value).__name__} {value!r:.40} as {what}, which is not callable"
+    return None
 
 
 def _from_pretrained(spec: str, decode_max: int) -> tuple[Any, Callable[[int], Any]]:

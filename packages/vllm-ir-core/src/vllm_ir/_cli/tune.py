@@ -245,7 +245,8 @@ def explain_autotune(op: IrOp, call: tuple[Any, ...], margin: float = DEFAULT_MA
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "model", None):  # a whole model, end to end: vllm_ir._cli.tune_model
+    # a whole model, end to end (an empty --model is refused by the parser)
+    if getattr(args, "model", None) is not None:
         from vllm_ir._cli import tune_model
 
         return tune_model.run(args)
