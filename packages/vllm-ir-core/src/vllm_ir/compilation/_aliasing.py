@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import fx
@@ -144,6 +145,10 @@ def _is_sparse(t: torch.Tensor) -> bool:
     return t.layout is not torch.strided
 
 
+_Size = Any
+"""A size, stride or offset: an ``int``, or a ``SymInt`` under symbolic shapes."""
+
+
 def _known(condition: object) -> bool:
     """``condition`` holds for every value its symbols may take (never guards)."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -200,7 +205,7 @@ def regions_overlap(a: torch.Tensor, b: torch.Tensor) -> bool | None:
     return None
 
 
-def _span(t: torch.Tensor) -> tuple[object, object]:
+def _span(t: torch.Tensor) -> tuple[_Size, _Size]:
     """Bytes ``[start, end)`` from ``t``'s first element to past its last (strides are >= 0)."""
     size = t.element_size()
     start = t.storage_offset() * size
@@ -208,18 +213,18 @@ def _span(t: torch.Tensor) -> tuple[object, object]:
     return start, start + (reach + 1) * size
 
 
-def _block(t: torch.Tensor, start: object, period: object) -> tuple[object, object] | None:
+def _block(t: torch.Tensor, start: _Size, period: _Size) -> tuple[_Size, _Size] | None:
     """The bytes ``[lo, hi)`` within ``[0, period)`` that ``t`` touches in every
     period, if each of its dimensions steps by a multiple of ``period`` or
     stays inside that range; else ``None``."""
-    inner = 0
+    inner: _Size = 0
     for n, s in zip(t.shape, t.stride(), strict=True):
         step = s * t.element_size()
         if not _known(step % period == 0):
             inner = inner + (n - 1) * step
     # the offset within its period; ``start % period`` stays an opaque Mod for
     # symbolic sizes, so take ``start`` itself when it is inside the first period
-    lo = start if _known(start < period) else start % period  # type: ignore[operator]
+    lo = start if _known(start < period) else start % period
     hi = lo + inner + t.element_size()
     return (lo, hi) if _known(hi <= period) else None
 
@@ -230,7 +235,7 @@ def _fills_span(t: torch.Tensor) -> bool:
         ((s, n) for n, s in zip(t.shape, t.stride(), strict=True) if not _known(n == 1)),
         key=lambda d: _hint(d[0]),
     )
-    expected: object = 1
+    expected: _Size = 1
     for stride, n in dims:
         if not _known(stride == expected):
             return False

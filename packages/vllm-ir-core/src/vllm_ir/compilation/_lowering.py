@@ -64,7 +64,7 @@ from vllm_ir.compilation._bucket_branches import (
 from vllm_ir.compilation._context import DONATED_INPUTS_META, DONATED_META, get_pass_context
 from vllm_ir.compilation._fingerprint import code_fingerprint
 from vllm_ir.compilation._functionalize import input_signature
-from vllm_ir.compilation._pass_base import VllmIRPass
+from vllm_ir.compilation._pass_base import Uncacheable, VllmIRPass
 from vllm_ir.compilation.ir_nodes import call_args, ir_op_of, is_ir_node
 from vllm_ir.priority import (
     compiled_selection,
@@ -161,7 +161,8 @@ class LoweringPass:
         The selection environment (``VLLM_BATCH_INVARIANT``, the platform), the
         effective compiled priorities, and for every impl they may pick: its
         flags, and the code of the impl, its ``supports_args`` and everything
-        they call (:func:`~vllm_ir.compilation._fingerprint.code_fingerprint`).
+        they call (:func:`~vllm_ir.compilation._fingerprint.code_fingerprint`);
+        :class:`Uncacheable` when some of that code cannot be fingerprinted.
         """
         from vllm_ir._op import IrOp as _IrOp
 
@@ -174,8 +175,14 @@ class LoweringPass:
                 # one list per bucket (each bound stands for its bucket; None: the rest)
                 for tokens in (*bounds, None):
                     entries = [e.provider for e in effective_priority(name, tokens=tokens)]
-                    picked = [impls[p] for p in entries if p in impls]
-                    state.append((name, tokens, tuple(entries), tuple(map(_impl_state, picked))))
+                    picked = tuple(_impl_state(impls[p]) for p in entries if p in impls)
+                    unhashed = [provider for provider, _, code in picked if code is None]
+                    if unhashed:
+                        return Uncacheable(
+                            f"impl {unhashed[0]!r} of op {name!r} reaches state that cannot be "
+                            "fingerprinted (vllm_ir.compilation._fingerprint)"
+                        )
+                    state.append((name, tokens, tuple(entries), picked))
         if self.autotuner is not None:
             state.append(self.autotuner.cache_state())
         # a graph compiled for one size range selects for it (bucket_switch)
@@ -432,7 +439,8 @@ class _LoweringStage(VllmIRPass):
         self.lowering.lower(graph, inplace=self.inplace)
 
     def cache_state(self) -> Any:
-        return (self.inplace, self.lowering.cache_state())
+        state = self.lowering.cache_state()
+        return state if isinstance(state, Uncacheable) else (self.inplace, state)
 
 
 def _record_branches(

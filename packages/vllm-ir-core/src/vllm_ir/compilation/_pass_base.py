@@ -9,7 +9,7 @@ import stat
 import time
 from abc import abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
@@ -19,12 +19,23 @@ from vllm_ir._logger import get_logger
 from vllm_ir._version import __version__
 from vllm_ir.compilation._context import _current_context, get_pass_context
 
-__all__ = ["DUMP_ENV", "VllmIRPass"]
+__all__ = ["DUMP_ENV", "Uncacheable", "VllmIRPass"]
 
 DUMP_ENV = envs.VLLM_IR_DUMP_GRAPHS
 """A directory: each pass writes the graph it produced there, for debugging."""
 
 logger = get_logger(__name__)
+
+
+class Uncacheable(NamedTuple):
+    """A :meth:`VllmIRPass.cache_state` that no key can stand for: the pass's
+    uuid is ``None``, and Inductor compiles the graph without its FX cache
+    rather than risk serving a stale one."""
+
+    why: str
+
+
+_told_uncacheable: set[str] = set()
 
 
 class VllmIRPass(CustomGraphPass):
@@ -59,10 +70,16 @@ class VllmIRPass(CustomGraphPass):
             source = inspect.getsource(inspect.getmodule(type(self)) or type(self))
         except (OSError, TypeError):
             return None  # defined in a REPL or exec'd code: a key could go stale
+        state = self.cache_state()
+        if isinstance(state, Uncacheable):
+            if state.why not in _told_uncacheable:
+                _told_uncacheable.add(state.why)
+                logger.info("graphs are compiled without Inductor's FX cache: %s", state.why)
+            return None
         h = hashlib.sha256()
         h.update(__version__.encode())
         h.update(source.encode())
-        h.update(repr(self.cache_state()).encode())
+        h.update(repr(state).encode())
         # Donations are recorded in node meta, which Inductor's cache key does
         # not see: a graph compiled for donated inputs (clones removed) must
         # never be served to the same graph whose inputs were not donated.
