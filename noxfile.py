@@ -475,7 +475,6 @@ def fuzz(session: nox.Session) -> None:
         str(tests / "test_compile_fuzz.py"),
         str(tests / "test_inductor_fuzz.py"),
         str(tests / "test_concurrency_fuzz.py"),
-        str(tests / "test_model_fuzz.py"),
         *session.posargs,
         env=env,
     )

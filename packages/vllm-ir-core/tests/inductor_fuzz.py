@@ -305,6 +305,17 @@ class Stats:
     invalid: Counter[str] = field(default_factory=Counter)
     """Calls eager refuses (a program generated for another input), skipped."""
 
+    def record(self, family: str, ok: bool, plain_ok: bool, failure: str) -> None:
+        """Count one call: vllm-ir ``ok`` or not, plain Inductor ``plain_ok`` or not;
+        ``failure`` describes it, kept for a regression (Inductor right, vllm-ir wrong)."""
+        self.calls[family] += 1
+        if ok and not plain_ok:
+            self.fixed_upstream[family] += 1
+        elif not ok and not plain_ok:
+            self.upstream[family] += 1
+        elif not ok:
+            self.regressions.append(f"[{family}] {failure} (inductor right)")
+
     def to_json(self) -> dict[str, Any]:
         return {
             family: {
@@ -315,8 +326,7 @@ class Stats:
                 "inductor_wrong_vllm_ir_right": self.fixed_upstream[family],
                 "skipped_invalid_calls": self.invalid[family],
             }
-            for family in FAMILIES
-            if self.cases[family]
+            for family in self.cases
         }
 
 
@@ -355,27 +365,22 @@ def check_case(case: Case, stats: Stats) -> None:
                 with ir.enable_torch_wrap(case.wrap):
                     got = ours(x.clone())
             except Exception as e:  # a crash where Inductor runs is a finding too
-                stats.calls[case.family] += 1
-                if _same(plain, want):
-                    first = str(getattr(e, "inner_exception", e)).splitlines()[0][:200]
-                    stats.regressions.append(
-                        f"[{case.family}] {case.describe()}: input {tuple(x.shape)}: "
-                        f"vllm_ir raised {type(e).__name__}: {first} (inductor right)"
-                    )
-                else:
-                    stats.upstream[case.family] += 1
+                first = str(getattr(e, "inner_exception", e)).splitlines()[0][:200]
+                stats.record(
+                    case.family,
+                    False,
+                    _same(plain, want),
+                    f"{case.describe()}: input {tuple(x.shape)}: vllm_ir raised "
+                    f"{type(e).__name__}: {first}",
+                )
                 return
-        stats.calls[case.family] += 1
-        ok, plain_ok = _same(got, want), _same(plain, want)
-        if ok and not plain_ok:
-            stats.fixed_upstream[case.family] += 1
-        elif not ok and not plain_ok:
-            stats.upstream[case.family] += 1
-        elif not ok:
-            stats.regressions.append(
-                f"[{case.family}] {case.describe()}: input {tuple(x.shape)}/{x.stride()} "
-                f"{x.dtype}: eager {want.tolist()} vllm_ir {got.tolist()} (inductor right)"
-            )
+        stats.record(
+            case.family,
+            _same(got, want),
+            _same(plain, want),
+            f"{case.describe()}: input {tuple(x.shape)}/{x.stride()} {x.dtype}: "
+            f"eager {want.tolist()} vllm_ir {got.tolist()}",
+        )
 
 
 def _check_cache_reuse(case: Case, stats: Stats) -> None:

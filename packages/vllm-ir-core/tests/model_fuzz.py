@@ -1,4 +1,5 @@
-"""Differential fuzzing of model patterns against plain Inductor (not a test module).
+"""Differential fuzzing of model patterns against plain Inductor (not a test module;
+run by test_inductor_fuzz.py).
 
 Families (``FAMILIES``), each a generator of random programs compared with eager
 under ``VllmIRBackend`` and ``backend="inductor"``:
@@ -20,13 +21,13 @@ vllm-ir wrong (or raises) is a failure; both wrong counts as upstream.
 from __future__ import annotations
 
 import random
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import vllm_ir as ir
+from inductor_fuzz import Stats
 from torch import Tensor
 from vllm_ir.testing import inductor_caches_off
 
@@ -215,26 +216,6 @@ def make_case(seed: int, family: str) -> Case:
 # ---- checking --------------------------------------------------------------------
 
 
-@dataclass
-class Stats:
-    cases: Counter[str] = field(default_factory=Counter)
-    calls: Counter[str] = field(default_factory=Counter)
-    regressions: list[str] = field(default_factory=list)
-    upstream: Counter[str] = field(default_factory=Counter)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            family: {
-                "cases": self.cases[family],
-                "calls": self.calls[family],
-                "regressions": sum(r.startswith(f"[{family}]") for r in self.regressions),
-                "both_wrong_upstream": self.upstream[family],
-            }
-            for family in FAMILIES
-            if self.cases[family]
-        }
-
-
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, Tensor):
         return isinstance(b, Tensor) and a.shape == b.shape and torch.equal(a, b)
@@ -242,7 +223,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def check_case(case: Case, stats: Stats) -> None:
-    """Compile ``case`` with both backends; call each on every argument list."""
+    """Compile ``case`` with both backends; call each on every argument list
+    (counted in ``stats``, :class:`inductor_fuzz.Stats`)."""
     torch._dynamo.reset()
     dynamic = case.dynamic or None
     ours = torch.compile(case.fn, backend=ir.VllmIRBackend(priority=case.priority), dynamic=dynamic)
@@ -253,20 +235,18 @@ def check_case(case: Case, stats: Stats) -> None:
         with config.scope(), torch.no_grad(), inductor_caches_off():
             want = case.fn(*[a.clone() for a in args])
             plain = theirs(*[a.clone() for a in args])
-            stats.calls[case.family] += 1
             try:
                 got = ours(*[a.clone() for a in args])
             except Exception as e:  # a crash where Inductor runs is a finding
                 got, error = None, f"raised {type(e).__name__}: {str(e).splitlines()[0][:200]}"
             else:
                 error = "" if _same(got, want) else "differs from eager"
-        if not error:
-            continue
-        if _same(plain, want):
-            stats.regressions.append(
-                f"[{case.family}] seed {case.seed} (dynamic={case.dynamic}, "
-                f"{case.priority}): {case.describe}: vllm_ir {error} (inductor right)"
-            )
-        else:
-            stats.upstream[case.family] += 1
-        return
+        stats.record(
+            case.family,
+            not error,
+            _same(plain, want),
+            f"seed {case.seed} (dynamic={case.dynamic}, {case.priority}): "
+            f"{case.describe}: vllm_ir {error}",
+        )
+        if error:
+            return

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import torch
 import vllm_ir as ir
+from test_buckets import TAGS, _tag_impl, scaled
 from test_clone_elimination_fuzz import write_report
 from torch import Tensor
 from vllm_ir.priority import set_process_priority
@@ -33,20 +34,8 @@ from vllm_ir.selection import invalidate_caches
 
 SEEDS = int(os.environ.get("VLLM_IR_FUZZ_THREADS", "3"))
 FIRST_SEED = int(os.environ.get("VLLM_IR_FUZZ_THREADS_SEED", "0"))
-TAGS = {"t1": 1.0, "t2": 2.0, "t3": 3.0}
 CALLERS = 3
 CHANGES = 200
-
-
-def scaled(x: Tensor, factor: float) -> Tensor:
-    return x * factor
-
-
-def _tag_impl(k: float) -> Callable[[Tensor, float], Tensor]:
-    def impl(x: Tensor, factor: float) -> Tensor:
-        return x * factor + k
-
-    return impl
 
 
 def _slow_yes(x: Tensor, factor: float) -> bool:

@@ -1,36 +1,50 @@
-"""Differential fuzzing against plain Inductor (the generator: ``inductor_fuzz.py``).
+"""Differential fuzzing against plain Inductor (the generators: ``inductor_fuzz.py``,
+and ``model_fuzz.py`` for model patterns: fused-qkv views with RoPE, impls
+reading outside tensors).
 
-``VLLM_IR_FUZZ_INDUCTOR`` cases per family (``nox -s fuzz`` runs many; the
-unit suite a seeded few), from seed ``VLLM_IR_FUZZ_INDUCTOR_SEED``; counts
-are merged into ``VLLM_IR_FUZZ_REPORT`` under ``against_inductor``.
+``VLLM_IR_FUZZ_INDUCTOR`` cases per family of the first, ``VLLM_IR_FUZZ_MODELS`` of
+the second (``nox -s fuzz`` runs many; the unit suite a seeded few), from seeds
+``VLLM_IR_FUZZ_INDUCTOR_SEED`` / ``VLLM_IR_FUZZ_MODELS_SEED``; counts are merged into
+``VLLM_IR_FUZZ_REPORT`` under ``against_inductor_<family>``.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import inductor_fuzz
+import model_fuzz
 import pytest
 from test_clone_elimination_fuzz import write_report
 
 CASES = int(os.environ.get("VLLM_IR_FUZZ_INDUCTOR", "1"))
 SEED = int(os.environ.get("VLLM_IR_FUZZ_INDUCTOR_SEED", "0"))
+MODEL_CASES = int(os.environ.get("VLLM_IR_FUZZ_MODELS", "3"))
+MODEL_SEED = int(os.environ.get("VLLM_IR_FUZZ_MODELS_SEED", "0"))
+
+GENERATORS: dict[str, tuple[Any, int, int]] = {
+    **{family: (inductor_fuzz, CASES, SEED) for family in inductor_fuzz.FAMILIES},
+    **{family: (model_fuzz, MODEL_CASES, MODEL_SEED) for family in model_fuzz.FAMILIES},
+}
+"""Family -> (its generator module, cases, first seed)."""
 
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset_after")
 
 
-@pytest.mark.parametrize("family", inductor_fuzz.FAMILIES)
+@pytest.mark.parametrize("family", list(GENERATORS))
 def test_never_wrong_where_inductor_is_right(
     family: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    generator, cases, first = GENERATORS[family]
     stats = inductor_fuzz.Stats()
     start = time.perf_counter()
-    for seed in range(SEED, SEED + CASES):
-        inductor_fuzz.check_case(inductor_fuzz.make_case(seed, family), stats)
+    for seed in range(first, first + cases):
+        generator.check_case(generator.make_case(seed, family), stats)
     report = stats.to_json()[family]
-    report.update(first_seed=SEED, seconds=round(time.perf_counter() - start, 1))
+    report.update(first_seed=first, seconds=round(time.perf_counter() - start, 1))
     write_report(f"against_inductor_{family}", report)
     with capsys.disabled():
         print(f"\nagainst inductor, {family}: {report}")
