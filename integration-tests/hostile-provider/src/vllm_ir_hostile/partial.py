@@ -18,7 +18,7 @@ def _register() -> None:
     ) -> Tensor:
         return x
 
-    ir.ops.rms_norm.tolerances[torch.float32] = ir.Tolerance(atol=1.0, rtol=1.0)
+    ir.ops.rms_norm.register_tolerances({torch.float32: ir.Tolerance(atol=1.0, rtol=1.0)})
     ir.IrOpPriorityConfig(rms_norm=["hostile_partial"]).apply()
 
     @torch.library.custom_op(f"{TORCH_NAMESPACE}::kernel", mutates_args=())

@@ -174,11 +174,11 @@ def regions_overlap(a: torch.Tensor, b: torch.Tensor) -> bool | None:
         return None
     if _known(a.numel() == 0) or _known(b.numel() == 0):
         return False
-    spans = [_span(a), _span(b)]
+    spans: list[tuple[_Size, _Size]] = [_span(a), _span(b)]
     (start_a, end_a), (start_b, end_b) = spans
     if _known(end_a <= start_b) or _known(end_b <= start_a):
         return False
-    periods = [
+    periods: list[_Size] = [
         s * t.element_size()
         for t in (a, b)
         for n, s in zip(t.shape, t.stride(), strict=True)
@@ -187,16 +187,20 @@ def regions_overlap(a: torch.Tensor, b: torch.Tensor) -> bool | None:
     for period in periods:
         if _known(period <= 0):
             continue
-        blocks = [_block(t, start, period) for t, (start, _) in zip((a, b), spans, strict=True)]
+        blocks: list[tuple[_Size, _Size] | None] = [
+            _block(t, start, period) for t, (start, _) in zip((a, b), spans, strict=True)
+        ]
         if None in blocks:
             continue
         (lo_a, hi_a), (lo_b, hi_b) = blocks  # type: ignore[misc]
         if _known(hi_a <= lo_b) or _known(hi_b <= lo_a):
             return False
-    for dense, (start, end), other, (first, last) in (
+    Span = tuple[_Size, _Size]
+    pairs: list[tuple[torch.Tensor, Span, torch.Tensor, Span]] = [
         (a, spans[0], b, spans[1]),
         (b, spans[1], a, spans[0]),
-    ):
+    ]
+    for dense, (start, end), other, (first, last) in pairs:
         last = last - other.element_size()  # the last element's first byte
         if _fills_span(dense) and any(
             _known(start <= x) and _known(x < end) for x in (first, last)
@@ -208,8 +212,8 @@ def regions_overlap(a: torch.Tensor, b: torch.Tensor) -> bool | None:
 def _span(t: torch.Tensor) -> tuple[_Size, _Size]:
     """Bytes ``[start, end)`` from ``t``'s first element to past its last (strides are >= 0)."""
     size = t.element_size()
-    start = t.storage_offset() * size
-    reach = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    start: _Size = t.storage_offset() * size
+    reach: _Size = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
     return start, start + (reach + 1) * size
 
 
@@ -219,13 +223,13 @@ def _block(t: torch.Tensor, start: _Size, period: _Size) -> tuple[_Size, _Size] 
     stays inside that range; else ``None``."""
     inner: _Size = 0
     for n, s in zip(t.shape, t.stride(), strict=True):
-        step = s * t.element_size()
+        step: _Size = s * t.element_size()
         if not _known(step % period == 0):
             inner = inner + (n - 1) * step
     # the offset within its period; ``start % period`` stays an opaque Mod for
     # symbolic sizes, so take ``start`` itself when it is inside the first period
-    lo = start if _known(start < period) else start % period
-    hi = lo + inner + t.element_size()
+    lo: _Size = start if _known(start < period) else start % period
+    hi: _Size = lo + inner + t.element_size()
     return (lo, hi) if _known(hi <= period) else None
 
 
