@@ -441,7 +441,7 @@ def test_bench_times_impls_side_by_side(tmp_path: Path) -> None:
         str(out_file),
     )
     assert "[2/2] 4x64 float32 native" in result.stderr  # progress
-    assert "vs native eager" in result.stdout
+    assert "vs native eager: native eager's median over this impl's" in result.stdout
     data = json.loads(out_file.read_text())
     assert [r["shape"] for r in data["results"]] == [[1, 64], [4, 64]]
     assert all(r["median_us"] > 0 and r["rounds"] == 3 for r in data["results"])

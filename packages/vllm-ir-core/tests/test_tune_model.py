@@ -13,7 +13,9 @@ import pytest
 import vllm_ir as ir
 from vllm_ir._cli.tune_model import (
     DEFAULT,
+    TOO_NOISY,
     Timing,
+    _print,
     bucket_table,
     decide_bucket,
     measure_interleaved,
@@ -58,6 +60,35 @@ def test_a_candidate_must_win_at_every_size_of_the_bucket() -> None:
 def test_the_default_winning_keeps_the_defaults() -> None:
     per = {1: {DEFAULT: _t(100), "native": _t(100), "slow": _t(150)}}
     assert decide_bucket(per, {1: "native"}) == (None, "the default (native) is fastest")
+
+
+def _sweep_doc(reasons: dict[str, str]) -> dict[str, Any]:
+    ops = {op: {"<=16": {"tokens": [1], "first": None, "reason": r}} for op, r in reasons.items()}
+    combined = {"1": {"same_as_default": True}}
+    return {"_measurements": {"ops": ops, "bucket_bounds": [16], "combined": combined}}
+
+
+@pytest.mark.parametrize(
+    ("reasons", "says"),
+    [
+        ({"a": "the default (native) is fastest"}, "the defaults won in its bucket"),
+        ({"a": f"{TOO_NOISY} (spread 40%)"}, f"the defaults stay, every decision {TOO_NOISY}"),
+        (
+            {"a": f"{TOO_NOISY} (spread 40%)", "b": "the default (native) is fastest"},
+            f"the defaults stay (1 of 2 decisions {TOO_NOISY})",
+        ),
+    ],
+)
+def test_the_summary_says_why_nothing_was_re_measured(
+    reasons: dict[str, str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Defaults kept because every timing was too noisy is not the defaults winning."""
+    _print(_sweep_doc(reasons))
+    printed = capsys.readouterr().out
+    assert f"tokens 1: {says}: nothing to re-measure" in printed
+    assert "put first: the provider moved to the front" in printed
+    if TOO_NOISY in next(iter(reasons.values())):
+        assert "the defaults won" not in printed
 
 
 def test_interleaved_samples_pair_rounds_and_rotate_the_order() -> None:

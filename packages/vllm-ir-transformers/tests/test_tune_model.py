@@ -54,11 +54,29 @@ def test_tune_a_saved_hugging_face_model(
     assert figures["ops"]["silu_and_mul"]["<=16"]["reason"] in printed
 
 
-def test_a_directory_without_a_model_is_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        ("{tmp}/empty", "a directory without config.json, not a Hugging Face model directory"),
+        ("{tmp}/missing", "no such directory"),
+        ("./missing-model", "no such directory"),
+        ("{tmp}/afile", "a file, not a model directory"),
+        ("{tmp}/broken", "a model directory that does not load"),
+        # a name: nothing is downloaded, so no word of the hub or of repo ids
+        ("nobody-xyz/no-such-model", "neither a directory here nor a model name in the local"),
+    ],
+)
+def test_models_that_do_not_load_are_one_line(
+    model: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["tune", "--model", str(tmp_path), "--out", str(tmp_path / "t.json")]
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text('{"model_type": "no-such-type"}')
+    spec = model.format(tmp=tmp_path)
+    argv = ["tune", "--model", spec, "--out", str(tmp_path / "t.json")]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "cannot load it (a model directory" in err
+    assert says in err
     assert err.count("\n") == 1
+    assert "huggingface.co" not in err and "repo id" not in err.lower() and "connect" not in err

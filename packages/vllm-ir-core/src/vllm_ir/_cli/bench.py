@@ -129,8 +129,9 @@ def _print(records: list[dict[str, Any]]) -> None:
                 "too noisy to trust" if r["noisy"] else "",
             ]
         )
-    headers = ["shape", "dtype", "impl", "median us", "p10-p90 us", "vs native eager", ""]
+    headers = ["shape", "dtype", "impl", "median us", "p10-p90 us", "vs native eager", "note"]
     print(render_table(headers, rows))
+    print("vs native eager: native eager's median over this impl's (2.00x: twice as fast)")
     noisy = sum(bool(r["noisy"]) for r in records)
     if noisy:
         fewer = ", --threads 1" if torch.get_num_threads() != 1 else ""

@@ -110,6 +110,30 @@ def _factory_result_problem(made: Any) -> str | None:
     return None
 
 
+_GIVE = (
+    "give a local Hugging Face model directory, a name already in the local "
+    "Hugging Face cache (nothing is downloaded), or module:callable"
+)
+
+
+def _path_problem(spec: str) -> str | None:
+    """What rules ``spec`` out before loading (None: let transformers try it).
+
+    A Hugging Face name has at most one ``/`` and no leading ``.``, ``/`` or ``~``;
+    anything else is a path, and a path must be a directory with a ``config.json``.
+    """
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            return "a directory without config.json, not a Hugging Face model directory"
+        return None
+    if path.exists():
+        return "a file, not a model directory"
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec:
+        return "no such directory"
+    return None
+
+
 def _from_pretrained(spec: str, decode_max: int) -> tuple[Any, Callable[[int], Any]]:
     try:
         from transformers import AutoModelForCausalLM
@@ -118,18 +142,21 @@ def _from_pretrained(spec: str, decode_max: int) -> tuple[Any, Callable[[int], A
             f"--model {spec}: loading a Hugging Face model needs transformers "
             "(pip install vllm-ir-transformers)"
         ) from None
-    local = Path(spec).is_dir()
+    problem = _path_problem(spec)
+    if problem is not None:
+        raise UsageError(f"--model {spec}: {problem}; {_GIVE}")
     try:
         model = AutoModelForCausalLM.from_pretrained(
             spec, dtype=torch.float32, local_files_only=True
         )
     except (OSError, ValueError) as e:
-        where = "a model directory" if local else "not a directory nor a cached model name"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(
-            f"--model {spec}: cannot load it ({where}: {first}); give a local Hugging Face "
-            "model directory or module:callable"
-        ) from None
+        if Path(spec).expanduser().is_dir():
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            where = f"a model directory that does not load: {first}"
+        else:
+            # transformers speaks of the hub and repo ids here; nothing is downloaded
+            where = "neither a directory here nor a model name in the local Hugging Face cache"
+        raise UsageError(f"--model {spec}: {where}; {_GIVE}") from None
     model = cast(Any, model).to("cpu").eval()
     vocab = int(getattr(model.config, "vocab_size", 0) or 2)
 

@@ -127,6 +127,10 @@ def measure_interleaved(
     return {name: summarize(values) for name, values in samples.items()}
 
 
+TOO_NOISY = "too noisy to decide"
+"""How a decision the timings could not make starts (the summary counts them)."""
+
+
 def decide_bucket(
     per_tokens: dict[int, dict[str, Timing]], default: dict[int, str]
 ) -> tuple[str | None, str]:
@@ -152,7 +156,7 @@ def decide_bucket(
         worst = max((t.p90_us - t.p10_us) / t.median_us for t in noisy)
         fewer = ", --threads 1" if torch.get_num_threads() != 1 else ""
         return None, (
-            f"too noisy to decide (spread {worst:.0%} of the median > {NOISY:.0%}): defaults "
+            f"{TOO_NOISY} (spread {worst:.0%} of the median > {NOISY:.0%}): defaults "
             f"kept; rerun with more --rounds{fewer}, or on an idle machine"
         )
     if all(default[t] == best for t in per_tokens):
@@ -349,16 +353,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(doc: dict[str, Any]) -> None:
+    figures = doc["_measurements"]
     rows = []
-    for op, buckets in doc["_measurements"]["ops"].items():
+    for op, buckets in figures["ops"].items():
         for label, b in buckets.items():
             rows.append(
                 [op, label, ",".join(map(str, b["tokens"])), b["first"] or "-", b["reason"]]
             )
-    print(render_table(["op", "bucket", "tokens", "first", "decision"], rows))
-    for t, c in doc["_measurements"]["combined"].items():
+    print(render_table(["op", "bucket", "tokens", "put first", "decision"], rows))
+    print(
+        "put first: the provider moved to the front of the op's list in that bucket "
+        "(-: the list stays as it is)"
+    )
+    bounds = figures["bucket_bounds"]
+    for t, c in figures["combined"].items():
         if c.get("same_as_default"):
-            print(f"tokens {t}: the defaults won in its bucket: nothing to re-measure")
+            label = bucket_label(bounds, _bucket_of(int(t), bounds))
+            print(f"tokens {t}: {_kept_summary(figures['ops'], label)}")
             continue
         noisy = (
             " (too noisy to trust)" if c["default_us"]["noisy"] or c["tuned_us"]["noisy"] else ""
@@ -367,6 +378,19 @@ def _print(doc: dict[str, Any]) -> None:
             f"tokens {t}: default {c['default_us']['median_us']:.1f} us, tuned "
             f"{c['tuned_us']['median_us']:.1f} us ({c['speedup']:.2f}x){noisy}"
         )
+
+
+def _kept_summary(ops: dict[str, Any], label: str) -> str:
+    """Why nothing changed in bucket ``label``: the defaults won, or could not be judged."""
+    reasons = [buckets[label]["reason"] for buckets in ops.values() if label in buckets]
+    noisy = sum(r.startswith(TOO_NOISY) for r in reasons)
+    if noisy == len(reasons):
+        why = f"the defaults stay, every decision {TOO_NOISY}"
+    elif noisy:
+        why = f"the defaults stay ({noisy} of {len(reasons)} decisions {TOO_NOISY})"
+    else:
+        why = "the defaults won in its bucket"
+    return f"{why}: nothing to re-measure"
 
 
 # -- explain --tuned on a sweep's file ---------------------------------------------
