@@ -447,7 +447,9 @@ def fuzz(session: nox.Session) -> None:
     ops, pieces, recompiles, autotune). Threads: ``VLLM_IR_FUZZ_THREADS`` random
     sequences of registry changes (default 200) against concurrent calls. Model
     patterns: ``VLLM_IR_FUZZ_MODELS`` cases per family (default 40; fused-qkv views
-    with RoPE, impls reading outside tensors). Counts land in
+    with RoPE, impls reading outside tensors). FX-cache keys:
+    ``VLLM_IR_FUZZ_FINGERPRINTS`` random helper-state chains (default 5,000), each
+    changed 8 times. Counts land in
     benchmarks/results/compile_fuzz.json. The two run side by side (pytest-xdist).
     """
     _install(session, CORE)
@@ -465,6 +467,7 @@ def fuzz(session: nox.Session) -> None:
         "VLLM_IR_FUZZ_THREADS": os.environ.get("VLLM_IR_FUZZ_THREADS", "200"),
         "VLLM_IR_FUZZ_MODELS": os.environ.get("VLLM_IR_FUZZ_MODELS", "40"),
         "VLLM_IR_FUZZ_MODELS_SEED": os.environ.get("VLLM_IR_FUZZ_MODELS_SEED", "100"),
+        "VLLM_IR_FUZZ_FINGERPRINTS": os.environ.get("VLLM_IR_FUZZ_FINGERPRINTS", "5000"),
         "VLLM_IR_FUZZ_THREADS_SEED": os.environ.get("VLLM_IR_FUZZ_THREADS_SEED", "1000"),
         "VLLM_IR_FUZZ_REPORT": str(report),
     }
@@ -475,6 +478,7 @@ def fuzz(session: nox.Session) -> None:
         str(tests / "test_compile_fuzz.py"),
         str(tests / "test_inductor_fuzz.py"),
         str(tests / "test_concurrency_fuzz.py"),
+        str(tests / "test_fingerprint_fuzz.py"),
         *session.posargs,
         env=env,
     )

@@ -137,7 +137,7 @@ class _Hasher:
         elif isinstance(v, property):
             self.value((v.fget, v.fset, v.fdel), names)
         elif isinstance(v, types.FunctionType):
-            self._function(v)
+            self._function(v, names)
         elif isinstance(v, types.ModuleType):
             self._put("module", v.__name__)
             if not _skipped(v.__name__):
@@ -154,11 +154,12 @@ class _Hasher:
         else:
             self._instance(v, names)
 
-    def _function(self, f: types.FunctionType) -> None:
+    def _function(self, f: types.FunctionType, reached_by: frozenset[str]) -> None:
         self._put("function", f.__module__, f.__qualname__)
         if _skipped(f.__module__):
             return
-        names = frozenset(_code_names(f.__code__))
+        # what it returns may be read by its caller's names (``get_config().scale``)
+        names = reached_by | _code_names(f.__code__)
         self._code(f.__code__)
         for name in sorted(names):
             if name in f.__globals__:
