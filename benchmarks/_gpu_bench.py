@@ -351,10 +351,10 @@ def _one(
         "bytes": moved,
         "fits_in_l2": None if l2_bytes is None else moved <= l2_bytes,
         "time_us": round(us, 3),
-        "gbps": round(gbps, 1),
-        "pct_of_peak": round(100 * gbps / peak, 1) if peak else None,
-        "copy_gbps": round(copy_gbps, 1),
-        "pct_of_copy": round(100 * gbps / copy_gbps, 1),
+        "gbps": _figures(gbps),
+        "pct_of_peak": _figures(100 * gbps / peak) if peak else None,
+        "copy_gbps": _figures(copy_gbps),
+        "pct_of_copy": _figures(100 * gbps / copy_gbps),
         **extra,
     }
     host = f" host {row['host_us']:>6.1f} us" if "host_us" in row else ""
@@ -411,6 +411,11 @@ def report(
         print(f"{name}: {len(mismatches)} result(s) off native's promise", file=sys.stderr)
         return 1
     return 0
+
+
+def _figures(value: float) -> float:
+    """Three significant figures: a slow small case keeps a nonzero rate."""
+    return float(f"{value:.3g}")
 
 
 def device_slug(name: str) -> str:

@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from _model_bench import device_name, environment, model_shape, resolve_device, step_timer
 from torch import Tensor, nn
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "compiled_priorities.json"
@@ -100,33 +98,6 @@ def candidates(device: str) -> dict[str, dict[str, list[str]]]:
     return found
 
 
-def _timer(device: str) -> Callable[[Callable[[], object], int, int], float]:
-    def cuda(fn: Callable[[], object], warmup: int, rounds: int) -> float:
-        for _ in range(warmup):
-            fn()
-        samples = []
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(rounds):
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3)
-        return statistics.median(samples)
-
-    def host(fn: Callable[[], object], warmup: int, rounds: int) -> float:
-        for _ in range(warmup):
-            fn()
-        samples = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(samples)
-
-    return cuda if device == "cuda" else host
-
-
 def _device_kernels(fn: Callable[[], object]) -> int:
     """Kernels one call launches on the GPU (profiler, CUDA activity)."""
     from torch.profiler import ProfilerActivity, profile
@@ -149,7 +120,7 @@ def measure(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list[d
     from torch._inductor import metrics
     from vllm_ir.testing import inductor_caches_off
 
-    timer = _timer(device)
+    timer = step_timer(device)
     model = Decoder(args.hidden, args.intermediate, args.layers).to(device, dtype).eval()
     results = []
     reference: dict[int, Tensor] = {}
@@ -214,30 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args(argv)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    defaults = GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    device = resolve_device(args, GPU_DEFAULTS, CPU_DEFAULTS)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device == "cuda" else "float32"))
 
-    import vllm_ir as ir
-
-    name = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu"
+    name = device_name(device)
     print(f"compiled_priorities on {name}: {args.layers} layers, hidden {args.hidden}, "
           f"intermediate {args.intermediate}, {dtype}")  # fmt: skip
     results = measure(args, device, dtype)
     report = {
-        "benchmark": "compiled_priorities",
-        "device": name,
-        "device_type": device,
-        "torch": torch.__version__,
-        "vllm_ir": ir.__version__,
-        "python": platform.python_version(),
+        **environment("compiled_priorities", device),
         "model": {
-            "layers": args.layers,
-            "hidden": args.hidden,
-            "intermediate": args.intermediate,
+            **model_shape(args),
             "dtype": str(dtype).removeprefix("torch."),
         },
         "timing": {

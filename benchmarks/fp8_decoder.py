@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -44,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _model_bench import device_name, environment, model_shape, resolve_device, step_timer
 from torch import Tensor, nn
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "fp8_decoder.json"
@@ -124,31 +123,6 @@ class NativeOps:
         return ir.get_op(name).native
 
 
-def _cuda_us(fn: Callable[[], object], warmup: int, rounds: int) -> float:
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(rounds):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(samples)
-
-
-def _host_us(fn: Callable[[], object], warmup: int, rounds: int) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(samples)
-
-
 def _graph_replay(fn: Callable[[], Tensor]) -> Callable[[], None]:
     """``fn`` captured once in a CUDA graph (after warm-up on a side stream); replays it."""
     stream = torch.cuda.Stream()
@@ -221,7 +195,7 @@ def _builds(provider: str) -> tuple[dict[str, Build], Any]:
 def measure(args: argparse.Namespace, device: str, dtype: torch.dtype) -> dict[str, Any]:
     model = FP8Decoder(args.layers, args.hidden, args.intermediate, dtype).to(device).eval()
     builds, backend = _builds(args.provider)
-    timer = _cuda_us if device == "cuda" else _host_us
+    timer = step_timer(device)
     inputs = {
         t: torch.randn(t, args.hidden, generator=torch.Generator().manual_seed(t)).to(device, dtype)
         for t in args.tokens
@@ -287,30 +261,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args(argv)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    for key, value in (GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    device = resolve_device(args, GPU_DEFAULTS, CPU_DEFAULTS)
     if device == "cpu" and args.provider == "vllm_c":
         args.provider = "native"
     dtype = torch.bfloat16
 
-    import vllm_ir as ir
-
-    name = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu"
+    name = device_name(device)
     print(f"fp8_decoder on {name}: {args.layers} layers, hidden {args.hidden}, "
           f"intermediate {args.intermediate}, provider {args.provider}")  # fmt: skip
     result = measure(args, device, dtype)
     report = {
-        "benchmark": "fp8_decoder",
-        "device": name,
-        "torch": torch.__version__,
-        "vllm_ir": ir.__version__,
-        "python": platform.python_version(),
+        **environment("fp8_decoder", device),
         "model": {
-            "layers": args.layers,
-            "hidden": args.hidden,
-            "intermediate": args.intermediate,
+            **model_shape(args),
             "dtype": "bfloat16",
             "provider": args.provider,
         },

@@ -29,6 +29,7 @@ import json
 import random
 import sys
 import types
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,42 +233,33 @@ class Case:
         return f"global root: {what}"
 
 
-@dataclass
-class Stats:
-    cases: int = 0
-    changes: int = 0
-    result_changes: int = 0
-    fingerprint_changes: int = 0
-    extra_changes: int = 0
-    """Fingerprints that changed while the result did not (sound, a cache miss)."""
-    failures: list[str] = field(default_factory=list)
+def run_case(seed: int, steps: int, counts: Counter[str], failures: list[str]) -> None:
+    """Apply ``steps`` random changes to case ``seed``, checking each against the rule.
 
-
-def run_case(seed: int, steps: int, stats: Stats) -> None:
-    """Apply ``steps`` random changes to case ``seed``, checking each against the rule."""
+    ``counts``: cases, changes, result_changes, fingerprint_changes and
+    extra_changes (the fingerprint changed, the result did not: sound, a cache miss).
+    """
     case = Case.build(seed)
     rng = random.Random(seed * 7919)
-    stats.cases += 1
+    counts["cases"] += 1
     for step in range(steps):
         before, was = case.fingerprint(), case.result()
         if before is None:
-            stats.failures.append(f"seed {seed} ({case.kinds}): cannot be fingerprinted")
+            failures.append(f"seed {seed} ({case.kinds}): cannot be fingerprinted")
             return
         done = case.change(rng)
         after, now = case.fingerprint(), case.result()
-        stats.changes += 1
-        stats.result_changes += now != was
-        stats.fingerprint_changes += after != before
-        stats.extra_changes += now == was and after != before
+        counts["changes"] += 1
+        counts["result_changes"] += now != was
+        counts["fingerprint_changes"] += after != before
+        counts["extra_changes"] += now == was and after != before
         if now != was and after == before:
-            stats.failures.append(
+            failures.append(
                 f"seed {seed} step {step} ({case.kinds}, {done}): result {was} -> {now}, "
                 "fingerprint unchanged (a stale graph would be served)"
             )
         if done.endswith(": same") and after != before:
-            stats.failures.append(
-                f"seed {seed} step {step} ({case.kinds}): nothing changed, fingerprint did"
-            )
+            failures.append(f"seed {seed} step {step} ({case.kinds}): no change moved the key")
 
 
 def second_run(seeds: list[int]) -> dict[int, dict[str, Any]]:

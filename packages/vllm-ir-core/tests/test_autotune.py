@@ -203,27 +203,27 @@ def test_a_malformed_record_is_retuned_with_a_warning(
     assert rewritten["winner"] == "fast"
 
 
-def test_a_cache_path_that_is_a_directory_is_treated_as_empty(
-    op: ir.IrOp, cache_dir: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    times = {"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0}
-    choose(op, Autotuner(timer=FakeTimer(times)), ALL)
-    (path,) = cache_dir.glob("autotune/*.json")
+def _into_a_directory(path: Path) -> None:
     path.unlink()
     path.mkdir(mode=0o700)
-    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
-        assert TuningCache(torch.device("cpu")).entries() == {}
-        assert choose(op, Autotuner(timer=FakeTimer(times)), ALL) == "slow"
-    assert "unreadable" in caplog.text
 
 
-def test_a_deeply_nested_cache_file_is_treated_as_empty(
-    op: ir.IrOp, cache_dir: Path, caplog: pytest.LogCaptureFixture
+def _nested_deeply(path: Path) -> None:
+    path.write_text("[" * 100_000 + "]" * 100_000)
+
+
+@pytest.mark.parametrize("spoil", [_into_a_directory, _nested_deeply])
+def test_an_unreadable_cache_file_is_treated_as_empty(
+    spoil: Callable[[Path], None],
+    op: ir.IrOp,
+    cache_dir: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """A cache path that became a directory, or JSON nested past the parser's depth."""
     times = {"native": 10.0, "slow": 1.0, "fast": 2.0, "invariant": 5.0}
     choose(op, Autotuner(timer=FakeTimer(times)), ALL)
     (path,) = cache_dir.glob("autotune/*.json")
-    path.write_text("[" * 100_000 + "]" * 100_000)
+    spoil(path)
     with caplog.at_level(logging.WARNING, logger="vllm_ir"):
         assert TuningCache(torch.device("cpu")).entries() == {}
         assert choose(op, Autotuner(timer=FakeTimer(times)), ALL) == "slow"

@@ -305,6 +305,23 @@ def write_report(section: str, stats: dict[str, Any]) -> None:
         target.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
+def report_family(
+    section: str,
+    capsys: pytest.CaptureFixture[str],
+    stats: dict[str, Any],
+    *,
+    first_seed: int,
+    start: float,
+) -> dict[str, Any]:
+    """``stats`` with the first seed and the seconds since ``start``, written under
+    ``section`` (:func:`write_report`) and printed past pytest's capture."""
+    report = {**stats, "first_seed": first_seed, "seconds": round(time.perf_counter() - start, 1)}
+    write_report(section, report)
+    with capsys.disabled():
+        print(f"\n{section}: {report}")
+    return report
+
+
 @pytest.mark.slow
 def test_clone_elimination_differential_fuzz(capsys: pytest.CaptureFixture[str]) -> None:
     stats = fuzz(PROGRAMS, SEED)

@@ -27,7 +27,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from test_buckets import TAGS, _tag_impl, scaled
-from test_clone_elimination_fuzz import write_report
+from test_clone_elimination_fuzz import report_family
 from torch import Tensor
 from vllm_ir.priority import set_process_priority
 from vllm_ir.selection import invalidate_caches
@@ -161,16 +161,7 @@ def test_concurrent_calls_run_a_state_they_overlapped(
             problems += seed_problems
     finally:
         set_process_priority(saved, replace=True)
-    report = {
-        "cases": SEEDS,
-        "changes": SEEDS * CHANGES,
-        "calls": calls,
-        "failures": len(problems),
-        "first_seed": FIRST_SEED,
-        "seconds": round(time.perf_counter() - start, 1),
-    }
-    write_report("threads", report)
-    with capsys.disabled():
-        print(f"\nthreads: {report}")
+    stats = {"cases": SEEDS, "changes": SEEDS * CHANGES, "calls": calls, "failures": len(problems)}
+    report_family("threads", capsys, stats, first_seed=FIRST_SEED, start=start)
     assert not problems, "\n".join(problems[:5])
     assert calls > SEEDS * 100, "the callers barely overlapped the changes"

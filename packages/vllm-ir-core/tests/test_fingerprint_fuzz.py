@@ -11,11 +11,12 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
-from fingerprint_fuzz import Case, Stats, run_case
-from test_clone_elimination_fuzz import write_report
+from fingerprint_fuzz import Case, run_case
+from test_clone_elimination_fuzz import report_family
 
 CASES = int(os.environ.get("VLLM_IR_FUZZ_FINGERPRINTS", "60"))
 FIRST_SEED = int(os.environ.get("VLLM_IR_FUZZ_FINGERPRINTS_SEED", "0"))
@@ -25,25 +26,14 @@ SECOND_RUN = 20
 
 
 def test_a_changed_result_changes_the_fingerprint(capsys: pytest.CaptureFixture[str]) -> None:
-    start, stats = time.perf_counter(), Stats()
+    start, counts, failures = time.perf_counter(), Counter[str](), list[str]()
     for seed in range(FIRST_SEED, FIRST_SEED + CASES):
-        run_case(seed, STEPS, stats)
-    report = {
-        "cases": stats.cases,
-        "changes": stats.changes,
-        "result_changes": stats.result_changes,
-        "fingerprint_changes": stats.fingerprint_changes,
-        "extra_changes": stats.extra_changes,
-        "failures": len(stats.failures),
-        "first_seed": FIRST_SEED,
-        "seconds": round(time.perf_counter() - start, 1),
-    }
-    write_report("fingerprints", report)
-    with capsys.disabled():
-        print(f"\nfingerprints: {report}")
-    assert not stats.failures, "\n".join(stats.failures[:5])
-    # the rule was put to the test: most changes changed what the impl returns
-    assert stats.result_changes > stats.changes // 5
+        run_case(seed, STEPS, counts, failures)
+    stats = {**counts, "failures": len(failures)}
+    report_family("fingerprints", capsys, stats, first_seed=FIRST_SEED, start=start)
+    assert not failures, "\n".join(failures[:5])
+    # the rule was put to the test: many changes changed what the impl returns
+    assert counts["result_changes"] > counts["changes"] // 5
 
 
 def test_a_second_process_keys_the_same_state_alike_and_a_changed_one_apart() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import inductor_fuzz
 import model_fuzz
 import pytest
-from test_clone_elimination_fuzz import write_report
+from test_clone_elimination_fuzz import report_family
 
 CASES = int(os.environ.get("VLLM_IR_FUZZ_INDUCTOR", "1"))
 SEED = int(os.environ.get("VLLM_IR_FUZZ_INDUCTOR_SEED", "0"))
@@ -43,11 +43,8 @@ def test_never_wrong_where_inductor_is_right(
     start = time.perf_counter()
     for seed in range(first, first + cases):
         generator.check_case(generator.make_case(seed, family), stats)
-    report = stats.to_json()[family]
-    report.update(first_seed=first, seconds=round(time.perf_counter() - start, 1))
-    write_report(f"against_inductor_{family}", report)
-    with capsys.disabled():
-        print(f"\nagainst inductor, {family}: {report}")
+    section = f"against_inductor_{family}"
+    report_family(section, capsys, stats.to_json()[family], first_seed=first, start=start)
     assert not stats.regressions, "\n".join(stats.regressions[:5])
     assert stats.calls[family] > 0
 

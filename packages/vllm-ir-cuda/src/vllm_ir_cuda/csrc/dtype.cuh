@@ -87,4 +87,26 @@ __device__ __forceinline__ GatedRow<T> gated_row(T* out, int64_t out_stride, con
   return {gate, gate + d, out + row * out_stride};
 }
 
+// The loop of a gated activation over this block's row, VEC elements per access:
+// out = round(round(act(gate)) * up), act in fp32, every rounding where ATen's
+// separate kernels store. The block strides over the row in grid.y slices.
+template <typename T, int VEC, typename Act>
+__device__ __forceinline__ void gated_and_mul_row(T* out, int64_t out_stride, const T* x,
+                                                  int64_t x_stride, int d, Act act) {
+  const GatedRow<T> r = gated_row(out, out_stride, x, x_stride, d);
+  const int num_vecs = d / VEC;
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < num_vecs;
+       i += gridDim.y * blockDim.x) {
+    const Vec<T, VEC> g = load_vec<T, VEC>(r.gate + i * VEC);
+    const Vec<T, VEC> u = load_vec<T, VEC>(r.up + i * VEC);
+    Vec<T, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const T a = from_float<T>(act(to_float(g.data[j])));
+      o.data[j] = from_float<T>(__fmul_rn(to_float(a), to_float(u.data[j])));
+    }
+    store_vec(r.out + i * VEC, o);
+  }
+}
+
 }  // namespace vllm_ir_cuda

@@ -24,17 +24,10 @@ namespace vllm_ir_cuda {
 namespace {
 
 constexpr int kElementwiseThreads = 256;
-constexpr int kMaxGridY = 65535;
 constexpr int kMaxReduceThreads = 1024;
 
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 dim3 elementwise_grid(int64_t rows, int64_t num_vecs) {
-  const int64_t slices = ceil_div(num_vecs, kElementwiseThreads);
-  return dim3(static_cast<unsigned>(rows),
-              static_cast<unsigned>(slices < kMaxGridY ? (slices < 1 ? 1 : slices) : kMaxGridY));
+  return row_slices_grid(rows, num_vecs, kElementwiseThreads);
 }
 
 __device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, 1.0f + expf(-g)); }
@@ -43,20 +36,7 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(kElementwiseThreads)
     silu_and_mul_kernel(T* __restrict__ out, int64_t out_stride, const T* __restrict__ x,
                         int64_t x_stride, int d) {
-  const GatedRow<T> r = gated_row(out, out_stride, x, x_stride, d);
-  const int num_vecs = d / VEC;
-  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < num_vecs;
-       i += gridDim.y * blockDim.x) {
-    const Vec<T, VEC> g = load_vec<T, VEC>(r.gate + i * VEC);
-    const Vec<T, VEC> u = load_vec<T, VEC>(r.up + i * VEC);
-    Vec<T, VEC> o;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const T s = from_float<T>(silu(to_float(g.data[j])));
-      o.data[j] = from_float<T>(to_float(s) * to_float(u.data[j]));
-    }
-    store_vec(r.out + i * VEC, o);
-  }
+  gated_and_mul_row<T, VEC>(out, out_stride, x, x_stride, d, [](float g) { return silu(g); });
 }
 
 struct WarpMaxBits {
@@ -184,9 +164,8 @@ bool vectorizable(int64_t n, int64_t a_stride, const void* a, int64_t b_stride, 
 }
 
 int reduce_threads(int64_t num_vecs) {
-  const int64_t warps = ceil_div(num_vecs < 1 ? 1 : num_vecs, kWarpSize);
-  const int64_t threads = warps * kWarpSize;
-  return static_cast<int>(threads < kMaxReduceThreads ? threads : kMaxReduceThreads);
+  const int threads = round_up_to_warp(num_vecs);
+  return threads < kMaxReduceThreads ? threads : kMaxReduceThreads;
 }
 
 template <typename T>

@@ -26,9 +26,6 @@ namespace vllm_ir_cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxGridY = 65535;
-
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 __device__ __forceinline__ float gelu_erf(float g) {
   return __fmul_rn(__fmul_rn(g, 0.5f), __fadd_rn(1.0f, erff(__fmul_rn(g, 0.70710678118654752f))));
@@ -51,20 +48,8 @@ template <typename T, int VEC, bool TANH>
 __global__ void __launch_bounds__(kThreads)
     gelu_and_mul_kernel(T* __restrict__ out, int64_t out_stride, const T* __restrict__ x,
                         int64_t x_stride, int d) {
-  const GatedRow<T> r = gated_row(out, out_stride, x, x_stride, d);
-  const int num_vecs = d / VEC;
-  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < num_vecs;
-       i += gridDim.y * blockDim.x) {
-    const Vec<T, VEC> g = load_vec<T, VEC>(r.gate + i * VEC);
-    const Vec<T, VEC> u = load_vec<T, VEC>(r.up + i * VEC);
-    Vec<T, VEC> o;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const T act = from_float<T>(gelu<TANH>(to_float(g.data[j])));
-      o.data[j] = from_float<T>(__fmul_rn(to_float(act), to_float(u.data[j])));
-    }
-    store_vec(r.out + i * VEC, o);
-  }
+  gated_and_mul_row<T, VEC>(out, out_stride, x, x_stride, d,
+                            [](float g) { return gelu<TANH>(g); });
 }
 
 // round(v) to T, back in fp32: what a separate ATen multiply or add stores.
@@ -147,19 +132,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-int round_up_to_warp(int64_t n) {
-  const int64_t warps = ceil_div(n < 1 ? 1 : n, 32);
-  return static_cast<int>(warps * 32);
-}
-
-// rows x ceil(n / kThreads) slices (at most kMaxGridY).
-dim3 grid_of(int64_t rows, int64_t n) {
-  const int64_t slices = ceil_div(n < 1 ? 1 : n, kThreads);
-  return dim3(static_cast<unsigned>(rows),
-              static_cast<unsigned>(slices < kMaxGridY ? slices : kMaxGridY));
-}
+dim3 grid_of(int64_t rows, int64_t n) { return row_slices_grid(rows, n, kThreads); }
 
 template <typename T, int VEC>
 void launch_gelu(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t rows, int d,

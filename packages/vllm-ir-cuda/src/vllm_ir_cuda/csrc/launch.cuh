@@ -1,5 +1,5 @@
-// The host side every launcher shares: the extent a launch accepts, and the
-// one switch from DType to the element type.
+// The host side every launcher shares: the extent a launch accepts, grid and
+// alignment arithmetic, and the one switch from DType to the element type.
 
 #pragma once
 
@@ -12,6 +12,28 @@
 #include "layernorm.h"
 
 namespace vllm_ir_cuda {
+
+// The largest grid.y a launch may ask for.
+constexpr int kMaxGridY = 65535;
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Whether a pointer allows 128-bit (16-byte) vector accesses.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// `n` threads rounded up to whole warps (one warp for n <= 0).
+inline int round_up_to_warp(int64_t n) {
+  const int64_t warps = ceil_div(n < 1 ? 1 : n, 32);
+  return static_cast<int>(warps * 32);
+}
+
+// `rows` rows (grid.x) by as many slices of `threads` as `n` needs (grid.y, at
+// least 1, at most kMaxGridY: the block strides over the rest).
+inline dim3 row_slices_grid(int64_t rows, int64_t n, int threads) {
+  const int64_t slices = ceil_div(n < 1 ? 1 : n, threads);
+  return dim3(static_cast<unsigned>(rows),
+              static_cast<unsigned>(slices < kMaxGridY ? slices : kMaxGridY));
+}
 
 // `rows` rows of `n` elements: within what the kernels index (layernorm.h).
 inline bool valid_extent(int64_t rows, int64_t n) {

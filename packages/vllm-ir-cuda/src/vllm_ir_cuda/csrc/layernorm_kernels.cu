@@ -186,13 +186,6 @@ struct LaunchPlan {
   int threads;  // a multiple of 32, at most kMaxThreads
 };
 
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-int round_up_to_warp(int64_t n) {
-  const int64_t warps = ceil_div(n < 1 ? 1 : n, kWarpSize);
-  return static_cast<int>(warps * kWarpSize);
-}
-
 // Depends on the row length only (never on the row count): batch invariance.
 LaunchPlan plan(int64_t num_vecs, bool vectorized) {
   if (vectorized) {
