@@ -408,9 +408,10 @@ def vllm(session: nox.Session, version: str) -> None:
 def lint(session: nox.Session) -> None:
     """ruff (lint + format), mypy, the import contracts and the core's import cycles.
 
-    ``lint-imports`` checks ``.importlinter`` (providers use only the provider
-    contract of core); ``tools/import_cycles.py`` fails on any cycle among
-    core's modules, function-level imports included.
+    ``lint-imports`` checks ``.importlinter`` (core's layers in order; providers
+    use only the provider contract of core); ``tools/import_cycles.py`` fails on
+    any cycle among core's modules and its command-line front end, function-level
+    imports included.
     """
     session.install("-c", CONSTRAINTS, "ruff", "mypy", "torch", "nox", "pytest", "import-linter")
     session.run("ruff", "check", ".")
@@ -419,9 +420,8 @@ def lint(session: nox.Session) -> None:
     session.run("mypy", *sources, env={"MYPYPATH": os.pathsep.join(sources)})
     # the contracts read the source trees, nothing is imported
     session.run("lint-imports", "--no-cache", env={"PYTHONPATH": os.pathsep.join(sources)})
-    session.run(
-        "python", str(ROOT / "tools" / "import_cycles.py"), str(PACKAGES[CORE] / "src"), "vllm_ir"
-    )
+    cycles = ROOT / "tools" / "import_cycles.py"
+    session.run("python", str(cycles), str(PACKAGES[CORE] / "src"), "vllm_ir", "vllm_ir_cli")
 
 
 @nox.session

@@ -228,9 +228,9 @@ def _clone(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def accuracy(op_name: str, fn: Variant, args: tuple[Any, ...]) -> dict[str, Any]:
     """``fn``'s result against native on fresh copies of the same inputs, within the op's
-    promise (``vllm_ir._tolerances``: FP8 outputs within the op's FP8 steps)."""
+    promise (``vllm_ir._schema.tolerances``: FP8 outputs within the op's FP8 steps)."""
     import vllm_ir as ir
-    from vllm_ir._tolerances import fp8_steps_apart
+    from vllm_ir._schema.tolerances import fp8_steps_apart
 
     op = ir.get_op(op_name)
     got, want = fn(*_clone(args)), op.native(*_clone(args))

@@ -13,7 +13,7 @@ impl — the one ``ir.ops.rms_norm`` selects with the installed providers
 Overhead is the median per-call time minus ``direct``'s. Since the kernel's
 own run-to-run noise is of the order of the overhead, a second table isolates
 dispatch: a no-op impl selected by priority, against calling it directly. A
-third times each part of the dispatch key (``vllm_ir._dispatch_key``) on the
+third times each part of the dispatch key (``vllm_ir._selection.key``) on the
 decode tensors, one attribute read at a time.
 Run:
 
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 import vllm_ir as ir
-from vllm_ir._dispatch_key import BATCH_CLASS
+from vllm_ir._selection.key import BATCH_CLASS
 from vllm_ir.priority import scoped_state_var
 
 SHAPES = {"decode": (1, 4096), "prefill": (256, 4096)}

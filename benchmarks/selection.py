@@ -107,16 +107,16 @@ def _register_aten() -> None:
 
 
 def _label(index: int, bounds: Sequence[int] = BOUNDS) -> str:
-    from vllm_ir._buckets import bucket_label
+    from vllm_ir._selection.buckets import SizePlan
 
-    return bucket_label(bounds, index)
+    return SizePlan(tuple(bounds)).label(index)
 
 
 def _bucket(tokens: int, bounds: Sequence[int] = BOUNDS) -> str:
     """The bucket of ``tokens`` in a table with ``bounds`` (``<=16``, ``<=256``, ``>256``)."""
-    from vllm_ir._buckets import bucket_index
+    from vllm_ir._selection.buckets import SizePlan
 
-    return _label(bucket_index(bounds, tokens), bounds)
+    return SizePlan(tuple(bounds)).label_of(tokens)
 
 
 def _bound(fn: Callable[..., Any], call: tuple[Any, ...]) -> Callable[[], Any]:

@@ -24,7 +24,7 @@ import vllm_ir as ir
 import vllm_ir_broken
 import vllm_ir_example
 import vllm_ir_incompatible
-from vllm_ir._providers import ENTRY_POINT_GROUP
+from vllm_ir.testing import ENTRY_POINT_GROUP
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -4,10 +4,13 @@ A cycle hidden behind ``def f(): from x import y`` is still a cycle in the
 design (each module needs the other to work), so every ``import`` statement in
 the file counts, wherever it stands. Importing a package counts as importing its
 ``__init__``; ``from pkg import name`` counts as importing ``pkg.name`` when that
-is a module, else ``pkg``. Cycles are the strongly connected components of more
-than one module (or a module importing itself).
+is a module, else ``pkg``; ``importlib.import_module("a.b")`` with a literal name
+counts as ``import a.b`` (a deferred import is still a dependency). Several
+packages of one ``src`` folder are one graph, so cycles between them show too.
+Cycles are the strongly connected components of more than one module (or a
+module importing itself).
 
-    python tools/import_cycles.py packages/vllm-ir-core/src vllm_ir
+    python tools/import_cycles.py packages/vllm-ir-core/src vllm_ir vllm_ir_cli
     python tools/import_cycles.py packages/vllm-ir-core/src vllm_ir --exclude vllm_ir._cli
 
 Exit status 1 when there is a cycle, so the lint session can run it.
@@ -21,10 +24,11 @@ import sys
 from pathlib import Path
 
 
-def _modules(src: Path, package: str) -> dict[str, Path]:
-    """Dotted module name -> file, for every module of ``package`` under ``src``."""
+def _modules(src: Path, packages: tuple[str, ...]) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of ``packages`` under ``src``."""
     found = {}
-    for path in sorted((src / package).rglob("*.py")):
+    paths = sorted(p for package in packages for p in (src / package).rglob("*.py"))
+    for path in paths:
         parts = list(path.relative_to(src).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -43,9 +47,20 @@ def _resolve(module: str, level: int, current: str, is_package: bool) -> str:
     return ".".join([*base, module] if module else base)
 
 
-def import_graph(src: Path, package: str) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (at any depth in the file)."""
-    modules = _modules(src, package)
+def _import_module_literal(node: ast.AST) -> str | None:
+    """``"a.b"`` of ``importlib.import_module("a.b")`` (or ``import_module("a.b")``)."""
+    if not (isinstance(node, ast.Call) and node.args):
+        return None
+    func, name = node.func, node.args[0]
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if called != "import_module" or not isinstance(name, ast.Constant):
+        return None
+    return name.value if isinstance(name.value, str) else None
+
+
+def import_graph(src: Path, *packages: str) -> dict[str, set[str]]:
+    """Module -> the packages' modules it imports (at any depth in the file)."""
+    modules = _modules(src, packages)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(), str(path))
@@ -60,6 +75,8 @@ def import_graph(src: Path, package: str) -> dict[str, set[str]]:
                     f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
                     for a in node.names
                 ]
+            elif (literal := _import_module_literal(node)) is not None:
+                targets = [literal]
             for target in targets:
                 # ``import a.b.c`` needs a.b.c (and runs a, a.b): the deepest known module
                 while target and target not in modules:
@@ -110,7 +127,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("src", type=Path, help="the src/ folder holding the package")
-    parser.add_argument("package", help="the top-level package, e.g. vllm_ir")
+    parser.add_argument("packages", nargs="+", help="top-level packages, e.g. vllm_ir")
     parser.add_argument(
         "--exclude",
         action="append",
@@ -118,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         help="leave out a module and its submodules (repeatable)",
     )
     args = parser.parse_args(argv)
-    graph = import_graph(args.src, args.package)
+    graph = import_graph(args.src, *args.packages)
 
     def kept(m: str) -> bool:
         return not any(m == e or m.startswith(e + ".") for e in args.exclude)

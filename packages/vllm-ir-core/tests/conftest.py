@@ -11,10 +11,10 @@ import torch
 import vllm_ir as ir
 from fake_entry_points import Entry, serving
 from torch import Tensor
-from vllm_ir import _providers as providers
 from vllm_ir import priority
-from vllm_ir._eager import set_dispatch_check
-from vllm_ir._runtime import RUNTIME
+from vllm_ir._base.runtime import RUNTIME
+from vllm_ir._discovery import providers
+from vllm_ir._selection.eager import set_dispatch_check
 from vllm_ir.testing import isolated
 
 _counter = itertools.count()

@@ -293,7 +293,7 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_writer(
 
 
 def test_a_tuning_cache_under_a_parent_others_can_write_is_refused(tmp_path: Path) -> None:
-    from vllm_ir._build_cache import UnsafeCacheError
+    from vllm_ir._discovery.build_cache import UnsafeCacheError
 
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -324,7 +324,7 @@ def test_tuning_cache_refuses_a_file_others_can_write(tmp_path: Path) -> None:
     cache = TuningCache(torch.device("cpu"), root=tmp_path / "t")
     cache.put("k", {"op": "o", "winner": "native", "times_s": {}})
     cache.path.chmod(0o666)
-    from vllm_ir._build_cache import UnsafeCacheError
+    from vllm_ir._discovery.build_cache import UnsafeCacheError
 
     with pytest.raises(UnsafeCacheError, match="writable by group or others"):
         TuningCache(torch.device("cpu"), root=tmp_path / "t").entries()
@@ -393,7 +393,7 @@ def test_compile_with_autotune_matches_eager() -> None:
 def test_tune_writes_a_loadable_priority_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from vllm_ir._cli.main import main
+    from vllm_ir_cli import main
 
     out = tmp_path / "tuned.json"
     argv = ["tune", "--ops", "rms_norm", "--shapes", "decode=2x64,prefill=16x64"]

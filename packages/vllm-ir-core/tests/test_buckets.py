@@ -18,7 +18,14 @@ import vllm_ir as ir
 from torch import Tensor
 from torch._dynamo.testing import CompileCounterWithBackend
 from vllm_ir import priority
-from vllm_ir._buckets import BucketedPriority, as_priority, format_bucket_text, parse_bucket_text
+from vllm_ir._selection.buckets import (
+    ALL_SIZES,
+    BucketedPriority,
+    SizePlan,
+    as_priority,
+    format_bucket_text,
+    parse_bucket_text,
+)
 from vllm_ir.provider import PlatformDefaults
 
 TAGS = {"t1": 1.0, "t2": 2.0, "t3": 3.0}
@@ -549,7 +556,7 @@ def test_cli_refuses_a_malformed_table_in_one_line() -> None:
 
 
 def test_decide_or_refuse_keeps_the_priority_order_on_noise() -> None:
-    from vllm_ir._timing import Timing, decide_or_refuse
+    from vllm_ir._base.timing import Timing, decide_or_refuse
 
     clear = {"a": Timing(10.0, 9.8, 10.2), "b": Timing(8.0, 7.9, 8.1)}
     assert decide_or_refuse(clear, ["a", "b"], "b").winner == "b"
@@ -640,7 +647,7 @@ def _fake_interleaved(noisy_at: int | None = None) -> Callable[..., dict[str, li
 
 def _sampled(op: ir.IrOp) -> None:
     """An input generator, which ``vllm-ir tune`` builds its calls from."""
-    from vllm_ir._samples import SampleInput
+    from vllm_ir._schema.samples import SampleInput
 
     @op.register_input_generator
     def samples(dtype: torch.dtype, device: torch.device) -> Iterator[SampleInput]:
@@ -720,7 +727,7 @@ def test_symbolic_tokens_select_without_guards(tagged: ir.IrOp) -> None:
         ShapeEnv,
         StatelessSymbolicContext,
     )
-    from vllm_ir._buckets import AmbiguousBucket
+    from vllm_ir._selection.buckets import AmbiguousBucket
 
     mode = FakeTensorMode(shape_env=ShapeEnv())
     context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
@@ -770,3 +777,65 @@ def test_tokens_leave_out_the_feature_dims_an_op_declares() -> None:
     assert ir.ops.rms_norm.tokens(torch.zeros(2, 5, 8), None, 1e-6) == 10
     with pytest.raises(TypeError, match="feature_dims must be an int of at least 1"):
         ir.register_op(name="bad_features", feature_dims=0)
+
+
+# -- the size plan ------------------------------------------------------------------
+
+
+def _naive_bucket(bounds: tuple[int, ...], tokens: int) -> int:
+    """Bucket i holds counts in (bounds[i - 1], bounds[i]]; the last, the rest."""
+    for i, bound in enumerate(bounds):
+        if tokens <= bound:
+            return i
+    return len(bounds)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_size_plan_agrees_with_the_bucket_rule(seed: int) -> None:
+    """Random bounds and counts: every reading of a SizePlan against the rule itself."""
+    rng = random.Random(seed)
+    bounds = tuple(sorted(rng.sample(range(1, 400), rng.randint(0, 5))))
+    plan = SizePlan(bounds)
+    assert bool(plan) == bool(bounds)
+    assert len(plan) == len(bounds) + 1 == len(plan.labels)
+    for _ in range(50):
+        low = rng.randint(0, 500)
+        high = low + rng.randint(0, 300)
+        tokens = rng.randint(low, high)
+        i = _naive_bucket(bounds, tokens)
+        assert plan.index(tokens) == i
+        assert plan.label_of(tokens) == plan.labels[i]
+        reached = sorted({_naive_bucket(bounds, t) for t in range(low, high + 1)})
+        assert list(plan.indices(low, high)) == reached
+        one = plan.labels[reached[0]] if len(reached) == 1 else ALL_SIZES
+        assert plan.label_of_range(low, high) == one
+        for j in reached:  # the representative is the smallest count of bucket j in range
+            rep = plan.lowest(j, low)
+            assert rep == min(t for t in range(low, high + 1) if _naive_bucket(bounds, t) == j)
+            top = plan.upper(j)
+            assert top is None or (
+                _naive_bucket(bounds, top) == j != _naive_bucket(bounds, top + 1)
+            )
+    extra = rng.sample(range(1, 400), 2)
+    assert plan.merged(extra).bounds == tuple(sorted({*bounds, *extra}))
+
+
+def test_op_size_plan_select_and_candidates_at_a_token_count(scale_op: ir.IrOp) -> None:
+    def small(x: Tensor, factor: float) -> Tensor:
+        return x * factor
+
+    scale_op.register_impl("small", supports_args=lambda x, factor: True)(small)
+    table = [{"max_tokens": 8, "priority": ["small"]}, {"priority": ["native"]}]
+    x = torch.ones(4, 3)
+    assert not scale_op.size_plan()
+    with scale_op.set_priority(table):
+        plan = scale_op.size_plan()
+        assert plan == SizePlan((8,))
+        assert plan.bounds == scale_op.bucket_bounds()
+        assert scale_op.select(x, 2.0).impl.provider == "small"
+        assert scale_op.select(x, 2.0, tokens=9).impl.provider == "native"
+        assert scale_op.candidates(x, 2.0, tokens=100).selected.provider == "native"
+        assert scale_op.select(x, 2.0, tokens=8).impl.provider == "small"
+        with pytest.raises(TypeError, match="tokens must be a non-negative int"):
+            scale_op.select(x, 2.0, tokens=-1)
+    assert scale_op.select(x, 2.0, tokens=100).impl.provider == "native"  # no buckets: as given

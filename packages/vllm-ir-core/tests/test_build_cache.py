@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from vllm_ir import _build_cache as build_cache
-from vllm_ir import _extension as extension
-from vllm_ir._build_cache import MARKER, BuildCache, BuildCacheError, UnsafeCacheError
+from vllm_ir._discovery import build_cache, extension
+from vllm_ir._discovery.build_cache import MARKER, BuildCache, BuildCacheError, UnsafeCacheError
 
 
 def _writer(content: bytes):  # type: ignore[no-untyped-def]
@@ -248,7 +247,7 @@ def test_lock_wait_is_bounded_and_names_the_lock(tmp_path: Path) -> None:
 _HOLD_LOCK = """
 import sys, time
 from pathlib import Path
-from vllm_ir._build_cache import BuildCache
+from vllm_ir._discovery.build_cache import BuildCache
 with BuildCache(Path(sys.argv[1])).locked("k"):
     print("locked", flush=True)
     time.sleep(60)
@@ -259,7 +258,7 @@ with BuildCache(Path(sys.argv[1])).locked("k"):
 _STALLED_BUILD = """
 import sys, time
 from pathlib import Path
-from vllm_ir._build_cache import BuildCache
+from vllm_ir._discovery.build_cache import BuildCache
 def build(directory):
     (directory / "lib.so").write_bytes(b"half")
     print("building", flush=True)
@@ -270,7 +269,7 @@ BuildCache(Path(sys.argv[1])).get_or_build("k", "lib.so", build)
 _NEXT_PROCESS = """
 import sys
 from pathlib import Path
-from vllm_ir._build_cache import BuildCache
+from vllm_ir._discovery.build_cache import BuildCache
 def build(directory):
     (directory / "lib.so").write_bytes(b"complete")
     return directory / "lib.so"
@@ -309,7 +308,7 @@ def test_reader_waits_for_a_build_in_progress(tmp_path: Path) -> None:
         """
         import sys, time
         from pathlib import Path
-        from vllm_ir._build_cache import BuildCache
+        from vllm_ir._discovery.build_cache import BuildCache
         def build(directory):
             print("building", flush=True)
             time.sleep(1.5)

@@ -12,8 +12,8 @@ import torch
 import vllm_ir as ir
 from torch import Tensor
 from torch._dynamo.testing import AotEagerAndRecordGraphs
-from vllm_ir import _compiled_eager as compiled_eager
-from vllm_ir._compiled_eager import CompiledCall
+from vllm_ir._selection import compiled_eager
+from vllm_ir._selection.compiled_eager import CompiledCall
 from vllm_ir.priority import compiled_selection
 
 

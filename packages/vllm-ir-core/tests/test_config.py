@@ -88,6 +88,20 @@ def test_config_scope_and_apply(with_kernel: ir.IrOp) -> None:
     assert with_kernel.get_priority_entries()[0].source == "user (process-wide)"
 
 
+def test_apply_returns_a_handle_that_restores_every_list(with_kernel: ir.IrOp) -> None:
+    """A plugin takes its settings back without reading core's process-wide state."""
+    ir.IrOpPriorityConfig(silu_and_mul=["native"]).apply()
+    handle = ir.KernelConfig(ir_op_priority={"rms_norm": ["cfg_kernel"]}).apply(replace=True)
+    assert with_kernel.get_priority() == ["cfg_kernel", "native"]
+    assert ir.ops.silu_and_mul.get_priority_entries()[0].source != "user (process-wide)"
+    handle.remove()
+    assert with_kernel.get_priority() == ["native"]
+    assert ir.ops.silu_and_mul.get_priority_entries()[0].source == "user (process-wide)"
+    assert handle.removed
+    handle.remove()  # once: a second remove changes nothing
+    assert with_kernel.get_priority() == ["native"]
+
+
 def test_kernel_config_accepts_dict_and_config(with_kernel: ir.IrOp) -> None:
     from_dict = ir.KernelConfig(ir_op_priority={"rms_norm": ["cfg_kernel", "native"]})
     from_obj = ir.KernelConfig(

@@ -124,7 +124,7 @@ def test_an_unknown_provider_names_the_known_ones_and_load_errors(
     registered,  # type: ignore[no-untyped-def]
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from vllm_ir import _providers as providers
+    from vllm_ir._discovery import providers
 
     _rms("kit_acme", good_rms, registered)
     error = providers.ProviderLoadError("acme_gpu", "acme-kernels 0.1", "ImportError: no GPU", "")
@@ -192,13 +192,13 @@ def test_a_predicate_reading_outside_the_dispatch_key_is_caught(  # type: ignore
     _rms("kit_offkey", good_rms, registered, supports_args=predicate)
     report = check_provider("kit_offkey", checks=("supports_args",), dtypes=(torch.float32,))
     assert report.failures, case
-    assert any(what in f and "share the dispatch key" in f for f in report.failures), (
+    assert any(what in f and "share the selection key" in f for f in report.failures), (
         report.failures
     )
 
 
 def test_a_predicate_reading_only_key_facts_passes(registered) -> None:  # type: ignore[no-untyped-def]
-    from vllm_ir._layout import rows_flatten_free
+    from vllm_ir._schema.layout import rows_flatten_free
 
     def key_facts_only(x, weight, epsilon, variance_size=None):  # type: ignore[no-untyped-def]
         return (

@@ -21,8 +21,8 @@ import pytest
 import torch
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir import _eager as eager
-from vllm_ir._layout import contiguous, rows_flatten_free
+from vllm_ir._schema.layout import contiguous, rows_flatten_free
+from vllm_ir._selection import eager
 
 
 def probe(x: Tensor, w: Tensor | None, eps: float, n: int | None = None) -> Tensor:
@@ -30,7 +30,7 @@ def probe(x: Tensor, w: Tensor | None, eps: float, n: int | None = None) -> Tens
     return x.clone()
 
 
-# Predicates over key facts only (see vllm_ir._dispatch_key), as shipped ones are.
+# Predicates over key facts only (see vllm_ir._selection.key), as shipped ones are.
 PREDICATES: dict[str, Callable[..., bool]] = {
     "fp32": lambda x, w, eps, n=None: x.dtype == torch.float32,
     "cpu": lambda x, w, eps, n=None: x.device.type == "cpu",

@@ -17,9 +17,9 @@ import pytest
 import torch
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir import _cache as cache
-from vllm_ir import _eager as eager
-from vllm_ir._layout import rows_flatten_free
+from vllm_ir._base import cache
+from vllm_ir._schema.layout import rows_flatten_free
+from vllm_ir._selection import eager
 from vllm_ir.priority import add_platform_defaults, remove_platform_defaults
 
 Ran = list[str]

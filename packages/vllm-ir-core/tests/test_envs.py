@@ -130,8 +130,8 @@ def test_a_bad_platform_fails_the_call_before_discovery_runs() -> None:
     # would record them as failed for the rest of the process
     script = """
 import os, torch, vllm_ir as ir
-from vllm_ir import _providers as providers
-from vllm_ir._runtime import RUNTIME
+from vllm_ir._discovery import providers
+from vllm_ir._base.runtime import RUNTIME
 try:
     ir.ops.rms_norm(torch.ones(2, 8), None, 1e-6)
     print("NO ERROR")

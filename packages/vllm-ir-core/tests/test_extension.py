@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_ir import _extension as extension
-from vllm_ir._build_cache import BuildCache
+from vllm_ir._discovery import extension
+from vllm_ir._discovery.build_cache import BuildCache
 
 
 @pytest.fixture(autouse=True)

@@ -54,7 +54,7 @@ def test_child_forked_during_discovery_discovers_again() -> None:
         """
         import os, threading, time, torch, vllm_ir as ir
         from torch import Tensor
-        from vllm_ir import _providers as providers
+        from vllm_ir._discovery import providers
 
         started = threading.Event()
         loads = []
@@ -95,8 +95,8 @@ def test_child_forked_while_another_thread_holds_the_cache_lock() -> None:
     out = _run(
         """
         import os, threading, torch, vllm_ir as ir
-        from vllm_ir import _cache as cache
-        from vllm_ir._runtime import RUNTIME
+        from vllm_ir._base import cache
+        from vllm_ir._base.runtime import RUNTIME
 
         op = ir.ops.rms_norm
         op(torch.ones(2, 8), None, 1e-6)
@@ -127,12 +127,12 @@ def test_child_forked_while_a_priority_lock_is_held() -> None:
     out = _run(
         """
         import os, threading, torch, vllm_ir as ir
-        from vllm_ir import priority
+        from vllm_ir._base.runtime import RUNTIME
 
         held, release = threading.Event(), threading.Event()
 
         def hold():
-            with priority._scope_lock, priority.PriorityState._lock:
+            with RUNTIME.priorities.scope_lock, RUNTIME.priorities.intern_lock:
                 held.set()
                 release.wait(30)
 
@@ -149,3 +149,43 @@ def test_child_forked_while_a_priority_lock_is_held() -> None:
         """
     )
     assert "CHILD 0" in out, out
+
+
+def test_one_after_fork_hook_renews_every_lock_of_the_runtime() -> None:
+    """Every lock the runtime holds is new in a child forked while other threads held them."""
+    out = _run(
+        """
+        import os, threading, torch, vllm_ir as ir
+        from vllm_ir._base.runtime import RUNTIME
+
+        locks = [RUNTIME.caches.lock, RUNTIME.discovery.lock, RUNTIME.priorities.scope_lock,
+                 RUNTIME.priorities.intern_lock, RUNTIME.platforms.lock,
+                 RUNTIME.compiled_eager.lock]
+        held, release = threading.Event(), threading.Event()
+
+        def hold():
+            for lock in locks:
+                lock.acquire()
+            held.set()
+            release.wait(30)
+
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            renewed = [
+                RUNTIME.caches.lock, RUNTIME.discovery.lock, RUNTIME.priorities.scope_lock,
+                RUNTIME.priorities.intern_lock, RUNTIME.platforms.lock,
+                RUNTIME.compiled_eager.lock,
+            ]
+            assert all(a is not b for a, b in zip(locks, renewed))
+            ir.invalidate_caches()
+            with ir.ops.rms_norm.set_priority(["native"]):
+                ir.ops.rms_norm(torch.ones(2, 8), None, 1e-6)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        release.set()
+        print("child", os.waitstatus_to_exitcode(status))
+        """
+    )
+    assert "child 0" in out

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import configparser
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -135,7 +137,8 @@ def test_one_list_of_builtin_passes() -> None:
 
 
 def test_norm_supports_args() -> None:
-    from vllm_ir.provider import contiguous, norm_supports_args
+    from vllm_ir.kits.norms import norm_supports_args
+    from vllm_ir.provider import contiguous
 
     rms, fused = norm_supports_args(
         ("cpu",), (torch.float32,), fused_layout=lambda x, r: contiguous(x) and contiguous(r)
@@ -158,7 +161,8 @@ def test_norm_supports_args() -> None:
 
 
 def test_vendor_norm_wiring() -> None:
-    from vllm_ir.provider import VendorNorm, contiguous
+    from vllm_ir.kits.vendor import VendorNorm
+    from vllm_ir.provider import contiguous
 
     kit = VendorNorm(
         provider="acme",
@@ -178,37 +182,112 @@ def test_vendor_norm_wiring() -> None:
     assert not fused(x.t(), x.t(), None, 1e-6)
 
 
+CORE = CORE_SRC / "vllm_ir"
+
+
 def _core_modules() -> set[str]:
+    """The top-level names of core: its folders (layers) and top-level modules."""
     names = set()
-    for path in (CORE_SRC / "vllm_ir").iterdir():
+    for path in CORE.iterdir():
         if path.name.startswith("__") or path.name == "py.typed":
             continue
         names.add(path.name.removesuffix(".py"))
     return names
 
 
-def test_import_contract_names_every_core_module() -> None:
-    """A new core module must be placed: allowed to providers, or forbidden."""
+def _folder_modules(folder: str) -> set[str]:
+    return {p.stem for p in (CORE / folder).glob("*.py") if p.name != "__init__.py"}
+
+
+def _importlinter() -> configparser.ConfigParser:
     config = configparser.ConfigParser()
     config.read(ROOT / ".importlinter")
-    forbidden = {
-        line.strip().removeprefix("vllm_ir.")
-        for line in config["importlinter:contract:providers"]["forbidden_modules"].split()
-    }
-    allowed = {"ops", "provider", "testing"}
+    return config
+
+
+def _forbidden(contract: str) -> set[str]:
+    lines = _importlinter()[f"importlinter:contract:{contract}"]["forbidden_modules"].split()
+    return {line.removeprefix("vllm_ir.") for line in lines}
+
+
+def test_import_contract_names_every_core_module() -> None:
+    """A new top-level module or folder of core must be placed: allowed to providers, or not."""
+    forbidden = _forbidden("providers")
+    allowed = {"ops", "provider", "testing", "kits"}
     assert _core_modules() - forbidden == allowed
-    transformers = config["importlinter:contract:transformers"]["forbidden_modules"].split()
-    assert {m.removeprefix("vllm_ir.") for m in transformers} == forbidden - {"compilation"}
+    assert _forbidden("transformers") == forbidden - {"compilation"}
+    assert _forbidden("vllm-plugin") == forbidden - {"compilation"}
 
 
 def test_no_import_cycles_in_core() -> None:
-    """Counting imports inside functions too (tools/import_cycles.py)."""
+    """Counting imports inside functions and ``importlib.import_module``
+    (tools/import_cycles.py), over core and its torch-free command-line front end."""
     tool = ROOT / "tools" / "import_cycles.py"
     done = subprocess.run(
-        [sys.executable, str(tool), str(CORE_SRC), "vllm_ir"], capture_output=True, text=True
+        [sys.executable, str(tool), str(CORE_SRC), "vllm_ir", "vllm_ir_cli"],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert " 0 cycles" in done.stdout
+
+
+def _import_targets(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line, module)`` of each ``vllm_ir`` import in a file, at any depth."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "vllm_ir":  # ``from vllm_ir import x``: a module when x is one
+                for a in node.names:
+                    is_module = a.name in _core_modules()
+                    yield node.lineno, f"vllm_ir.{a.name}" if is_module else "vllm_ir"
+            else:
+                yield node.lineno, node.module
+
+
+def _outside_contract(path: Path, allowed: set[str]) -> list[str]:
+    return [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for line, module in _import_targets(path)
+        if module.split(".")[0] == "vllm_ir"
+        and module != "vllm_ir"
+        and not any(module == a or module.startswith(f"{a}.") for a in allowed)
+    ]
+
+
+CONTRACT = {"vllm_ir.provider", "vllm_ir.ops", "vllm_ir.testing", "vllm_ir.kits"}
+
+
+def test_packages_and_their_tests_import_only_the_contract() -> None:
+    """What lint-imports does not read: the other packages' tests, examples and
+    the integration tests import only the contract (the transformers and vLLM
+    integrations may also use ``vllm_ir.compilation``)."""
+    folders = [p for p in (ROOT / "packages").iterdir() if p.name != "vllm-ir-core"]
+    found = []
+    for folder in [*folders, ROOT / "integration-tests"]:
+        allowed = set(CONTRACT)
+        if folder.name in ("vllm-ir-transformers", "vllm-ir-vllm", "integration-tests"):
+            allowed.add("vllm_ir.compilation")
+        for path in sorted(folder.rglob("*.py")):
+            if not {".nox", "build", ".venv"} & set(path.parts):
+                found += _outside_contract(path, allowed)
+    assert not found, found
+
+
+def test_the_contract_scan_finds_a_reach_in(tmp_path: Path) -> None:
+    path = ROOT / "packages" / "vllm-ir-cpu" / "tests" / "_layering_probe.py"
+    try:
+        path.write_text("def f():\n    from vllm_ir._selection import selector\n")
+        assert _outside_contract(path, CONTRACT) == [
+            f"{path.relative_to(ROOT)}:2 imports vllm_ir._selection"
+        ]
+        path.write_text("from vllm_ir import priority, ops\nimport vllm_ir.kits.norms\n")
+        assert _outside_contract(path, CONTRACT) == [
+            f"{path.relative_to(ROOT)}:1 imports vllm_ir.priority"
+        ]
+    finally:
+        path.unlink(missing_ok=True)
 
 
 # -- shared test helpers ---------------------------------------------------------
@@ -284,30 +363,51 @@ def test_compile_agrees() -> None:
     assert not backend.pass_contexts[0].from_cache
 
 
+def _module_map() -> list[tuple[str, list[str]]]:
+    """docs/design.md's module map, bottom first: (layer, backquoted names of its row)."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    table = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for row in table.splitlines():
+        if row.startswith("| ") and not row.startswith("| Layer"):
+            cells = row.split("|")
+            rows.append((cells[1].strip(), re.findall(r"`([^`]+)`", cells[2])))
+    return rows
+
+
+def _row_of_top_level() -> dict[str, int]:
+    """Each top-level module or folder named in the map -> its row."""
+    top = _core_modules() | {"__main__"}
+    return {
+        name.strip("/"): i
+        for i, (_, names) in enumerate(_module_map())
+        for name in names
+        if name.strip("/") in top
+    }
+
+
 def test_design_module_map_names_every_module() -> None:
-    """docs/design.md's module map matches the code: every core module is placed."""
-    text = (ROOT / "docs" / "design.md").read_text()
-    table = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
-    placed = set()
-    for row in table.splitlines():
-        if row.startswith("| ") and not row.startswith("| Layer"):
-            cells = row.split("|")
-            placed |= {name.strip("/") for name in re.findall(r"`([^`]+)`", cells[2])}
-    missing = {m for m in _core_modules() if m not in placed and m.lstrip("_") not in placed}
-    assert not missing, f"modules missing from docs/design.md's module map: {sorted(missing)}"
-    compilation = {p.stem for p in (CORE_SRC / "vllm_ir" / "compilation").glob("[!_]*.py")}
-    assert compilation <= placed, sorted(compilation - placed)
+    """docs/design.md's module map matches the code: every folder and top-level
+    module is placed, and every module of a folder is named in the folder's row."""
+    rows = _row_of_top_level()
+    missing = _core_modules() - set(rows)
+    assert not missing, f"missing from docs/design.md's module map: {sorted(missing)}"
+    folders = sorted(p.name for p in CORE.iterdir() if (p / "__init__.py").exists())
+    for folder in folders:
+        named = set(_module_map()[rows[folder]][1])
+        absent = _folder_modules(folder) - named
+        assert not absent, f"{folder}/ modules missing from its row of the map: {sorted(absent)}"
 
 
-def _layers() -> list[tuple[str, set[str]]]:
-    text = (ROOT / "docs" / "design.md").read_text()
-    table = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
-    layers = []
-    for row in table.splitlines():
-        if row.startswith("| ") and not row.startswith("| Layer"):
-            cells = row.split("|")
-            layers.append((cells[1].strip(), set(re.findall(r"`([^`]+)`", cells[2]))))
-    return layers
+def test_the_layers_contract_follows_the_module_map() -> None:
+    """``core-layers`` in .importlinter lists the map's layers, in its order (top first)."""
+    layers = _importlinter()["importlinter:contract:core-layers"]["layers"].split("\n")
+    contract = [{n.strip() for n in line.split(":")} for line in layers if line.strip()]
+    rows = _row_of_top_level()
+    by_row: dict[int, set[str]] = {}
+    for name, row in rows.items():
+        by_row.setdefault(row, set()).add(name)
+    assert contract == [by_row[i] for i in sorted(by_row, reverse=True)]
 
 
 def test_imports_follow_the_module_map_layers() -> None:
@@ -317,17 +417,11 @@ def test_imports_follow_the_module_map_layers() -> None:
         from import_cycles import import_graph
     finally:
         sys.path.pop(0)
-    layers = _layers()
+    layers, rows = _module_map(), _row_of_top_level()
 
     def layer(module: str) -> int:
-        parts = module.split(".")[1:] or ["vllm_ir/__init__.py"]
-        for i, (_, names) in enumerate(layers):
-            if any(
-                parts[0] in (n.strip("/"), n) or (parts[0] == "compilation" and parts[1:2] == [n])
-                for n in names
-            ):
-                return i
-        raise AssertionError(f"{module} is not in docs/design.md's module map")
+        parts = module.split(".")[1:]
+        return rows[parts[0]] if parts else len(layers) - 1  # vllm_ir/__init__: the surface
 
     upward = [
         f"{m} ({layers[layer(m)][0]}) imports {t} ({layers[layer(t)][0]})"

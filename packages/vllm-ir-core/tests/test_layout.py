@@ -1,4 +1,4 @@
-"""vllm_ir._layout: the guard-free layout predicates agree with torch on real tensors."""
+"""vllm_ir._schema.layout: the guard-free layout predicates agree with torch on real tensors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from vllm_ir._layout import contiguous, rows_flatten_free
+from vllm_ir._schema.layout import contiguous, rows_flatten_free
 
 
 def _flattens_to_unit_stride_rows(t: torch.Tensor) -> bool:

@@ -11,10 +11,20 @@ from pathlib import Path
 
 import pytest
 import vllm_ir
-from vllm_ir import _moved_modules
+from vllm_ir._base import moved_modules as _moved_modules
 
 SRC = Path(vllm_ir.__file__).parent
-PUBLIC = {"ops", "provider", "testing", "compilation", "priority", "selection", "config", "envs"}
+PUBLIC = {
+    "ops",
+    "provider",
+    "kits",
+    "testing",
+    "compilation",
+    "priority",
+    "selection",
+    "config",
+    "envs",
+}
 """Core's public modules: everything else at the top of the package is internal."""
 
 
@@ -45,7 +55,7 @@ def test_an_old_path_imports_the_same_module_with_a_warning(old: str) -> None:
 def test_the_old_attribute_of_the_package_warns_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(vllm_ir.__dict__, "op", raising=False)  # as before any import of it
     with pytest.warns(DeprecationWarning, match="vllm_ir.op is deprecated"):
-        assert vllm_ir.op is vllm_ir._op  # type: ignore[attr-defined]
+        assert vllm_ir.op is vllm_ir._op.op  # type: ignore[attr-defined]
 
 
 def test_unmoved_names_are_left_to_the_import_system() -> None:
@@ -56,14 +66,14 @@ def test_unmoved_names_are_left_to_the_import_system() -> None:
 
 
 def test_loggers_keep_their_public_names() -> None:
-    from vllm_ir._logger import get_logger
+    from vllm_ir._base.logger import get_logger
 
-    assert get_logger("vllm_ir._providers") is logging.getLogger("vllm_ir.providers")
+    assert get_logger("vllm_ir._discovery.providers") is logging.getLogger("vllm_ir.providers")
     assert get_logger("vllm_ir.compilation._backend").name == "vllm_ir.compilation.backend"
     assert get_logger("vllm_ir._cli.tune").name == "vllm_ir.cli.tune"
     # only renamed modules: a provider's private module or an always-private one keeps its name
     assert get_logger("my_kernels._impls").name == "my_kernels._impls"
-    assert get_logger("vllm_ir._hotpath").name == "vllm_ir._hotpath"
+    assert get_logger("vllm_ir._selection.hotpath").name == "vllm_ir._selection.hotpath"
     assert get_logger("vllm_ir.selection").name == "vllm_ir.selection"
 
 
@@ -73,7 +83,7 @@ def test_the_old_paths_work_in_a_fresh_process() -> None:
         "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
         "try:\n    from vllm_ir.op import IrOp\nexcept DeprecationWarning as e:\n    print(e)\n"
         "warnings.simplefilter('ignore')\n"
-        "from vllm_ir.op import IrOp\nfrom vllm_ir._op import IrOp as New\nprint(IrOp is New)\n"
+        "from vllm_ir.op import IrOp\nfrom vllm_ir._op.op import IrOp as New\nprint(IrOp is New)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.splitlines() == [_moved_modules.message("vllm_ir.op"), "True"]
@@ -81,7 +91,30 @@ def test_the_old_paths_work_in_a_fresh_process() -> None:
 
 def test_the_dispatch_check_has_a_public_home() -> None:
     """Documented for users (VLLM_IR_CHECK_DISPATCH at run time): served by vllm_ir.testing."""
-    from vllm_ir import _eager, testing
+    from vllm_ir import testing
+    from vllm_ir._selection import eager as _eager
 
     assert testing.set_dispatch_check is _eager.set_dispatch_check
     assert testing.DispatchMismatch is _eager.DispatchMismatch
+
+
+@pytest.mark.parametrize(
+    ("name", "kit"),
+    [
+        ("VendorNorm", "vllm_ir.kits.vendor"),
+        ("norm_supports_args", "vllm_ir.kits.norms"),
+        ("NORM_TOLERANCES", "vllm_ir.kits.norms"),
+        ("fp8_steps_apart", "vllm_ir.kits.quant"),
+    ],
+)
+def test_kit_names_left_the_provider_contract(name: str, kit: str) -> None:
+    """Served by vllm_ir.provider for one release, with a warning naming the kit."""
+    import importlib
+
+    import vllm_ir.provider
+
+    assert name not in vllm_ir.provider.__all__
+    with pytest.warns(DeprecationWarning, match=f"import it from {kit}"):
+        old = getattr(vllm_ir.provider, name)
+    assert old is getattr(importlib.import_module(kit), name)
+    assert name in importlib.import_module(kit).__all__

@@ -2,7 +2,7 @@
 
 vLLM 0.32 to 0.34's ``vllm/ir/op.py`` defines ``vllm_ir::rms_norm`` and friends
 at import. A stand-in package doing the same (no vLLM needed here) checks that
-vllm-ir moves to :data:`vllm_ir._namespace.FALLBACK_NAMESPACE` and that both
+vllm-ir moves to :data:`vllm_ir._base.namespace.FALLBACK_NAMESPACE` and that both
 import orders work; the real wheel is checked by ``nox -s vllm``.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import vllm_ir as ir
-from vllm_ir import _namespace as namespace
+from vllm_ir._base import namespace
 
 # what vllm/ir of vLLM 0.33 and 0.34 does, reduced to the clashing part
 _FAKE_VLLM_IR = """

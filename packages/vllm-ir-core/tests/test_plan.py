@@ -10,9 +10,9 @@ import pytest
 import torch
 import vllm_ir as ir
 from torch import Tensor, nn
-from vllm_ir._buckets import ALL_SIZES
-from vllm_ir._callsite import bucket_of, module_path_of, token_count
-from vllm_ir._planning import Plan, PlanFormatError
+from vllm_ir._op.callsite import bucket_of, module_path_of, token_count
+from vllm_ir._selection.buckets import ALL_SIZES
+from vllm_ir._tools.planning import Plan, PlanFormatError
 
 
 def _big_only(x: Tensor, factor: float) -> bool:
@@ -261,7 +261,7 @@ def test_plan_fields_of_the_wrong_kind_are_refused(
 
 
 def test_plan_is_served_beside_the_twenty_names() -> None:
-    from vllm_ir import _planning as planning
+    from vllm_ir._tools import planning
 
     assert ir.plan is planning.plan
     assert ir.Plan is planning.Plan

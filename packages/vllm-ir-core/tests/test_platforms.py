@@ -15,9 +15,10 @@ import pytest
 import torch
 import vllm_ir as ir
 from fake_entry_points import Entry, serving
-from vllm_ir import _platform as platform_mod
-from vllm_ir import _providers as providers
 from vllm_ir import priority
+from vllm_ir._base import platform as platform_mod
+from vllm_ir._base.runtime import RUNTIME
+from vllm_ir._discovery import providers
 from vllm_ir.provider import (
     Platform,
     PlatformDefaults,
@@ -148,9 +149,9 @@ def fake_platform_eps(
     entry_points = serving(monkeypatch, group, listed, metadata.entry_points)
     monkeypatch.setattr(providers.metadata, "entry_points", entry_points)
     yield fresh_discovery, entries
-    for name in list(platform_mod._registered):
+    for name in list(RUNTIME.platforms.registered):
         if name in {n for n, _, _ in entries}:
-            entry = platform_mod._registered.pop(name)
+            entry = RUNTIME.platforms.registered.pop(name)
             priority.remove_platform_defaults(f"{entry.package.split()[0]} (platform {name})")
     platform_mod.redetect()
 
@@ -221,10 +222,10 @@ def test_privateuse1_backend_detection_without_tensors() -> None:
         print("before rename", current_platform())
         torch.utils.rename_privateuse1_backend("nova")
         torch.utils.generate_methods_for_privateuse1_backend()
-        ir._platform.redetect()
+        ir._base.platform.redetect()
         print("renamed, no device module", current_platform())
         torch._register_device_module("nova", types.SimpleNamespace(is_available=lambda: True))
-        ir._platform.redetect()
+        ir._base.platform.redetect()
         print("available", current_platform(), device_type(), torch.device("nova:0").type)
         """
     )

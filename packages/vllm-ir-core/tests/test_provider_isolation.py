@@ -20,9 +20,9 @@ import vllm_ir as ir
 from conftest import unique
 from test_providers import _rms_impl
 from torch import Tensor
-from vllm_ir import _providers as providers
-from vllm_ir._samples import SampleInput
-from vllm_ir._tolerances import DEFAULT_TOLERANCES
+from vllm_ir._discovery import providers
+from vllm_ir._schema.samples import SampleInput
+from vllm_ir._schema.tolerances import DEFAULT_TOLERANCES
 
 PLATFORM = ir.provider.current_platform()
 
@@ -121,7 +121,7 @@ def test_defaults_naming_an_unknown_op_are_a_load_error_rolled_back(fresh_discov
 
 
 def test_explain_does_not_break_on_a_bad_provider(fresh_discovery, capsys) -> None:  # type: ignore[no-untyped-def]
-    from vllm_ir._cli.main import main
+    from vllm_ir_cli import main
 
     spec = _good(unique("bad_rank"))
     object.__setattr__(spec.defaults[0], "rank", "high")  # bypasses construction checks

@@ -10,8 +10,8 @@ import torch
 import vllm_ir as ir
 from conftest import unique
 from torch import Tensor
-from vllm_ir import _providers as providers
-from vllm_ir._runtime import RUNTIME
+from vllm_ir._base.runtime import RUNTIME
+from vllm_ir._discovery import providers
 
 
 def _rms_impl(
@@ -125,7 +125,7 @@ def test_provider_registering_a_new_op_is_rolled_back(fresh_discovery) -> None: 
         name=name, api_version=ir.provider.API_VERSION, register=register
     )
     assert "ImportError: missing dependency" in ir.load_errors()[name].cause
-    assert op_name not in ir._op.IrOp.registry
+    assert op_name not in ir.IrOp.registry
     assert not hasattr(torch.ops.vllm_ir, op_name)
 
 
@@ -234,4 +234,4 @@ def test_conformance_cases_load_the_providers_first(fresh_discovery) -> None:  #
         assert [c.op.name for c in cases] == [op_name]
     finally:
         registrations[name].remove()
-    assert op_name not in ir._op.IrOp.registry
+    assert op_name not in ir.IrOp.registry

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 
 import pytest
@@ -82,10 +84,10 @@ def test_register_op_rejects(kwargs, fn_src, error, match) -> None:
 
     fns = {"scale": scale, "two_out": two_out, "unannotated": unannotated, "kwonly": kwonly}
     kwargs = {"name": unique("rejected"), **kwargs}
-    before = set(ir._op.IrOp.registry)
+    before = set(ir.IrOp.registry)
     with pytest.raises(error, match=match):
         ir.register_op(**kwargs)(fns[fn_src])
-    assert set(ir._op.IrOp.registry) == before
+    assert set(ir.IrOp.registry) == before
     assert not hasattr(torch.ops.vllm_ir, kwargs["name"]) or kwargs["name"] in before
 
 
@@ -96,7 +98,7 @@ def test_failed_torch_definition_registers_nothing() -> None:
     name = unique("bad_schema")
     with pytest.raises(TypeError, match="has no torch schema"):
         ir.register_op(name=name)(bad_schema)
-    assert name not in ir._op.IrOp.registry
+    assert name not in ir.IrOp.registry
     # the name is free again: a corrected definition succeeds
     ok = ir.register_op(name=name)(scale)
     ok._unregister()
@@ -311,7 +313,7 @@ def test_reserved_parameter_names_are_refused_and_rolled_back(param: str) -> Non
 
 
 def test_a_failure_after_the_torch_definition_rolls_it_back(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from vllm_ir import _op as op_module
+    from vllm_ir._op import op as op_module
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("code generation failed")
@@ -321,7 +323,7 @@ def test_a_failure_after_the_torch_definition_rolls_it_back(monkeypatch) -> None
     with pytest.raises(RuntimeError, match="code generation failed"):
         ir.register_op(name=name)(scale)
     assert f"vllm_ir::{name}" not in torch.library._defs
-    assert name not in ir._op.IrOp.registry
+    assert name not in ir.IrOp.registry
     monkeypatch.undo()
     ir.register_op(name=name)(scale)._unregister()
 
@@ -360,3 +362,48 @@ def test_register_op_refuses_bad_arguments_in_one_line(make, error, match) -> No
         make()
     assert "\n" not in str(info.value)
     assert set(torch.library._defs) == before
+
+
+def test_register_impl_with_a_function_returns_a_handle_for_that_registration(
+    scale_op: ir.IrOp,
+) -> None:
+    def mine(x: Tensor, factor: float) -> Tensor:
+        return x * factor
+
+    first = scale_op.register_impl("mine", mine)
+    assert scale_op.impls["mine"].impl_fn is mine
+    scale_op.unregister_impl("mine")
+    second = scale_op.register_impl("mine", mine, batch_invariant=True)
+    first.remove()  # its registration is gone already: the later one stays
+    assert scale_op.impls["mine"].batch_invariant
+    second.remove()
+    assert "mine" not in scale_op.impls
+    scale_op.register_impl("mine", mine)
+    with pytest.raises(ValueError, match="already has an impl from provider 'mine'"):
+        scale_op.register_impl("mine", mine)
+
+
+def _register_held(op: ir.IrOp) -> weakref.ref[Callable[..., object]]:
+    """Register an inplace impl; only the op holds it (this frame's locals go)."""
+
+    def held(x: Tensor, x_other: Tensor) -> tuple[Tensor, Tensor]:
+        x_other.add_(x)
+        torch.mul(x_other, 2, out=x)
+        return x, x_other
+
+    op.register_impl("held", held, inplace=True)
+    return weakref.ref(held)
+
+
+def test_an_unregistered_impl_is_forgotten_by_the_wrappers_that_ran_it(
+    inplace_op: ir.IrOp,
+) -> None:
+    """The selector tells its subscribers: nothing keeps the impl's function alive."""
+    ref = _register_held(inplace_op)
+    with inplace_op.set_priority(["held"]):
+        inplace_op(torch.ones(2, 4), torch.ones(2, 4))  # on copies
+        inplace_op.maybe_inplace(torch.ones(2, 4), torch.ones(2, 4))  # donating
+    assert ref() is not None
+    inplace_op.unregister_impl("held")
+    gc.collect()
+    assert ref() is None

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 import vllm_ir as ir
-from vllm_ir import _cache as cache
-from vllm_ir import _providers as providers
 from vllm_ir import priority
-from vllm_ir._runtime import RUNTIME
+from vllm_ir._base import cache
+from vllm_ir._base.runtime import RUNTIME
+from vllm_ir._discovery import providers
 
 
 def test_ops_are_the_runtime_s() -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir._selector import Selector
+from vllm_ir._selection.selector import Selector
 
 
 @pytest.fixture

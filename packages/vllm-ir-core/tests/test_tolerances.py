@@ -1,4 +1,4 @@
-"""The promises of ``vllm_ir._tolerances``, checked against their reasoning.
+"""The promises of ``vllm_ir._schema.tolerances``, checked against their reasoning.
 
 A faithful norm kernel differs from native only in its summation order, i.e.
 in ``inv_rms`` by a few float32 ulps. These tests perturb native's ``inv_rms``
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import vllm_ir as ir
-from vllm_ir._tolerances import EXACT, FP8_ONE_STEP, NORM_TOLERANCES, fp8_steps_apart
+from vllm_ir._schema.tolerances import EXACT, FP8_ONE_STEP, NORM_TOLERANCES, fp8_steps_apart
 from vllm_ir.ops.quant import FP8
 
 

@@ -13,7 +13,7 @@ import vllm_ir as ir
 from torch import Tensor
 from torch._dynamo.testing import AotEagerAndRecordGraphs, CompileCounterWithBackend
 from torch.fx.experimental.proxy_tensor import make_fx
-from vllm_ir import _torch_wrap as torch_wrap
+from vllm_ir._base import torch_wrap
 
 
 def _ir_nodes(gm: torch.fx.GraphModule) -> list[str]:

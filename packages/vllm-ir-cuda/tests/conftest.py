@@ -13,8 +13,7 @@ import pytest
 import vllm_ir as ir
 import vllm_ir_cuda
 from cuda_stand_ins import STANDIN, StandInKernels
-from vllm_ir import _providers as providers
-from vllm_ir.testing import SELECTION_ENV, isolated
+from vllm_ir.testing import SELECTION_ENV, isolated, load_provider
 from vllm_ir_cuda import layernorm
 
 PROVIDER = vllm_ir_cuda.PROVIDER
@@ -24,7 +23,7 @@ PROVIDER = vllm_ir_cuda.PROVIDER
 def _vllm_c_loaded() -> None:
     """The provider as discovery loads it; loaded by hand when run from a source tree."""
     if PROVIDER not in ir.loaded_providers():
-        providers.load_provider(PROVIDER, "vllm-ir-cuda (source tree)", vllm_ir_cuda.provider)
+        load_provider(PROVIDER, "vllm-ir-cuda (source tree)", vllm_ir_cuda.provider)
 
 
 @pytest.fixture(autouse=True)

@@ -33,7 +33,8 @@ def new_standin(cpu_kernels: StandInKernels) -> Iterator[StandInKernels]:
         )(quant.IMPLS[name])
     yield cpu_kernels
     for name in NAMES:
-        ir.get_op(name)._unregister_impl(STANDIN)
+        if STANDIN in ir.get_op(name).registered_impls:
+            ir.get_op(name).unregister_impl(STANDIN)
 
 
 def _tables(tokens: tuple[int, ...], rot: int, dtype: torch.dtype = torch.float32):  # type: ignore[no-untyped-def]

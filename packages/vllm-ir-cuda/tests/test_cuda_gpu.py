@@ -349,7 +349,7 @@ def _quant_args(name: str, rows: int, hidden: int, dtype: torch.dtype) -> tuple[
 def _compare(name: str, got: object, want: object, dtype: torch.dtype) -> None:
     """The promises of vllm_ir.provider's tolerances: bits for silu/static/dynamic, one FP8 step
     after a norm (and only where the norm's result differs)."""
-    from vllm_ir.provider import fp8_steps_apart
+    from vllm_ir.kits.quant import fp8_steps_apart
 
     gots = got if isinstance(got, tuple) else (got,)
     wants = want if isinstance(want, tuple) else (want,)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-import vllm_ir._extension
+import vllm_ir.provider
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from vllm_ir_cuda import _build, layernorm, ops
@@ -124,7 +124,7 @@ def test_first_cuda_call_builds_once_with_the_build_flags(
         calls.append({"name": name, "version": version, "sources": sources, **kwargs})
         return tmp_path / f"{name}.so"
 
-    monkeypatch.setattr(vllm_ir._extension, "build_extension", fake_build)
+    monkeypatch.setattr(vllm_ir.provider, "build_extension", fake_build)
     monkeypatch.setattr(_build, "_library", None)
     kernel = ops._build_on_first_call("rms_norm")
     # the stand-in build registers nothing: the op says so instead of recursing
@@ -148,7 +148,7 @@ def test_tracing_and_discovery_never_build(monkeypatch: pytest.MonkeyPatch) -> N
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("built before the first kernel call")
 
-    monkeypatch.setattr(vllm_ir._extension, "build_extension", refuse)
+    monkeypatch.setattr(vllm_ir.provider, "build_extension", refuse)
     assert "vllm_c" in ir.ops.rms_norm.impls
     # eager call on CPU: native (pinned: an installed CPU provider would build its own kernels)
     with ir.ops.rms_norm.set_priority(["native"]):

@@ -25,7 +25,8 @@ def quant_standin(cpu_kernels: StandInKernels) -> Iterator[StandInKernels]:
         )(impl)
     yield cpu_kernels
     for name in quant.IMPLS:
-        ir.get_op(name)._unregister_impl(STANDIN)
+        if STANDIN in ir.get_op(name).registered_impls:
+            ir.get_op(name).unregister_impl(STANDIN)
 
 
 def _equal(got: object, want: object) -> None:

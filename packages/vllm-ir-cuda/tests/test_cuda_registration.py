@@ -13,8 +13,7 @@ import torch
 import vllm_ir as ir
 import vllm_ir_cuda
 from torch._subclasses.fake_tensor import FakeTensorMode
-from vllm_ir import priority
-from vllm_ir import selection as dispatch
+from vllm_ir.testing import platform_default_contributions
 from vllm_ir_cuda import layernorm, quant
 
 RMS = ir.ops.rms_norm
@@ -180,7 +179,7 @@ def _contributors(op_name: str, platform: str) -> set[str]:
     return {
         source
         for mode in ("eager", "compiled")
-        for source, _, _ in priority.platform_default_contributions(op_name, mode, platform)
+        for source, _, _ in platform_default_contributions(op_name, mode, platform)
     }
 
 
@@ -199,7 +198,7 @@ def test_cpu_machine_skips_vllm_c_even_with_cuda_defaults(
     ir.invalidate_caches()
     x, w = torch.randn(4, 64), torch.ones(64)
     for op, args in ((RMS, (x, w, 1e-6)), (FUSED, (x, x.clone(), w, 1e-6))):
-        selection = dispatch.select(op.name, op.impls, args, "eager")
+        selection = op.select(*args, mode="eager")
         first = selection.decisions[0]
         assert first.entry.provider == "vllm_c"
         assert not first.accepted
@@ -240,7 +239,8 @@ def test_importing_the_package_imports_no_kernels(tmp_path: Path) -> None:
     code = (
         "import sys, vllm_ir_cuda\n"
         "assert vllm_ir_cuda.provider.name == 'vllm_c'\n"
-        "loaded = [m for m in ('vllm_ir_cuda.ops', 'vllm_ir_cuda.layernorm', 'vllm_ir._extension')"
+        "loaded = [m for m in ('vllm_ir_cuda.ops', 'vllm_ir_cuda.layernorm',"
+        " 'vllm_ir._discovery.extension')"
         " if m in sys.modules]\n"
         "print(loaded)\n"
     )

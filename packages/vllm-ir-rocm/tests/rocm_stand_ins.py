@@ -31,6 +31,7 @@ from vllm_ir.testing.vendor import (
     VendorUnderTest,
     check_rows,
     reference_rms,
+    stand_in_defaults,
     stand_in_module,
 )
 
@@ -108,6 +109,11 @@ def _pretend_rocm_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
 
 
+TRITON_STAND_IN = stand_in_defaults(
+    ("cuda", "rocm", "xpu"), ["triton", "triton_batch_invariant"], rank=-10
+)
+"""vllm-ir-triton's defaults where it is not installed (its platforms and rank)."""
+
 VENDOR = VendorUnderTest(
     package="vllm_ir_rocm",
     distribution="vllm-ir-rocm",
@@ -129,5 +135,7 @@ VENDOR = VendorUnderTest(
         RuntimeError("hipErrorNoBinaryForGpu: no kernel image for this GPU"),
         "importing 'aiter' failed: RuntimeError: hipErrorNoBinaryForGpu",
     ),
+    neighbours={"vllm_ir_triton": TRITON_STAND_IN},
+    with_neighbours=("triton", "triton_batch_invariant", "native"),
 )
 """vllm-ir-rocm for the shared checks of :mod:`vllm_ir.testing.vendor`."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import vllm_ir as ir
 from rocm_stand_ins import VENDOR
-from vllm_ir.priority import add_platform_defaults
-from vllm_ir.testing.vendor import OPS, SOURCES, DefaultsChecks
+from vllm_ir.testing import add_platform_defaults
+from vllm_ir.testing.vendor import OPS, OTHER_SOURCE, DefaultsChecks
 
 
 class TestDefaults(DefaultsChecks):
@@ -15,7 +15,7 @@ class TestDefaults(DefaultsChecks):
     def test_if_vllm_c_also_contributes_rocm_defaults_the_order_holds(self) -> None:
         # should vllm-ir-cuda build its kernels for ROCm and list vllm_c there (rank 100)
         add_platform_defaults(
-            SOURCES[2],
+            OTHER_SOURCE,
             [ir.provider.PlatformDefaults("rocm", eager={op: ["vllm_c"] for op in OPS}, rank=100)],
         )
         for op in OPS:

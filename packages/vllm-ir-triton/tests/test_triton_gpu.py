@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 import vllm_ir as ir
 from torch import Tensor
-from vllm_ir.provider import fp8_steps_apart
+from vllm_ir.kits.quant import fp8_steps_apart
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

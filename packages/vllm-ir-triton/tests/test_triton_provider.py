@@ -10,15 +10,15 @@ import torch
 import vllm_ir as ir
 import vllm_ir_triton
 from triton_helpers import DEVICE, run_python
-from vllm_ir.priority import (
+from vllm_ir.provider import PlatformDefaults
+from vllm_ir.testing import (
     Mode,
-    PlatformDefaults,
     add_platform_defaults,
+    assert_discovered,
     effective_priority,
     platform_default_contributions,
     remove_platform_defaults,
 )
-from vllm_ir.testing import assert_discovered
 from vllm_ir_triton import BATCH_INVARIANT_PROVIDER, DEFAULTS_RANK, PROVIDER, support
 
 PACKAGE = f"vllm-ir-triton {vllm_ir_triton.__version__}"

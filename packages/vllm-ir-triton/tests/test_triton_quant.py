@@ -18,7 +18,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from triton_helpers import DEVICE, DTYPES, run_size_mismatch
-from vllm_ir.provider import fp8_steps_apart
+from vllm_ir.kits.quant import fp8_steps_apart
 from vllm_ir_triton import PROVIDER, launch
 
 FP8 = torch.float8_e4m3fn

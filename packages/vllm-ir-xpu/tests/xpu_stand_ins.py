@@ -33,6 +33,7 @@ from vllm_ir.testing.vendor import (
     VendorUnderTest,
     check_rows,
     reference_rms,
+    stand_in_defaults,
     stand_in_module,
 )
 
@@ -123,6 +124,11 @@ def _pretend_xpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
 
 
+TRITON_STAND_IN = stand_in_defaults(
+    ("cuda", "rocm", "xpu"), ["triton", "triton_batch_invariant"], rank=-10
+)
+"""vllm-ir-triton's defaults where it is not installed (its platforms and rank)."""
+
 VENDOR = VendorUnderTest(
     package="vllm_ir_xpu",
     distribution="vllm-ir-xpu",
@@ -144,5 +150,7 @@ VENDOR = VendorUnderTest(
         ImportError("libsycl.so.8: cannot open shared object file"),
         "importing vllm_xpu_kernels._C failed: ImportError: libsycl",
     ),
+    neighbours={"vllm_ir_triton": TRITON_STAND_IN},
+    with_neighbours=("triton", "triton_batch_invariant", "native"),
 )
 """vllm-ir-xpu for the shared checks of :mod:`vllm_ir.testing.vendor`."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from vllm_ir.provider import fused_add_in_place, register_norm_impls
+from vllm_ir.kits.norms import fused_add_in_place, register_norm_impls
 
 from vllm_ir_example import PROVIDER
 

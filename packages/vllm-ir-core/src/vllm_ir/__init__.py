@@ -13,15 +13,16 @@ eager mode and under ``torch.compile``.
 
 from typing import TYPE_CHECKING
 
-from vllm_ir import _moved_modules, ops
-from vllm_ir._impl import NATIVE as NATIVE  # provider authors: vllm_ir.provider
-from vllm_ir._impl import IrOpImpl
-from vllm_ir._namespace import NAMESPACE
-from vllm_ir._op import IrOp, get_op, register_op
-from vllm_ir._providers import load_errors, loaded_providers
-from vllm_ir._samples import SampleInput as SampleInput  # likewise
-from vllm_ir._tolerances import Tolerance
-from vllm_ir._torch_wrap import enable_torch_wrap, torch_wrap_enabled
+from vllm_ir import ops
+from vllm_ir._base import moved_modules as _moved_modules
+from vllm_ir._base.namespace import NAMESPACE
+from vllm_ir._base.torch_wrap import enable_torch_wrap, torch_wrap_enabled
+from vllm_ir._discovery.providers import load_errors, loaded_providers
+from vllm_ir._op.op import IrOp, get_op, register_op
+from vllm_ir._schema.impl import NATIVE as NATIVE  # provider authors: vllm_ir.provider
+from vllm_ir._schema.impl import IrOpImpl
+from vllm_ir._schema.samples import SampleInput as SampleInput  # likewise
+from vllm_ir._schema.tolerances import Tolerance
 from vllm_ir._version import __version__
 from vllm_ir.config import (
     IrOpPriorityConfig,
@@ -33,15 +34,15 @@ from vllm_ir.config import (
 from vllm_ir.selection import invalidate_caches
 
 if TYPE_CHECKING:  # served lazily by __getattr__; named here for type checkers
-    from vllm_ir._planning import Plan, plan  # noqa: F401
+    from vllm_ir._tools.planning import Plan, plan  # noqa: F401
 
 # The compile integration imports Inductor (seconds): loaded on first use.
 _LAZY = {
     "VllmIRBackend": "vllm_ir.compilation",
     "compile": "vllm_ir.compilation",
     # served here but not in __all__ (it holds the 20 model-author names): the kernel plan
-    "plan": "vllm_ir._planning",
-    "Plan": "vllm_ir._planning",
+    "plan": "vllm_ir._tools.planning",
+    "Plan": "vllm_ir._tools.planning",
 }
 
 _MOVED = {
@@ -68,7 +69,7 @@ def __getattr__(name: str) -> object:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _MOVED:
-        from vllm_ir._deprecation import warn_deprecated
+        from vllm_ir._base.deprecation import warn_deprecated
 
         warn_deprecated(
             f"vllm_ir.{name} is deprecated: use {_MOVED[name]}.{name} "
@@ -78,7 +79,7 @@ def __getattr__(name: str) -> object:
     if name in ("compilation", "testing", "provider"):
         return importlib.import_module(f"vllm_ir.{name}")
     if f"vllm_ir.{name}" in _moved_modules.MOVED:  # an internal module's old name
-        from vllm_ir._deprecation import warn_deprecated
+        from vllm_ir._base.deprecation import warn_deprecated
 
         old = f"vllm_ir.{name}"
         warn_deprecated(_moved_modules.message(old))
@@ -110,5 +111,20 @@ __all__ = [
     "register_op",
     "torch_wrap_enabled",
 ]
+
+
+def _deprecated_backend(self: KernelConfig, **kwargs: object) -> object:
+    """Deprecated: use ``VllmIRBackend.from_config(config, **kwargs)``."""
+    from vllm_ir._base.deprecation import warn_deprecated
+    from vllm_ir.compilation import VllmIRBackend
+
+    warn_deprecated(
+        "KernelConfig.backend() is deprecated; use vllm_ir.VllmIRBackend.from_config(config)"
+    )
+    return VllmIRBackend.from_config(self, **kwargs)  # type: ignore[arg-type]
+
+
+# set here, above both the configuration and the compile integration: no upward import
+KernelConfig.backend = _deprecated_backend  # type: ignore[method-assign]
 
 _moved_modules.install()  # old import paths of the internal modules, for one release

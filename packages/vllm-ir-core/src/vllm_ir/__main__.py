@@ -2,6 +2,6 @@
 
 import sys
 
-from vllm_ir._cli import main
+from vllm_ir_cli import main
 
 sys.exit(main())

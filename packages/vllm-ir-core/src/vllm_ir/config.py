@@ -14,10 +14,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from vllm_ir_cli.flags import (
     AUTOTUNE_FLAG,
@@ -29,11 +29,11 @@ from vllm_ir_cli.flags import (
     ArgvCursor,
 )
 
-from vllm_ir._buckets import BucketedPriority, parse_bucket_text, spec_to_json
-from vllm_ir._deprecation import warn_deprecated
-from vllm_ir._op import IrOp, get_op
-from vllm_ir._text import short_repr
-from vllm_ir.priority import scoped_priority, set_process_priority
+from vllm_ir._base.registration import RegistrationHandle
+from vllm_ir._base.text import short_repr
+from vllm_ir._op.op import IrOp, get_op
+from vllm_ir._selection.buckets import BucketedPriority, parse_bucket_text, spec_to_json
+from vllm_ir.priority import process_priorities, scoped_priority, set_process_priority
 
 __all__ = [
     "AUTOTUNE_FLAG",
@@ -61,7 +61,7 @@ def _short(value: object, limit: int = 80) -> str:
 
 
 PriorityValue = Sequence[str] | Sequence[Mapping[str, Any]] | BucketedPriority
-"""One op's entry as given: provider names, or size buckets (:mod:`vllm_ir._buckets`)."""
+"""One op's entry as given: provider names, or size buckets (:mod:`vllm_ir._selection.buckets`)."""
 
 
 _Config = TypeVar("_Config")
@@ -135,12 +135,23 @@ class IrOpPriorityConfig:
         with scoped_priority(self._priorities):
             yield
 
-    def apply(self, *, replace: bool = False) -> None:
+    def apply(self, *, replace: bool = False) -> RegistrationHandle:
         """Apply process-wide: to every thread, for the ops its scopes do not name.
 
         Lists of ops this config does not name are kept, unless ``replace``.
+        The handle's ``remove()`` puts back every process-wide list as it was
+        before (a plugin that applies its settings can take them back):
+
+        >>> import vllm_ir as ir
+        >>> handle = ir.IrOpPriorityConfig(rms_norm=["native"]).apply()
+        >>> handle.remove()
         """
+        before = dict(process_priorities())
         set_process_priority(self._priorities, replace=replace)
+        return RegistrationHandle(
+            f"process-wide priorities {sorted(self._priorities)}",
+            lambda: set_process_priority(before, replace=True),
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, IrOpPriorityConfig) and self._priorities == other._priorities
@@ -286,8 +297,8 @@ class KernelConfig:
         with self.priority.scope():
             yield
 
-    def apply(self, *, replace: bool = False) -> None:
-        self.priority.apply(replace=replace)
+    def apply(self, *, replace: bool = False) -> RegistrationHandle:
+        return self.priority.apply(replace=replace)
 
     @classmethod
     def from_cli_args(cls, argv: Sequence[str]) -> KernelConfig:
@@ -300,19 +311,10 @@ class KernelConfig:
             raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
         return cls(priority, passes, autotune, margin, buckets)
 
-    def backend(self, **kwargs: Any) -> Any:
-        """Deprecated: use ``VllmIRBackend.from_config(config, **kwargs)``.
-
-        Kept for one release. The configuration sits below the compile
-        integration, so this late lookup is the one upward reference left.
-        """
-        import importlib
-
-        warn_deprecated(
-            "KernelConfig.backend() is deprecated; use vllm_ir.VllmIRBackend.from_config(config)"
-        )
-        backend = importlib.import_module("vllm_ir.compilation._backend")  # no import cycle
-        return backend.VllmIRBackend.from_config(self, **kwargs)
+    backend: ClassVar[Callable[..., Any]]
+    """Deprecated: ``VllmIRBackend.from_config(config, **kwargs)``. Set by the
+    package (``vllm_ir/__init__.py``), which sits above the compile integration,
+    for one release."""
 
 
 def parse_ir_autotune_args(argv: Sequence[str]) -> tuple[bool, float, list[str]]:

@@ -135,7 +135,7 @@ def _seconds(raw: str) -> float:
     return 0.0 if value >= threading.TIMEOUT_MAX else value
 
 
-# the known platforms (built in, declared, installed): set by vllm_ir._platform
+# the known platforms (built in, declared, installed): set by vllm_ir._base.platform
 _platform_names: list[Callable[[], tuple[str, ...]]] = [lambda: PLATFORMS]
 
 

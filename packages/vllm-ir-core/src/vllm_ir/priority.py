@@ -28,26 +28,24 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
-import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from vllm_ir._buckets import (
+from vllm_ir._base.cache import invalidating
+from vllm_ir._base.platform import current_platform, platform_problem
+from vllm_ir._base.registration import RegistrationHandle, on_snapshot, record
+from vllm_ir._base.runtime import RUNTIME
+from vllm_ir._base.text import short_repr
+from vllm_ir._schema.impl import NATIVE
+from vllm_ir._selection.buckets import (
     BucketedPriority,
     PrioritySpec,
     as_priority,
     merged_bounds,
     priority_for_tokens,
 )
-from vllm_ir._cache import invalidating
-from vllm_ir._impl import NATIVE
-from vllm_ir._platform import current_platform, platform_problem
-from vllm_ir._registration import RegistrationHandle, on_snapshot, record
-from vllm_ir._runtime import RUNTIME
-from vllm_ir._text import short_repr
 
 __all__ = [
     "Mode",
@@ -132,11 +130,15 @@ class PlatformDefaults:
         return self.eager if mode == "eager" else self.compiled
 
 
+# the data lives on the runtime (vllm_ir._base.runtime); this module holds the rules
+_store = RUNTIME.priorities
+
+
 class PriorityState:
     """An immutable, interned set of user priorities (op name -> providers),
     and the selection mode they apply in.
 
-    Interning makes equal states the same object, so dispatch caches can key
+    Interning makes equal states the same object, so selection caches can key
     on identity while repeated scopes with the same lists keep hitting them.
     An op's entry is a tuple of providers, or a :class:`BucketedPriority`.
     """
@@ -146,7 +148,6 @@ class PriorityState:
     _interned: ClassVar[weakref.WeakValueDictionary[tuple[object, ...], PriorityState]] = (
         weakref.WeakValueDictionary()
     )
-    _lock: ClassVar[threading.Lock] = threading.Lock()
 
     priorities: Mapping[str, PrioritySpec]
     origin: str
@@ -160,7 +161,7 @@ class PriorityState:
     ) -> PriorityState:
         frozen = {op: _frozen(spec) for op, spec in sorted(priorities.items())}
         key = (origin, mode, *frozen.items())
-        with cls._lock:
+        with _store.intern_lock:
             state = cls._interned.get(key)
             if state is None:
                 state = object.__new__(cls)
@@ -189,8 +190,6 @@ _frozen = freeze_priority
 
 _EMPTY_PROCESS = PriorityState({}, "user (process-wide)")
 _EMPTY_SCOPE = PriorityState({}, "user (scoped)")
-# the data lives on the runtime (vllm_ir._runtime); this module holds the rules
-_store = RUNTIME.priorities
 _store.process = _EMPTY_PROCESS
 
 
@@ -218,7 +217,7 @@ class Scope:
         # dead entries are pruned whenever the list doubles
         self.children: list[weakref.ref[Scope]] = []
         self.state: PriorityState | None = None
-        with _scope_lock:  # a concurrent close of the parent refreshes this one too
+        with _store.scope_lock:  # a concurrent close of the parent refreshes this one too
             if parent is not None:
                 parent._adopt(self)
             self._refresh()
@@ -243,7 +242,7 @@ class Scope:
 
     def close_elsewhere(self) -> None:
         """Close out of order: this scope and those opened inside it stop applying it."""
-        with _scope_lock:
+        with _store.scope_lock:
             self.closed = True
             pending = [self]
             while pending:  # parents before children
@@ -252,17 +251,6 @@ class Scope:
                 pending.extend(c for ref in scope.children if (c := ref()) is not None)
 
 
-_scope_lock = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    # a lock held by another thread at fork would stay held in the child forever
-    global _scope_lock
-    _scope_lock = threading.Lock()
-    PriorityState._lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 # None: no scope and eager mode, the common case, cheap to key on
 _scoped_state: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
     "vllm_ir_scoped_priority", default=None

@@ -21,78 +21,48 @@ What is here:
   :func:`build_extension` / :class:`ExtensionBuildError` / :func:`cache_root`;
 * layout predicates that never guard a compiled graph: :func:`contiguous`,
   :func:`rows_flatten_free`, :func:`may_overlap_itself`;
-* tolerances: :class:`Tolerance` and the shared constants;
-* what the norm family's impls share (:mod:`vllm_ir._norms`):
-  :func:`norm_supports_args`, :func:`fused_add_in_place`, :func:`register_norm_impls`;
-* the vendor-wrapper helper that vendor packages configure from a table
-  (:mod:`vllm_ir._vendor`): :class:`VendorNorm` (opaque ops, impls, their
-  ``supports_args``, registration, the ``python -m`` report),
-  :class:`VendorAvailability` and :class:`AvailabilityCache` (the probe's
-  answer), :func:`import_vendor`, :func:`rows_view`, :func:`vendor_provider_spec`,
-  :func:`unsupported_reason_attribute`.
+* tolerances: :class:`Tolerance`, :data:`EXACT` and :data:`DEFAULT_TOLERANCES`.
 
->>> import torch
->>> from vllm_ir.provider import norm_supports_args
->>> rms, fused = norm_supports_args("cpu", (torch.float32,))
->>> x, w = torch.randn(4, 8), torch.ones(8)
->>> rms(x, w, 1e-6), rms(x, w, 1e-6, variance_size=4), rms(x.half(), w, 1e-6)
-(True, False, False)
->>> fused(x, torch.randn(4, 8), w, 1e-6)
-True
+What one family of impls shares is not here but in the kits (:mod:`vllm_ir.kits`:
+``norms``, ``vendor``, ``quant``), versioned with core; their old names here
+still work for one release, with a ``DeprecationWarning``.
+
+>>> from vllm_ir.provider import API_VERSION, ProviderSpec, PlatformDefaults
+>>> spec = ProviderSpec(name="doc", register=lambda: None, api_version=API_VERSION,
+...                     defaults=[PlatformDefaults("cpu", {"rms_norm": ["doc"]})])
+>>> spec.name, spec.defaults[0].platform
+('doc', 'cpu')
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vllm_ir import envs
-from vllm_ir._impl import NATIVE
-from vllm_ir._layout import contiguous, may_overlap_itself, rows_flatten_free
-from vllm_ir._logger import get_logger
-from vllm_ir._norms import (
-    TensorCheck,
-    fused_add_in_place,
-    norm_supports_args,
-    register_norm_impls,
-)
-from vllm_ir._platform import Platform, current_platform, device_type, privateuse1_available
-from vllm_ir._providers import ProviderSpec, register_platform
-from vllm_ir._registration import RegistrationHandle, RegistrationLog, recording_registrations
-from vllm_ir._samples import SampleInput
-from vllm_ir._tolerances import (
-    DEFAULT_TOLERANCES,
-    EXACT,
-    FP8_DYNAMIC_SCALE,
-    FP8_ONE_STEP,
-    NORM_TOLERANCES,
-    Tolerance,
-    fp8_steps_apart,
-)
-from vllm_ir._vendor import (
-    AvailabilityCache,
-    VendorAvailability,
-    VendorNorm,
-    import_vendor,
-    rows_view,
-    unsupported_reason_attribute,
-    vendor_provider_spec,
-)
+from vllm_ir._base.logger import get_logger
+from vllm_ir._base.platform import Platform, current_platform, device_type, privateuse1_available
+from vllm_ir._base.registration import RegistrationHandle, RegistrationLog, recording_registrations
+from vllm_ir._discovery.providers import ProviderSpec, register_platform
+from vllm_ir._schema.impl import NATIVE
+from vllm_ir._schema.layout import contiguous, may_overlap_itself, rows_flatten_free
+from vllm_ir._schema.samples import SampleInput
+from vllm_ir._schema.tolerances import DEFAULT_TOLERANCES, EXACT, Tolerance
 from vllm_ir._version import API_VERSION
+from vllm_ir.kits import norms as _norms_kit
+from vllm_ir.kits import quant as _quant_kit
+from vllm_ir.kits import vendor as _vendor_kit
 from vllm_ir.priority import PlatformDefaults
 
 if TYPE_CHECKING:
-    from vllm_ir._extension import ExtensionBuildError, cache_root
+    from vllm_ir._discovery.extension import ExtensionBuildError, cache_root
 
 __all__ = [
     "API_VERSION",
-    "AvailabilityCache",
     "DEFAULT_TOLERANCES",
     "EXACT",
-    "FP8_DYNAMIC_SCALE",
-    "FP8_ONE_STEP",
     "NATIVE",
-    "NORM_TOLERANCES",
     "ExtensionBuildError",
     "Platform",
     "PlatformDefaults",
@@ -100,10 +70,7 @@ __all__ = [
     "RegistrationHandle",
     "RegistrationLog",
     "SampleInput",
-    "TensorCheck",
     "Tolerance",
-    "VendorAvailability",
-    "VendorNorm",
     "build_extension",
     "cache_root",
     "contiguous",
@@ -111,31 +78,24 @@ __all__ = [
     "deferred_register",
     "device_type",
     "envs",
-    "fp8_steps_apart",
-    "fused_add_in_place",
     "get_logger",
-    "import_vendor",
     "may_overlap_itself",
-    "norm_supports_args",
     "privateuse1_available",
     "recording_registrations",
-    "register_norm_impls",
     "register_platform",
     "rows_flatten_free",
-    "rows_view",
-    "unsupported_reason_attribute",
-    "vendor_provider_spec",
 ]
 
 
 def build_extension(*args: Any, **kwargs: Any) -> Any:
-    """:func:`vllm_ir._extension.build_extension`: compile and load a C++/CUDA extension, cached.
+    """Compile and load a C++/CUDA extension, cached
+    (:func:`vllm_ir._discovery.extension.build_extension`).
 
     Imported on first use (importing a provider package builds nothing), and
-    looked up per call, so replacing ``vllm_ir._extension.build_extension``
+    looked up per call, so replacing ``vllm_ir._discovery.extension.build_extension``
     (a test's fake build) reaches here too.
     """
-    from vllm_ir import _extension as extension
+    from vllm_ir._discovery import extension
 
     return extension.build_extension(*args, **kwargs)
 
@@ -163,10 +123,25 @@ def deferred_register(target: str, *args: Any) -> Callable[[], None]:
     return register
 
 
+_IN_KITS = {
+    name: kit.__name__ for kit in (_norms_kit, _quant_kit, _vendor_kit) for name in kit.__all__
+}
+"""Names that left the contract for the kits (:mod:`vllm_ir.kits`): served here
+with a ``DeprecationWarning`` for one release."""
+
+
 def __getattr__(name: str) -> Any:
     # the kernel-build module loads on first use: a provider package's import stays light
     if name in ("ExtensionBuildError", "cache_root"):
-        from vllm_ir import _extension as extension
+        from vllm_ir._discovery import extension
 
         return getattr(extension, name)
+    if name in _IN_KITS:
+        from vllm_ir._base.deprecation import warn_deprecated
+
+        warn_deprecated(
+            f"vllm_ir.provider.{name} is deprecated: import it from {_IN_KITS[name]} "
+            "(the old name goes in the next release)"
+        )
+        return getattr(sys.modules[_IN_KITS[name]], name)
     raise AttributeError(f"module 'vllm_ir.provider' has no attribute {name!r}")

@@ -4,8 +4,8 @@ batch invariance, ``supports_args``.
 Selection is a pure function of the effective priority list, the process
 environment it reads (``VLLM_BATCH_INVARIANT``, ``VLLM_IR_PLATFORM``) and
 the argument facts that ``supports_args`` may look at, so its answer is
-cached per op on those facts (see :mod:`vllm_ir._cache` and
-:mod:`vllm_ir._dispatch_key`). The environment is read once per cache
+cached per op on those facts (see :mod:`vllm_ir._base.cache` and
+:mod:`vllm_ir._selection.key`). The environment is read once per cache
 generation: every cached selection and every new one agree on it, and a
 change takes effect at the next :func:`invalidate_caches`.
 """
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_ir import envs
-from vllm_ir._cache import generation, invalidate_caches, register_cache, release_cache
-from vllm_ir._impl import IrOpImpl
-from vllm_ir._logger import get_logger
-from vllm_ir._platform import current_platform
+from vllm_ir._base.cache import generation, invalidate_caches, register_cache, release_cache
+from vllm_ir._base.logger import get_logger
+from vllm_ir._base.platform import current_platform
+from vllm_ir._schema.impl import IrOpImpl
 from vllm_ir.priority import Mode, PriorityEntry, effective_priority
 
 __all__ = [
@@ -142,8 +142,8 @@ def _check_plain_bool(op_name: str, impl: IrOpImpl, answer: object) -> bool:
         return answer
     hint = (
         " It depends on a symbolic size or value, which would guard the compiled "
-        "graph on it; supports_args may only read the facts of the dispatch key "
-        "(see vllm_ir._dispatch_key)."
+        "graph on it; supports_args may only read the facts of the selection key "
+        "(see vllm_ir._selection.key)."
         if type(answer).__name__.startswith("Sym")
         else ""
     )

@@ -20,6 +20,7 @@ from typing import NoReturn
 
 __all__ = ["COMMANDS", "UsageError", "build_parser", "main", "split_selection_flags"]
 
+from vllm_ir_cli.commands import COMMANDS, UsageError
 from vllm_ir_cli.flags import (  # shared with vllm_ir.config
     PASS_FLAG,
     PASSES,
@@ -27,19 +28,6 @@ from vllm_ir_cli.flags import (  # shared with vllm_ir.config
     TORCH_WRAP_FLAG,
     ArgvCursor,
 )
-
-COMMANDS = {
-    "ops": "vllm_ir._cli.ops_cmd",
-    "explain": "vllm_ir._cli.explain",
-    "bench": "vllm_ir._cli.bench",
-    "demo": "vllm_ir._cli.demo",
-    "tune": "vllm_ir._cli.tune",
-}
-"""Command name -> the module whose ``run(args)`` carries it out."""
-
-
-class UsageError(ValueError):
-    """Bad command-line input: printed as one line without a traceback, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):

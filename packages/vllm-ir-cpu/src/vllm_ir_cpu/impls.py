@@ -50,14 +50,9 @@ from __future__ import annotations
 import torch
 import vllm_ir as ir
 from torch import Tensor
+from vllm_ir.kits.norms import fused_add_in_place, norm_supports_args, register_norm_impls
 from vllm_ir.ops.activation import GELU_APPROXIMATIONS, check_gated_width
-from vllm_ir.provider import (
-    current_platform,
-    fused_add_in_place,
-    get_logger,
-    norm_supports_args,
-    register_norm_impls,
-)
+from vllm_ir.provider import current_platform, get_logger
 
 from vllm_ir_cpu import PROVIDER, build
 from vllm_ir_cpu.library import kernel_ops

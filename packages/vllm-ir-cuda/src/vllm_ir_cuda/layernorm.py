@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
-from vllm_ir.provider import fused_add_in_place, norm_supports_args, register_norm_impls
+from vllm_ir.kits.norms import fused_add_in_place, norm_supports_args, register_norm_impls
 
 from vllm_ir_cuda import ops
 

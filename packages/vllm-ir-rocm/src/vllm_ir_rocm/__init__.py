@@ -25,11 +25,8 @@ Default priorities on ROCm (the vLLM IR design's table):
 
 from __future__ import annotations
 
-from vllm_ir.provider import (
-    deferred_register,
-    unsupported_reason_attribute,
-    vendor_provider_spec,
-)
+from vllm_ir.kits.vendor import unsupported_reason_attribute, vendor_provider_spec
+from vllm_ir.provider import deferred_register
 
 from vllm_ir_rocm._version import __version__
 

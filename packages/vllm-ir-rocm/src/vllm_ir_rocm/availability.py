@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from vllm_ir.provider import AvailabilityCache, VendorAvailability, import_vendor
+from vllm_ir.kits.vendor import AvailabilityCache, VendorAvailability, import_vendor
 
 __all__ = [
     "MODULE",
@@ -47,7 +47,7 @@ INSTALL_HINT = (
 
 @dataclass(frozen=True)
 class Availability(VendorAvailability):
-    """The outcome of :func:`probe` (:class:`vllm_ir.provider.VendorAvailability`), on ``cuda``.
+    """The outcome of :func:`probe` (:class:`vllm_ir.kits.vendor.VendorAvailability`), on ``cuda``.
 
     ``vendor_version`` is AITER's version when it was imported, else ``None``.
     """

@@ -31,7 +31,8 @@ from types import ModuleType
 
 import torch
 from torch import Tensor
-from vllm_ir.provider import VendorNorm, contiguous
+from vllm_ir.kits.vendor import VendorNorm
+from vllm_ir.provider import contiguous
 
 from vllm_ir_rocm.availability import MODULE
 

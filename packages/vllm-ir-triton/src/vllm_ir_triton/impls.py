@@ -52,8 +52,9 @@ from collections.abc import Callable
 import torch
 import vllm_ir as ir
 from torch import Tensor
+from vllm_ir.kits.norms import norm_supports_args, register_norm_impls
 from vllm_ir.ops.activation import check_gated_width
-from vllm_ir.provider import get_logger, norm_supports_args, register_norm_impls
+from vllm_ir.provider import get_logger
 
 from vllm_ir_triton import BATCH_INVARIANT_PROVIDER, PROVIDER, launch, library, support
 

@@ -504,7 +504,7 @@ def dynamic_per_token_fp8_quant_kernel(
     As torch: a NaN in the row (or a NaN ``ub``) makes the scale NaN. The
     maximum is exact, so the result does not depend on the block size.
     ``amax / 448`` is computed as native computes it on the tensors' device
-    (``vllm_ir.provider.FP8_DYNAMIC_SCALE``): with ``RECIPROCAL_SCALE`` (CUDA)
+    (``vllm_ir.kits.quant.FP8_DYNAMIC_SCALE``): with ``RECIPROCAL_SCALE`` (CUDA)
     as ``amax * inv_fp8_max``, the float32 reciprocal ATen multiplies by, else
     with IEEE division (CPU, i.e. the interpreter).
     """

@@ -10,11 +10,7 @@ Importing this package does not import vLLM.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from vllm_ir.priority import process_priorities, set_process_priority
-from vllm_ir.provider import get_logger
+from vllm_ir.provider import RegistrationHandle, get_logger
 
 from vllm_ir_vllm._version import __version__
 from vllm_ir_vllm.settings import priority_config
@@ -23,8 +19,8 @@ __all__ = ["__version__", "register", "unregister"]
 
 logger = get_logger("vllm_ir.vllm")
 
-_saved_priorities: Mapping[str, Any] | None = None  # op -> providers or size buckets
-"""The process-wide priorities before :func:`register` applied the settings."""
+_applied: RegistrationHandle | None = None
+"""Takes back the process-wide priorities :func:`register` applied."""
 
 
 def register() -> None:
@@ -34,7 +30,7 @@ def register() -> None:
     ``VLLM_IR_*`` priority setting is wrong: vLLM then stops at startup,
     before loading a model, printing that line (no traceback).
     """
-    global _saved_priorities
+    global _applied
     try:
         config = priority_config()
     except ValueError as e:
@@ -48,9 +44,9 @@ def register() -> None:
         logger.warning("vllm-ir-vllm: this vLLM has no hardware-agnostic layers (%s)", e)
         return
     if config is not None:
-        if _saved_priorities is None:
-            _saved_priorities = dict(process_priorities())
-        config.apply()
+        handle = config.apply()
+        if _applied is None:  # the first handle restores what was there before the plugin
+            _applied = handle
     done = layers.register_layers()
     if done:
         logger.info("vllm-ir routes vLLM's %s through vllm-ir ops", ", ".join(done))
@@ -61,12 +57,12 @@ def unregister() -> None:
 
     Layers built before stay what they are; new ones are vLLM's in-tree classes.
     """
-    global _saved_priorities
+    global _applied
     try:
         from vllm_ir_vllm import layers
     except ImportError:
         return
     layers.unregister_layers()
-    if _saved_priorities is not None:
-        set_process_priority(_saved_priorities, replace=True)
-        _saved_priorities = None
+    if _applied is not None:
+        _applied.remove()
+        _applied = None

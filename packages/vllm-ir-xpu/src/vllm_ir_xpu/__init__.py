@@ -21,11 +21,8 @@ first under Inductor.
 
 from __future__ import annotations
 
-from vllm_ir.provider import (
-    deferred_register,
-    unsupported_reason_attribute,
-    vendor_provider_spec,
-)
+from vllm_ir.kits.vendor import unsupported_reason_attribute, vendor_provider_spec
+from vllm_ir.provider import deferred_register
 
 from vllm_ir_xpu._version import __version__
 

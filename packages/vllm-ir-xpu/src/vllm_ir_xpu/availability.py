@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 import torch
-from vllm_ir.provider import AvailabilityCache, VendorAvailability, import_vendor
+from vllm_ir.kits.vendor import AvailabilityCache, VendorAvailability, import_vendor
 
 __all__ = [
     "DISTRIBUTION",
@@ -58,7 +58,7 @@ INSTALL_HINT = (
 
 @dataclass(frozen=True)
 class Availability(VendorAvailability):
-    """The outcome of :func:`probe` (:class:`vllm_ir.provider.VendorAvailability`), on ``xpu``.
+    """The outcome of :func:`probe` (:class:`vllm_ir.kits.vendor.VendorAvailability`), on ``xpu``.
 
     ``vendor_version`` is the installed vllm-xpu-kernels version, when known.
     """

@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from vllm_ir.provider import VendorNorm, contiguous, rows_flatten_free
+from vllm_ir.kits.vendor import VendorNorm
+from vllm_ir.provider import contiguous, rows_flatten_free
 
 from vllm_ir_xpu.availability import EXTENSION
 

@@ -1,5 +1,3 @@
-"""The ``vllm-ir`` command: ``ops``, ``explain``, ``bench``, ``demo``."""
-
-from vllm_ir._cli.main import main
-
-__all__ = ["main"]
+"""The ``vllm-ir`` commands (``ops``, ``explain``, ``plan``, ``bench``, ``demo``,
+``tune``): one module each, run by :func:`vllm_ir._cli.main.run` once the
+torch-free front end (:mod:`vllm_ir_cli`) has parsed the command line."""

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from vllm_ir_cli import UsageError
 
-from vllm_ir._op import IrOp, get_op
+from vllm_ir._op.op import IrOp, get_op
 
 __all__ = [
     "DTYPES",

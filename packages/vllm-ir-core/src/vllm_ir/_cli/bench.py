@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from vllm_ir._base.timing import NOISY, is_noisy, spread, time_call
 from vllm_ir._cli.args import (
     UsageError,
     apply_threads,
@@ -26,8 +27,7 @@ from vllm_ir._cli.args import (
     writable_file,
 )
 from vllm_ir._cli.table import render_table
-from vllm_ir._op import IrOp
-from vllm_ir._timing import NOISY, is_noisy, spread, time_call
+from vllm_ir._op.op import IrOp
 
 __all__ = ["NOISY", "is_noisy", "run", "spread", "time_call"]
 

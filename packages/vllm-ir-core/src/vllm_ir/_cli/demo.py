@@ -1,7 +1,7 @@
 """``vllm-ir demo``: a small decoder built from IR ops, eager and compiled.
 
 Random weights, no downloads. Prints the impl selected per op (eager
-dispatch and the compiled graph's lowering), the largest difference against
+selection and the compiled graph's lowering), the largest difference against
 an all-native run, the clones the compiler removed, and tokens/s.
 """
 
@@ -13,10 +13,10 @@ import time
 
 import torch
 
+from vllm_ir._base.platform import current_platform
 from vllm_ir._cli.args import allocating, apply_threads, check_fits
 from vllm_ir._cli.bench import NOISY, is_noisy, spread
-from vllm_ir._platform import current_platform
-from vllm_ir._providers import load_errors, loaded_providers
+from vllm_ir._discovery.providers import load_errors, loaded_providers
 from vllm_ir.config import IrOpPriorityConfig
 from vllm_ir.ops import fused_add_rms_norm, rms_norm
 
@@ -157,6 +157,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def ir_priority(op_name: str) -> list[str]:
-    from vllm_ir._op import get_op
+    from vllm_ir._op.op import get_op
 
     return get_op(op_name).get_priority("compiled")

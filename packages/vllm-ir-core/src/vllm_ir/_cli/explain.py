@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from vllm_ir._buckets import bucket_index
+from vllm_ir._base.platform import current_platform
+from vllm_ir._base.platform import describe as describe_platform
+from vllm_ir._base.torch_wrap import torch_wrap_enabled
 from vllm_ir._cli import plan_cmd
 from vllm_ir._cli.args import (
     UsageError,
@@ -17,10 +19,7 @@ from vllm_ir._cli.args import (
     parse_op,
     parse_shape,
 )
-from vllm_ir._op import IrOp
-from vllm_ir._platform import current_platform
-from vllm_ir._platform import describe as describe_platform
-from vllm_ir._torch_wrap import torch_wrap_enabled
+from vllm_ir._op.op import IrOp
 from vllm_ir.priority import MODES, Mode
 from vllm_ir.selection import describe
 
@@ -30,17 +29,18 @@ __all__ = ["bucket_lines", "candidate_lines", "run"]
 def bucket_lines(op: IrOp, call: tuple[Any, ...], mode: Mode) -> list[str]:
     """The size-bucket table of the effective priorities (empty without buckets):
     one line per bucket with its list, the call's bucket marked."""
-    bounds = op.bucket_bounds(mode)
-    if not bounds:
+    plan = op.size_plan(mode)
+    if not plan:
         return []
     tokens = op.tokens(*call)
-    mine = bucket_index(bounds, tokens)
+    mine = plan.index(tokens)
     act = op.activations[0] if op.activations else "-"
     dims = "dim" if op.feature_dims == 1 else f"{op.feature_dims} dims"
     lines = [f"size buckets (tokens: all but the last {dims} of {act}; this call: {tokens}):"]
-    for i, bound in enumerate((*bounds, None)):
-        label = f"<= {bound}" if bound is not None else f"> {bounds[-1]}"
-        rep = bound if bound is not None else bounds[-1] + 1
+    for i in range(len(plan)):
+        bound = plan.upper(i)
+        label = f"<= {bound}" if bound is not None else f"> {plan.bounds[-1]}"
+        rep = bound if bound is not None else plan.bounds[-1] + 1
         listed = ", ".join(p.provider for p in op.get_priority_entries(mode, tokens=rep))
         marker = "   <- this call" if i == mine else ""
         lines.append(f"  {label:>10} tokens: {listed}{marker}")
@@ -50,12 +50,12 @@ def bucket_lines(op: IrOp, call: tuple[Any, ...], mode: Mode) -> list[str]:
 def candidate_lines(op: IrOp, call: tuple[Any, ...], mode: Mode) -> list[str]:
     """One line per registered impl: selected, rejected (why), not reached, or not listed.
 
-    Entries after the selected one are not asked by dispatch; their line says
+    Entries after the selected one are not asked by selection; their line says
     what they would answer, so that a reordered list can be judged here.
     """
     found = op.candidates(*call, mode=mode)
     lines = []
-    reached = True  # up to and including the selected entry: what dispatch asks
+    reached = True  # up to and including the selected entry: what selection asks
     for decision in found:
         provider = decision.provider
         would = "would accept" if decision.accepted else f"would be rejected: {decision.reason}"
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             print("\neager mode")
         for line in bucket_lines(op, call, mode):
             print(f"  {line}")
-        tokens = op.tokens(*call) if op.bucket_bounds(mode) else None
+        tokens = op.tokens(*call) if op.size_plan(mode) else None
         print("  priority list:" if tokens is None else "  priority list (this call's bucket):")
         for i, entry in enumerate(op.get_priority_entries(mode, tokens=tokens), 1):
             print(f"    {i}. {entry.provider}  <- {entry.source}")

@@ -8,11 +8,11 @@ import importlib
 import logging
 from collections.abc import Iterator, Sequence
 
-from vllm_ir_cli import COMMANDS, build_parser, main
+from vllm_ir_cli.commands import COMMANDS
 
 from vllm_ir.config import parse_ir_op_priority_args, parse_ir_pass_args
 
-__all__ = ["build_parser", "main", "run"]
+__all__ = ["run"]
 
 # commands that list provider load failures themselves: the logged warning would repeat them
 _LISTS_LOAD_ERRORS = {"ops", "demo"}
@@ -32,7 +32,7 @@ def _load_failures_not_logged(command: str) -> Iterator[None]:
     drop = _DropLoadFailures()
     log.addFilter(drop)
     try:
-        from vllm_ir._providers import ensure_loaded
+        from vllm_ir._discovery.providers import ensure_loaded
 
         ensure_loaded()  # discovery happens here, under the filter
     finally:
@@ -58,7 +58,7 @@ def _torch_wrap(enabled: bool | None) -> Iterator[None]:
     if enabled is None:
         yield
         return
-    from vllm_ir._torch_wrap import enable_torch_wrap
+    from vllm_ir._base.torch_wrap import enable_torch_wrap
 
     with enable_torch_wrap(enabled):
         yield

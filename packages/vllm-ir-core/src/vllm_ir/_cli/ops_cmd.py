@@ -7,10 +7,10 @@ import inspect
 import json
 from collections.abc import Iterable
 
+from vllm_ir._base.platform import current_platform, describe, device_type, platforms
 from vllm_ir._cli.table import render_table
-from vllm_ir._op import IrOp
-from vllm_ir._platform import current_platform, describe, device_type, platforms
-from vllm_ir._providers import load_errors, loaded_providers
+from vllm_ir._discovery.providers import load_errors, loaded_providers
+from vllm_ir._op.op import IrOp
 
 __all__ = ["op_table_markdown", "run"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vllm_ir._cli.args import UsageError
-from vllm_ir._planning import Plan, PlanFormatError
+from vllm_ir._tools.planning import Plan, PlanFormatError
 
 __all__ = ["print_plan", "read_plan"]
 

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from vllm_ir._buckets import as_priority, format_bucket_text
 from vllm_ir._cli import tune_buckets
 from vllm_ir._cli.args import (
     UsageError,
@@ -38,7 +37,8 @@ from vllm_ir._cli.args import (
     writable_file,
     write_atomically,
 )
-from vllm_ir._op import IrOp
+from vllm_ir._op.op import IrOp
+from vllm_ir._selection.buckets import as_priority, format_bucket_text
 from vllm_ir.compilation._autotune import (
     DEFAULT_MARGIN,
     WallClockTimer,

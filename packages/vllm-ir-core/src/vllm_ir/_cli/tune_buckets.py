@@ -4,7 +4,7 @@ For each op and each bucket (``--buckets 16,256``: <= 16 tokens, <= 256,
 larger), the candidates eager selection accepts are timed on an activation
 of ``tokens x --hidden`` (the bucket's upper bound; the last bucket at
 :data:`~vllm_ir.compilation._autotune.LAST_BUCKET_FACTOR` times the largest
-bound), round-robin over ``--rounds`` rounds (:func:`vllm_ir._timing.time_interleaved`)
+bound), round-robin over ``--rounds`` rounds (:func:`vllm_ir._base.timing.time_interleaved`)
 with the thread count fixed (``--threads``, reported). The bucket's list is the
 winner first, then the others by median time; a bucket whose timings are too
 noisy to rank keeps the priority order and says so. The result is a bucketed
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
+from vllm_ir._base.timing import Timing, decide_or_refuse, time_interleaved
 from vllm_ir._cli.args import UsageError, call_args_for
-from vllm_ir._op import IrOp
-from vllm_ir._timing import Timing, decide_or_refuse, time_interleaved
+from vllm_ir._op.op import IrOp
 from vllm_ir.compilation._autotune import LAST_BUCKET_FACTOR, candidates, check_buckets, decide
 
 __all__ = ["bucket_sizes", "parse_buckets", "tune_buckets"]

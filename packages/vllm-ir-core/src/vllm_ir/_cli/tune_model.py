@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from vllm_ir._buckets import bucket_index, bucket_label
 from vllm_ir._cli.args import UsageError, apply_threads, writable_file, write_atomically
 from vllm_ir._cli.bench import NOISY, is_noisy, spread, time_call
 from vllm_ir._cli.model_source import ModelSource, load_model
 from vllm_ir._cli.table import render_table
-from vllm_ir._op import get_op
+from vllm_ir._op.op import get_op
+from vllm_ir._selection.buckets import SizePlan
 from vllm_ir.compilation._tuning_cache import environment
 from vllm_ir.priority import scoped_priority
 
@@ -184,10 +184,6 @@ def bucket_table(lists: Sequence[list[str]], bounds: Sequence[int]) -> list[dict
     return table
 
 
-def _bucket_of(tokens: int, bounds: Sequence[int]) -> int:
-    return bucket_index(bounds, tokens)
-
-
 def sweep(
     source: ModelSource,
     tokens: Sequence[int],
@@ -214,7 +210,7 @@ def _sweep(
     ops: Sequence[str],
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    from vllm_ir._planning import plan
+    from vllm_ir._tools.planning import plan
 
     steps = {t: source.call(t) for t in tokens}
     plans = {t: _plan(plan, source, t) for t in tokens}
@@ -244,12 +240,13 @@ def _sweep(
     per_op: dict[str, Any] = {}
     for op in chosen:
         lists, buckets = [], {}
-        for b in range(len(bounds) + 1):
-            in_bucket = [t for t in tokens if _bucket_of(t, bounds) == b]
+        buckets_of = SizePlan(tuple(bounds))
+        for b in range(len(buckets_of)):
+            in_bucket = [t for t in tokens if buckets_of.index(t) == b]
             per_tokens = {t: _op_timings(timings[t], op, default_ran[op].get(t)) for t in in_bucket}
             first, why = decide_bucket(per_tokens, default_ran[op])
             lists.append(priority_for(op, first))
-            label = bucket_label(bounds, b)
+            label = buckets_of.label(b)
             buckets[label] = {
                 "tokens": in_bucket,
                 "first": first,
@@ -310,7 +307,7 @@ def _combined(
     """Every op's bucket winner at once, re-measured against the defaults per token count."""
     result: dict[str, Any] = {}
     for t, step in steps.items():
-        b = _bucket_of(t, bounds)
+        b = SizePlan(tuple(bounds)).index(t)
         tuned = {op: entries[b]["priority"] for op, entries in table.items()}
         if all(p == priority_for(op, None) for op, p in tuned.items()):
             result[str(t)] = {"same_as_default": True}
@@ -368,7 +365,7 @@ def _print(doc: dict[str, Any]) -> None:
     bounds = figures["bucket_bounds"]
     for t, c in figures["combined"].items():
         if c.get("same_as_default"):
-            label = bucket_label(bounds, _bucket_of(int(t), bounds))
+            label = SizePlan(tuple(bounds)).label_of(int(t))
             print(f"tokens {t}: {_kept_summary(figures['ops'], label)}")
             continue
         noisy = (
@@ -404,7 +401,7 @@ def is_sweep(doc: object) -> bool:
 def sweep_problem(doc: dict[str, Any], op_name: str) -> str | None:
     """What keeps ``doc`` from being a well-formed sweep document for ``op_name``
     (``None``: nothing; an op the sweep did not measure is fine)."""
-    from vllm_ir._buckets import as_priority
+    from vllm_ir._selection.buckets import as_priority
 
     figures, priority = doc["_measurements"], doc.get("ir_op_priority")
     if not isinstance(figures, dict) or not isinstance(figures.get("ops"), dict):
@@ -431,7 +428,7 @@ def sweep_problem(doc: dict[str, Any], op_name: str) -> str | None:
 
 def explain_sweep(path: str, op_name: str, doc: dict[str, Any]) -> None:
     """Print a sweep's decision for ``op_name`` per bucket, with the step times behind it."""
-    from vllm_ir._buckets import as_priority, format_bucket_text
+    from vllm_ir._selection.buckets import as_priority, format_bucket_text
 
     figures = doc["_measurements"]
     print(f"\ntuned in {path} (tune --model {figures.get('model')}, end-to-end step times)")

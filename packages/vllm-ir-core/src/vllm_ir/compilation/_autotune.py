@@ -17,7 +17,7 @@ What is timed, for one distinct ``(op, argument metadata)``:
   the graph, from ``symbolic_shapes.optimization_hint`` (``hint_int`` on torch 2.11),
   which adds no guard); the choice is then used for every size of that
   dimension, as a compiled graph serves them all. Values follow the op's input
-  generator (:mod:`vllm_ir._samples`): the mean and spread of its first sample's
+  generator (:mod:`vllm_ir._schema.samples`): the mean and spread of its first sample's
   tensor in the same position, so scales stay positive and weights near one.
   Ops without one get ``randn`` (``rand + 0.5`` for parameters named ``*scale*``).
   Integer tensors (indices, positions) get values in ``[0, n)``, ``n`` the
@@ -59,13 +59,13 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from vllm_ir_cli.flags import DEFAULT_AUTOTUNE_BUCKETS, DEFAULT_AUTOTUNE_MARGIN
 
-from vllm_ir._buckets import bucket_index, symbolic_range
-from vllm_ir._build_cache import BuildCacheError, UnsafeCacheError
-from vllm_ir._impl import IrOpImpl
-from vllm_ir._logger import get_logger
-from vllm_ir._op import IrOp
-from vllm_ir._timing import Timing, decide_or_refuse
-from vllm_ir._torch_private import size_hint
+from vllm_ir._base.logger import get_logger
+from vllm_ir._base.timing import Timing, decide_or_refuse
+from vllm_ir._base.torch_private import size_hint
+from vllm_ir._discovery.build_cache import BuildCacheError, UnsafeCacheError
+from vllm_ir._op.op import IrOp
+from vllm_ir._schema.impl import IrOpImpl
+from vllm_ir._selection.buckets import symbolic_range
 from vllm_ir.compilation._context import _current_context
 from vllm_ir.compilation._fingerprint import code_fingerprint
 from vllm_ir.compilation._tuning_cache import TuningCache, record_problem
@@ -588,16 +588,17 @@ class Autotuner:
         tokens = op.tokens(*args)
         if type(tokens) is int:
             return None
-        bounds = tuple(sorted({*self.buckets, *op.bucket_bounds()}))
+        plan = op.size_plan().merged(self.buckets)
         low, high = symbolic_range(tokens)
-        first, last = bucket_index(bounds, low), bucket_index(bounds, high)
+        reached = plan.indices(low, high)
         branches: list[tuple[int | None, IrOpImpl]] = []
-        for i in range(first, last + 1):
-            top = bounds[i] if i < len(bounds) else bounds[-1] * LAST_BUCKET_FACTOR
+        for i in reached:
+            top = plan.upper(i)
+            if top is None:
+                top = plan.bounds[-1] * LAST_BUCKET_FACTOR
             rep = min(max(top, low), high)  # the bucket's upper end, within the symbol's range
-            label = f"<={bounds[i]}" if i < len(bounds) else f">{bounds[-1]}"
-            impl = self._choose_bucket(op, node, args, label, rep)
-            bound = bounds[i] if i < last else None
+            impl = self._choose_bucket(op, node, args, plan.label(i), rep)
+            bound = plan.upper(i) if i < reached[-1] else None
             if branches and branches[-1][1] is impl:
                 branches[-1] = (bound, impl)
             else:

@@ -28,10 +28,10 @@ from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from vllm_ir_cli.flags import BUILTIN_PASSES
 
-from vllm_ir._buckets import assume_range
-from vllm_ir._logger import get_logger
-from vllm_ir._op import IrOp
-from vllm_ir._providers import ensure_loaded
+from vllm_ir._base.logger import get_logger
+from vllm_ir._discovery.providers import ensure_loaded
+from vllm_ir._op.op import IrOp
+from vllm_ir._selection.buckets import assume_range
 from vllm_ir.compilation._absolute_views import AbsoluteViewPass, AbsoluteViewRecordPass
 from vllm_ir.compilation._autotune import Autotuner
 from vllm_ir.compilation._bucket_branches import ranges_text
@@ -218,7 +218,7 @@ class VllmIRBackend:
         # autotune measures per bucket inside one graph: it keeps the branches
         if hazard is None and dynamic and self.bucket_dispatch == "graphs" and not self.autotuner:
             switch = plan_switch(
-                gm, example_inputs, self.lowering_pass.bucket_bounds, self.lowering_pass.select_at
+                gm, example_inputs, self.lowering_pass.size_plan, self.lowering_pass.select_at
             )
             if switch is not None:
                 return self._compile_pieces(gm, example_inputs, switch)

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from vllm_ir._buckets import bucket_index, bucket_label, symbolic_range
-from vllm_ir._impl import IrOpImpl
-from vllm_ir._op import IrOp
+from vllm_ir._op.op import IrOp
+from vllm_ir._schema.impl import IrOpImpl
+from vllm_ir._selection.buckets import SizePlan, symbolic_range
 
 __all__ = [
     "Branch",
@@ -47,9 +47,9 @@ def bucket_branches(
     ``select(tokens)`` picks the impl of a representative call (default: the
     priority list's selection for that token count).
     """
-    bounds = op.bucket_bounds()
+    plan = op.size_plan()
     tokens = op.tokens(*args)
-    if not bounds or type(tokens) is int:
+    if not plan or type(tokens) is int:
         return None
     if select is None:
         full = tuple(args)
@@ -58,13 +58,12 @@ def bucket_branches(
             return op.selector.select(full, tokens=n).impl
 
     low, high = symbolic_range(tokens)
-    first, last = bucket_index(bounds, low), bucket_index(bounds, high)
+    reached = plan.indices(low, high)
     branches: list[Branch] = []
-    for i in range(first, last + 1):
+    for i in reached:
         # the smallest count of bucket i the symbol can take represents it
-        rep = max(low, bounds[i - 1] + 1) if i else low
-        impl = select(rep)
-        bound = bounds[i] if i < last else None
+        impl = select(plan.lowest(i, low))
+        bound = plan.upper(i) if i < reached[-1] else None
         if branches and branches[-1][1] is impl:
             branches[-1] = (bound, impl)  # same impl as the bucket below: one branch
         else:
@@ -99,22 +98,16 @@ def branch_buckets(
     One branch (every bucket the count can reach selects alike) is labelled
     with its bucket of the op's table, or ``all sizes`` if it spans several.
     """
-    from vllm_ir._callsite import range_label
-
     low, high = symbolic_range(op.tokens(*args))
-    found: list[tuple[str, int, IrOpImpl]] = []
-    below: int | None = None
-    for bound, impl in branches:
-        rep = low if below is None else max(low, below + 1)
-        if bound is not None:
-            label = bucket_label((bound,), 0)
-        elif below is not None:
-            label = bucket_label((below,), 1)
-        else:
-            label = range_label(op.bucket_bounds(), low, high)
-        found.append((label, rep, impl))
-        below = bound
-    return found
+    cuts = SizePlan(tuple(bound for bound, _ in branches if bound is not None))
+    return [
+        (
+            cuts.label(i) if cuts else op.size_plan().label_of_range(low, high),
+            cuts.lowest(i, low),
+            impl,
+        )
+        for i, (_, impl) in enumerate(branches)
+    ]
 
 
 def size_symbol_operands(graph: fx.Graph, vals: Sequence[torch.Tensor]) -> list[fx.Node]:

@@ -7,7 +7,7 @@ bucketed op of the graph counts its tokens with the same expression (the
 usual case: ``x.shape[0]``, or batch times sequence), the backend instead cuts
 that expression's value range at the union of the ops' bucket bounds and
 compiles the graph once per piece, each with its range assumed
-(:func:`vllm_ir._buckets.assume_range`), so every op selects its one bucket
+(:func:`vllm_ir._selection.buckets.assume_range`), so every op selects its one bucket
 and fuses as with a fixed priority. The callable it returns reads the token
 count from its arguments (a size input, or a tensor's dim) and runs the
 piece's graph: no Dynamo guard, no recompile across sizes.
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from vllm_ir._buckets import symbolic_range
+from vllm_ir._selection.buckets import SizePlan, symbolic_range
 from vllm_ir.compilation.ir_nodes import call_args, ir_op_of, is_ir_node
 
 __all__ = ["SizeSwitch", "plan_switch", "switch_between"]
@@ -57,14 +57,14 @@ class SizeSwitch:
 def plan_switch(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
-    bounds_of: Callable[[Any], tuple[int, ...]],
+    plan_of: Callable[[Any], SizePlan],
     select_at: Callable[[Any, Sequence[Any], int], Any],
 ) -> SizeSwitch | None:
     """How to cut ``gm`` (a Dynamo graph) by size, or None: no bucketed op with a
     symbolic token count, counts that differ between ops, a count not readable
     from the arguments, or one selection per op across the count's whole range.
 
-    ``bounds_of(op)`` gives an op's bucket bounds and ``select_at(op, args,
+    ``plan_of(op)`` gives an op's size plan and ``select_at(op, args,
     tokens)`` its impl for a call of ``tokens`` tokens, under the backend's
     priorities. Neighbouring ranges in which every op selects alike are one piece.
     """
@@ -76,8 +76,8 @@ def plan_switch(
         if not is_ir_node(node):
             continue
         op = ir_op_of(node)
-        bounds = bounds_of(op)
-        if not bounds:
+        plan = plan_of(op)
+        if not plan:
             continue
         args = [_fake(a) for a in call_args(node, op)]
         tokens = op.tokens(*args)
@@ -86,16 +86,17 @@ def plan_switch(
         if expr is not None and tokens.node.expr != expr:
             return None  # ops counting different sizes: branch per op instead
         expr, sample = tokens.node.expr, tokens
-        cuts.update(bounds)
+        cuts.update(plan.bounds)
         calls.append((op, args))
     if expr is None:
         return None
     low, high = symbolic_range(sample)
-    edges = [low - 1, *sorted(b for b in cuts if low <= b < high), high]
+    every_op = SizePlan(tuple(sorted(cuts)))  # cut wherever some op's buckets change
     ranges: list[tuple[int, int]] = []
     chosen: list[tuple[Any, ...]] = []
-    for i in range(len(edges) - 1):
-        start, end = edges[i] + 1, edges[i + 1]
+    for i in every_op.indices(low, high):
+        top = every_op.upper(i)
+        start, end = every_op.lowest(i, low), high if top is None else min(top, high)
         picks = tuple(select_at(op, args, start) for op, args in calls)
         if chosen and chosen[-1] == picks:
             ranges[-1] = (ranges[-1][0], end)  # every op selects as below: one piece

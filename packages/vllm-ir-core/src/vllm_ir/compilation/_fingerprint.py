@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from vllm_ir._logger import get_logger
+from vllm_ir._base.logger import get_logger
 
 __all__ = ["code_fingerprint"]
 

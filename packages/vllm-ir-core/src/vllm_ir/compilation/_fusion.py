@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import fx
 
-from vllm_ir._logger import get_logger
+from vllm_ir._base.logger import get_logger
 from vllm_ir.compilation._context import get_pass_context
 from vllm_ir.compilation._pass_base import VllmIRPass
 from vllm_ir.compilation.ir_nodes import call_args, ir_op_of, is_ir_node

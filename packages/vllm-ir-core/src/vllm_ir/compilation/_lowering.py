@@ -1,6 +1,6 @@
 """Post-grad: replace each IR node by the traced graph of its selected impl.
 
-Selection is the eager ``dispatch``, run on the node's FakeTensors with the
+Selection is the eager one, run on the node's FakeTensors with the
 compile-mode priorities. Two stages, because of where Inductor looks:
 
 * ``pre`` (``post_grad_custom_pre_pass``) lowers every node whose impl is
@@ -45,11 +45,11 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-from vllm_ir._buckets import assumed_range
-from vllm_ir._callsite import is_collecting, record_lowered
-from vllm_ir._impl import IrOpImpl
-from vllm_ir._logger import get_logger
-from vllm_ir._op import IrOp
+from vllm_ir._base.logger import get_logger
+from vllm_ir._op.callsite import is_collecting, record_lowered
+from vllm_ir._op.op import IrOp
+from vllm_ir._schema.impl import IrOpImpl
+from vllm_ir._selection.buckets import SizePlan, assumed_range
 from vllm_ir.compilation._aliasing import AliasGroups, is_write, written_args
 from vllm_ir.compilation._bucket_branches import (
     Branch,
@@ -140,10 +140,10 @@ class LoweringPass:
         self.pre = _LoweringStage(self, inplace=False)
         self.post = _LoweringStage(self, inplace=True)
 
-    def bucket_bounds(self, op: Any) -> tuple[int, ...]:
-        """``op``'s bucket bounds under this pass's compiled priorities."""
+    def size_plan(self, op: Any) -> SizePlan:
+        """``op``'s size plan under this pass's compiled priorities."""
         with self._selection():
-            return op.bucket_bounds()  # type: ignore[no-any-return]
+            return op.size_plan()  # type: ignore[no-any-return]
 
     def select_at(self, op: Any, args: Sequence[Any], tokens: int) -> IrOpImpl:
         """The impl this pass selects for ``op`` called with ``args`` as ``tokens`` tokens."""
@@ -164,16 +164,15 @@ class LoweringPass:
         they call (:func:`~vllm_ir.compilation._fingerprint.code_fingerprint`);
         :class:`Uncacheable` when some of that code cannot be fingerprinted.
         """
-        from vllm_ir._op import IrOp as _IrOp
+        from vllm_ir._op.op import IrOp as _IrOp
 
         env = selection_env()
         state: list[Any] = [("env", env.batch_invariant, env.platform)]
         with self._selection():
             for name, op in sorted(_IrOp.registry.items()):
                 impls = op.impls
-                bounds = op.bucket_bounds()
                 # one list per bucket (each bound stands for its bucket; None: the rest)
-                for tokens in (*bounds, None):
+                for tokens in (*op.size_plan().bounds, None):
                     entries = [e.provider for e in effective_priority(name, tokens=tokens)]
                     picked = tuple(_impl_state(impls[p]) for p in entries if p in impls)
                     unhashed = [provider for provider, _, code in picked if code is None]

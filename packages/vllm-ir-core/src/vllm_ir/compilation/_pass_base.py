@@ -15,7 +15,7 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from vllm_ir import envs
-from vllm_ir._logger import get_logger
+from vllm_ir._base.logger import get_logger
 from vllm_ir._version import __version__
 from vllm_ir.compilation._context import _current_context, get_pass_context
 

@@ -27,7 +27,7 @@ import torch
 from torch import fx
 from torch._guards import detect_fake_mode
 
-from vllm_ir._logger import get_logger
+from vllm_ir._base.logger import get_logger
 from vllm_ir.compilation._context import get_pass_context
 from vllm_ir.compilation._lowering import _propagate_fake
 from vllm_ir.compilation._pass_base import VllmIRPass

@@ -12,14 +12,14 @@ names the file, so a tuning measured elsewhere is never read here. An entry's
 key covers the op, the candidates' source hashes, every argument's dtype,
 shape and strides, the other arguments and the decision margin.
 
-Crash safety, as for kernel builds (:mod:`vllm_ir._build_cache`): the file is
+Crash safety, as for kernel builds (:mod:`vllm_ir._discovery.build_cache`): the file is
 written to a private temporary file and published with ``os.replace``, so a
 killed process leaves the old file or the new one. It may also leave its
 temporary file (a full copy of the cache); the next writer removes it. A
 writer creates its temporary file under the lock of its environment's file,
 and renames or removes it before letting go, so under that lock every
 temporary file of the environment is a dead writer's (as
-:mod:`vllm_ir._build_cache` removes stale builds). Temporaries of other
+:mod:`vllm_ir._discovery.build_cache` removes stale builds). Temporaries of other
 environments (another torch version sharing the directory, or an older
 vllm-ir's unprefixed ones) are under locks this writer does not hold: they
 are removed only once an hour old (:data:`STALE_TEMPORARY_S`), which no live
@@ -29,9 +29,9 @@ warning and treated as empty: its ops are tuned again and the file rewritten;
 a malformed record (times missing, not numbers, no time for its winner) is
 reported and dropped the same way. Directories and the file must belong to the
 current user and be writable by nobody else, and so must the directories above
-(:func:`vllm_ir._build_cache.check_trusted_parents`). Persisting is only a
+(:func:`vllm_ir._discovery.build_cache.check_trusted_parents`). Persisting is only a
 cache: when the file cannot be written (a full disk, a read-only directory),
-:meth:`TuningCache.put` raises :class:`vllm_ir._build_cache.BuildCacheError`
+:meth:`TuningCache.put` raises :class:`vllm_ir._discovery.build_cache.BuildCacheError`
 and the autotuner keeps the measurement in memory, with a warning.
 """
 
@@ -50,15 +50,15 @@ from typing import Any
 
 import torch
 
-from vllm_ir._build_cache import (
+from vllm_ir._base.logger import get_logger
+from vllm_ir._discovery.build_cache import (
     BuildCache,
     BuildCacheError,
     check_private,
     check_trusted_parents,
     ensure_private_dir,
 )
-from vllm_ir._extension import cache_root
-from vllm_ir._logger import get_logger
+from vllm_ir._discovery.extension import cache_root
 from vllm_ir._version import __version__
 
 __all__ = ["TuningCache", "environment", "record_problem"]
@@ -210,7 +210,7 @@ class TuningCache:
 
         The record is kept in memory first, so :meth:`get` serves it even when
         writing fails: a :class:`BuildCacheError` saying why (an unsafe path
-        raises its :class:`~vllm_ir._build_cache.UnsafeCacheError` subclass).
+        raises its :class:`~vllm_ir._discovery.build_cache.UnsafeCacheError` subclass).
         """
         self._entries = {**self.entries(), key: record}
         try:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from vllm_ir._op import NAMESPACE, IrOp, IrOpInplaceOverload, get_op
+from vllm_ir._op.op import NAMESPACE, IrOp, IrOpInplaceOverload, get_op
 
 __all__ = ["IrOpInplaceOverload", "call_args", "ir_op_of", "is_ir_node"]
 

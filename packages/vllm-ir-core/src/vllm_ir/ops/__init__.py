@@ -6,7 +6,7 @@ packages with :func:`vllm_ir.register_op` appear here too.
 
 from __future__ import annotations
 
-from vllm_ir._op import IrOp, get_op
+from vllm_ir._op.op import IrOp, get_op
 from vllm_ir.ops.activation import gelu_and_mul, silu_and_mul
 from vllm_ir.ops.layernorm import fused_add_rms_norm, rms_norm
 from vllm_ir.ops.quant import (

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vllm_ir._op import register_op
-from vllm_ir._samples import SampleInput
-from vllm_ir._tolerances import Tolerance
+from vllm_ir._op.op import register_op
+from vllm_ir._schema.samples import SampleInput
+from vllm_ir._schema.tolerances import Tolerance
 
 __all__ = ["GELU_APPROXIMATIONS", "check_gated_width", "gelu_and_mul", "silu_and_mul"]
 
@@ -70,7 +70,7 @@ def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
 # native does). A kernel's erf/tanh may differ from ATen's by an fp32 ulp or
 # two, which moves the rounded GELU by at most one ulp of the dtype where it
 # is that close to a midpoint; the product then lands at most two ulps away
-# (the argument of vllm_ir._tolerances for norms). fp32: a few ulps of erf.
+# (the argument of vllm_ir._schema.tolerances for norms). fp32: a few ulps of erf.
 gelu_and_mul.register_tolerances(
     {
         torch.float32: Tolerance(atol=1e-5, rtol=1e-5),

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from vllm_ir._op import register_op
-from vllm_ir._samples import SampleInput
-from vllm_ir._tolerances import NORM_TOLERANCES
+from vllm_ir._op.op import register_op
+from vllm_ir._schema.samples import SampleInput
+from vllm_ir._schema.tolerances import NORM_TOLERANCES
 
 __all__ = ["fused_add_rms_norm", "rms_norm"]
 
@@ -52,7 +52,7 @@ def fused_add_rms_norm(
     return rms_norm.native(x_residual, weight, epsilon, variance_size), x_residual
 
 
-# two ulps of the dtype: the reasoning is in vllm_ir._tolerances
+# two ulps of the dtype: the reasoning is in vllm_ir._schema.tolerances
 for _op in (rms_norm, fused_add_rms_norm):
     _op.register_tolerances(NORM_TOLERANCES)
 

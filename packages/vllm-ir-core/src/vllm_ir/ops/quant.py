@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from vllm_ir._op import register_op
-from vllm_ir._samples import SampleInput
-from vllm_ir._tolerances import FP8_ONE_STEP
+from vllm_ir._op.op import register_op
+from vllm_ir._schema.samples import SampleInput
+from vllm_ir._schema.tolerances import FP8_ONE_STEP
 from vllm_ir.ops.layernorm import fused_add_rms_norm, rms_norm
 
 __all__ = [
@@ -84,7 +84,7 @@ def fused_add_rms_norm_static_fp8_quant(
 
 # At most one FP8 step against native: exact for the elementwise ops and the
 # dynamic quant on kernels that follow native's arithmetic, one step where a norm
-# precedes the quantization (vllm_ir._tolerances explains both).
+# precedes the quantization (vllm_ir._schema.tolerances explains both).
 _FP8_TOLERANCE = {dtype: FP8_ONE_STEP for dtype in (torch.float32, torch.float16, torch.bfloat16)}
 for _op in (
     static_scaled_fp8_quant,

@@ -30,8 +30,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from vllm_ir._op import register_op
-from vllm_ir._samples import SampleInput
+from vllm_ir._op.op import register_op
+from vllm_ir._schema.samples import SampleInput
 
 __all__ = ["cos_sin_from_cache", "rotary_embedding"]
 

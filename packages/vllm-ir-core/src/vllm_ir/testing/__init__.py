@@ -13,8 +13,8 @@ For each op the provider implements, and each dtype:
 * ``supports_args``: returns a plain ``bool``, and the same answer for every
   batch size — it is called with FakeTensors of a symbolic batch dimension,
   where reading a size yields a ``SymBool`` (a guard on the batch size) —
-  and for every arguments that share the dispatch key
-  (:mod:`vllm_ir._dispatch_key`): it is re-asked with another batch size of
+  and for every arguments that share the selection key
+  (:mod:`vllm_ir._selection.key`): it is re-asked with another batch size of
   the same class, another storage offset of the same alignment and other
   values, and must not change its answer (the eager cache would otherwise
   run an impl ``select()`` rejects);
@@ -38,7 +38,13 @@ around a block; the pytest plugin's ``vllm_ir_isolated`` fixture),
 ``vllm_ir.compilation``); test classes to subclass in
 :mod:`vllm_ir.testing.compiled` (a provider's norm impls through the compile
 pipeline) and :mod:`vllm_ir.testing.vendor` (the tests vendor-wrapper
-packages share).
+packages share). And what those tests read or set of core's state, so that
+they import nothing outside the provider contract: :func:`load_provider`
+(load a provider from a source tree as discovery does),
+:func:`add_platform_defaults` / :func:`remove_platform_defaults`,
+:func:`platform_default_contributions`, :func:`effective_priority` and
+:class:`Mode`, :data:`ENTRY_POINT_GROUP`, :data:`FALLBACK_NAMESPACE`, and
+:class:`VllmIRDeprecationWarning` (for ``filterwarnings``).
 """
 
 from __future__ import annotations
@@ -51,11 +57,21 @@ from typing import Any
 
 import torch
 
-from vllm_ir._dispatch_key import ALIGNMENT
-from vllm_ir._eager import DispatchMismatch, set_dispatch_check
-from vllm_ir._impl import IrOpImpl
-from vllm_ir._op import IrOp
-from vllm_ir._samples import SampleInput
+from vllm_ir._base.deprecation import VllmIRDeprecationWarning
+from vllm_ir._base.namespace import FALLBACK_NAMESPACE
+from vllm_ir._discovery.providers import ENTRY_POINT_GROUP, load_provider
+from vllm_ir._op.op import IrOp
+from vllm_ir._schema.impl import IrOpImpl
+from vllm_ir._schema.samples import SampleInput
+from vllm_ir._selection.eager import DispatchMismatch, set_dispatch_check
+from vllm_ir._selection.key import ALIGNMENT
+from vllm_ir.priority import (
+    Mode,
+    add_platform_defaults,
+    effective_priority,
+    platform_default_contributions,
+    remove_platform_defaults,
+)
 from vllm_ir.testing._opcheck_compat import strides_compared_on_every_device
 from vllm_ir.testing.isolation import SELECTION_ENV, inductor_caches_off, isolated
 from vllm_ir.testing.models import TinyDecoder, compile_agrees
@@ -63,10 +79,19 @@ from vllm_ir.testing.models import TinyDecoder, compile_agrees
 __all__ = [
     "CHECKS",
     "DispatchMismatch",
+    "ENTRY_POINT_GROUP",
+    "FALLBACK_NAMESPACE",
     "SELECTION_ENV",
+    "Mode",
     "TinyDecoder",
+    "VllmIRDeprecationWarning",
+    "add_platform_defaults",
     "compile_agrees",
+    "effective_priority",
     "isolated",
+    "load_provider",
+    "platform_default_contributions",
+    "remove_platform_defaults",
     "ConformanceCase",
     "ConformanceError",
     "ConformanceReport",
@@ -270,8 +295,8 @@ def _check_supports_args(case: ConformanceCase) -> Iterator[str]:
             if again is not answer:
                 yield (
                     f"sample {sample.name}: answered {answer} but {again!r} for the same "
-                    f"arguments with {what}, which share the dispatch key: it reads a fact "
-                    "the key does not hold (see vllm_ir._dispatch_key)"
+                    f"arguments with {what}, which share the selection key: it reads a fact "
+                    "the key does not hold (see vllm_ir._selection.key)"
                 )
 
 
@@ -298,7 +323,7 @@ def _aligned_offset(t: torch.Tensor, shift_bytes: int) -> int | None:
 
 
 def key_sharing_variants(op: IrOp, args: Sequence[Any]) -> Iterator[tuple[str, tuple[Any, ...]]]:
-    """Copies of ``args`` that share their dispatch key but differ elsewhere.
+    """Copies of ``args`` that share their selection key but differ elsewhere.
 
     Each varies one thing the key leaves out: the batch size within its class
     (0, 1, 2 or more), the storage offset within its alignment, the values.
@@ -464,7 +489,7 @@ def conformance_cases(
 
     ``compiled`` runs for the first dtype only (a compile costs seconds).
     """
-    from vllm_ir._providers import ensure_loaded
+    from vllm_ir._discovery.providers import ensure_loaded
 
     unknown = [c for c in checks if c not in _CHECKS]
     if unknown:
@@ -490,8 +515,8 @@ def _no_cases_message(provider: str, checked: Sequence[IrOp]) -> str:
     import difflib
 
     from vllm_ir import envs
-    from vllm_ir._op import IrOp as _IrOp
-    from vllm_ir._providers import load_errors
+    from vllm_ir._discovery.providers import load_errors
+    from vllm_ir._op.op import IrOp as _IrOp
 
     everywhere = sorted({p for op in _IrOp.registry.values() for p in op.impls})
     mine = sorted(op.name for op in _IrOp.registry.values() if provider in op.impls)
@@ -566,7 +591,7 @@ def assert_discovered(provider: str, entry_point: str, spec: object, package: st
     """
     from importlib import metadata
 
-    from vllm_ir._providers import ENTRY_POINT_GROUP, load_errors, loaded_providers
+    from vllm_ir._discovery.providers import ENTRY_POINT_GROUP, load_errors, loaded_providers
 
     (ep,) = [e for e in metadata.entry_points(group=ENTRY_POINT_GROUP) if e.name == provider]
     assert ep.value == entry_point

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from vllm_ir._op import IrOp
+from vllm_ir._op.op import IrOp
 
 __all__ = ["NORM_DECLINES", "assert_declined"]
 

@@ -12,7 +12,7 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 
-from vllm_ir._cache import invalidate_caches
+from vllm_ir._base.cache import invalidate_caches
 from vllm_ir.priority import process_priorities, set_process_priority
 
 __all__ = ["SELECTION_ENV", "inductor_caches_off", "isolated"]

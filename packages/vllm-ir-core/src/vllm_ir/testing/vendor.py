@@ -1,4 +1,4 @@
-"""The shared tests of vendor-wrapper packages (:class:`vllm_ir.provider.VendorNorm`).
+"""The shared tests of vendor-wrapper packages (:class:`vllm_ir.kits.vendor.VendorNorm`).
 
 vllm-ir-rocm and vllm-ir-xpu wrap a vendor's RMSNorm kernels through the
 same helper, so most of what their tests check is the same: the wiring over
@@ -38,7 +38,7 @@ import os
 import subprocess
 import sys
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -46,10 +46,10 @@ import pytest
 import torch
 from torch import Tensor
 
-from vllm_ir import _providers as providers
 from vllm_ir import ops
-from vllm_ir._op import IrOp, get_op
-from vllm_ir._providers import loaded_providers
+from vllm_ir._discovery import providers
+from vllm_ir._discovery.providers import loaded_providers
+from vllm_ir._op.op import IrOp, get_op
 from vllm_ir.priority import (
     PlatformDefaults,
     add_platform_defaults,
@@ -177,6 +177,11 @@ class VendorUnderTest:
         not_installed: what the reason says when the vendor library is absent.
         import_failure: ``(module, error, reason)``: importing ``module`` (one
             of the stand-in's) raising ``error`` must give a reason with ``reason``.
+        neighbours: the other provider packages that contribute defaults on
+            ``platform``: import name -> the defaults to stand in for them where
+            they are not installed (same platforms and ranks).
+        with_neighbours: the eager list after ``eager_default`` once those
+            neighbours' defaults are added (``native`` last).
     """
 
     package: str
@@ -195,6 +200,8 @@ class VendorUnderTest:
     pretend_gpu: Callable[[pytest.MonkeyPatch], None]
     not_installed: str
     import_failure: tuple[str, BaseException, str]
+    neighbours: Mapping[str, Sequence[PlatformDefaults]] = field(default_factory=dict)
+    with_neighbours: tuple[str, ...] = ("native",)
 
     def module(self, name: str = "") -> Any:
         """The package (or its submodule ``name``)."""
@@ -440,8 +447,8 @@ class WiringChecks(_Checks):
         assert not first.accepted
         assert "supports_args returned False" in first.reason
 
-    # Layouts the predicates decline, called directly: dispatch never sends a
-    # declined layout there (strides are in the dispatch key), but the impls
+    # Layouts the predicates decline, called directly: selection never sends a
+    # declined layout there (strides are in the selection key), but the impls
     # are public functions and must still compute the op exactly.
 
     def test_rms_norm_on_a_declined_layout_is_still_right(self, kernels: StandInKernels) -> None:
@@ -725,37 +732,35 @@ def _defaults_of(module: str, stand_in: Sequence[PlatformDefaults]) -> Sequence[
         return stand_in
 
 
-CUDA_DEFAULTS = [
-    PlatformDefaults(
-        "cuda",
-        eager={op: ["vllm_c"] for op in OPS},
-        compiled={op: ["native"] for op in OPS},
-        rank=100,
-    )
-]
-"""vllm-ir-cuda's defaults where it is not installed (its platform and rank)."""
+def stand_in_defaults(
+    platforms: Sequence[str], eager: Sequence[str], rank: int
+) -> list[PlatformDefaults]:
+    """A neighbour package's defaults where it is not installed: ``eager`` first for
+    the norm ops on each of ``platforms``, ``native`` compiled, at ``rank``."""
+    return [
+        PlatformDefaults(
+            platform,
+            eager={op: list(eager) for op in OPS},
+            compiled={op: ["native"] for op in OPS},
+            rank=rank,
+        )
+        for platform in platforms
+    ]
 
-TRITON_DEFAULTS = [
-    PlatformDefaults(
-        platform,
-        eager={op: ["triton", "triton_batch_invariant"] for op in OPS},
-        compiled={op: ["native"] for op in OPS},
-        rank=-10,
-    )
-    for platform in ("cuda", "rocm", "xpu")
-]
-"""vllm-ir-triton's defaults where it is not installed (its platforms and rank)."""
 
-SOURCES = ("zz-test vllm-ir-cuda", "zz-test vllm-ir-triton", "zz-test vllm-ir-other")
-"""Names for contributions a test adds (removed after each test)."""
+SOURCE_PREFIX = "zz-test "
+"""Names of the contributions a test adds start with this (removed after each test)."""
+
+OTHER_SOURCE = f"{SOURCE_PREFIX}vllm-ir-other"
+"""A contribution's name for a package's own tests."""
 
 
 class DefaultsChecks(_Checks):
     """How the package's platform defaults compose with the other providers' contributions.
 
-    vllm-ir-cuda (``vllm_c``, rank 100) and vllm-ir-triton (``triton``, rank
-    -10) are taken from their installed packages when present, else from
-    stand-in contributions with the same platforms and ranks.
+    The package's neighbours (:attr:`VendorUnderTest.neighbours`) are taken
+    from their installed packages when present, else from the stand-in
+    contributions the package gives (same platforms and ranks).
     """
 
     @pytest.fixture(autouse=True)
@@ -763,7 +768,7 @@ class DefaultsChecks(_Checks):
         monkeypatch.setenv("VLLM_IR_PLATFORM", self.vendor.platform)
         loaded_providers()  # discovery first: it would not overwrite our contributions
         yield
-        for source in SOURCES:
+        for source in [OTHER_SOURCE, *(SOURCE_PREFIX + n for n in self.vendor.neighbours)]:
             remove_platform_defaults(source)
 
     @staticmethod
@@ -788,11 +793,11 @@ class DefaultsChecks(_Checks):
         assert get_op(op).get_priority("compiled")[0] == "native"
 
     @pytest.mark.parametrize("op", OPS)
-    def test_with_the_cuda_and_triton_packages_installed(self, op: str) -> None:
-        add_platform_defaults(SOURCES[0], _defaults_of("vllm_ir_cuda", CUDA_DEFAULTS))
-        add_platform_defaults(SOURCES[1], _defaults_of("vllm_ir_triton", TRITON_DEFAULTS))
-        tail = ["triton", "triton_batch_invariant", "native"]
-        assert self.eager(op) == [*self.vendor.eager_default, *tail]
+    def test_with_the_neighbour_packages_installed(self, op: str) -> None:
+        v = self.vendor
+        for package, stand_in in v.neighbours.items():
+            add_platform_defaults(SOURCE_PREFIX + package, _defaults_of(package, stand_in))
+        assert self.eager(op) == [*v.eager_default, *v.with_neighbours]
         assert get_op(op).get_priority("compiled")[0] == "native"
 
     def test_user_priority_goes_first(self) -> None:

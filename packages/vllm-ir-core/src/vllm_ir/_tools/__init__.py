@@ -1,0 +1,1 @@
+"""Tools above the runtime: the kernel plan of a model run."""
