@@ -204,3 +204,30 @@ def test_bad_token_lists_are_refused(tmp_path: Path, capsys: pytest.CaptureFixtu
     argv = ["tune", "--model", "x:y", "--tokens", "16,1", "--out", str(tmp_path / "t.json")]
     assert main(argv) == 2
     assert "ascending order" in capsys.readouterr().err
+
+
+def test_the_model_is_kernelized_by_an_entry_point_of_vllm_ir_kernelizers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Core names no integration package: it asks the ``vllm_ir.kernelizers`` group."""
+    import types
+    from importlib import metadata
+
+    import torch
+    from vllm_ir._cli import model_source
+
+    model = torch.nn.Linear(2, 2)
+    report = types.SimpleNamespace(replaced=["a", "b"], by_op=lambda: "{'rms_norm': 2}")
+    kernelizer = types.SimpleNamespace(
+        is_kernelized=lambda m: False, kernelize=lambda m: report, __name__="fake"
+    )
+    found: list[metadata.EntryPoint] = []
+    monkeypatch.setattr(metadata, "entry_points", lambda group: found)
+    assert model_source._kernelize("m", model).startswith(
+        "no package of the entry-point group vllm_ir.kernelizers is installed"
+    )
+    monkeypatch.setitem(sys.modules, "fake_kernelizer", kernelizer)
+    found.append(metadata.EntryPoint("fake", "fake_kernelizer", model_source.KERNELIZERS))
+    assert model_source._kernelize("m", model) == "kernelized: 2 modules ({'rms_norm': 2})"
+    kernelizer.is_kernelized = lambda m: True
+    assert model_source._kernelize("m", model) == "already kernelized"

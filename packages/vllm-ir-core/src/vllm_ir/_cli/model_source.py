@@ -15,9 +15,11 @@
   current directory included). A callable that needs arguments, or returns
   anything else, is a :class:`UsageError` saying so.
 
-Either way the model is kernelized (``vllm_ir_transformers.kernelize``) when
-that package is installed and the model is not yet; a model that already
-calls IR ops needs nothing more.
+Either way the model is kernelized when it is not yet, by the first installed
+package that names a module in the entry-point group ``vllm_ir.kernelizers``
+(:data:`KERNELIZERS`); the module has ``is_kernelized(model)`` and
+``kernelize(model)``, whose report has ``replaced`` and ``by_op()``. A model
+that already calls IR ops needs nothing more.
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ import torch
 
 from vllm_ir._cli.args import UsageError
 
-__all__ = ["ModelSource", "load_model"]
+__all__ = ["KERNELIZERS", "ModelSource", "load_model"]
+
+KERNELIZERS = "vllm_ir.kernelizers"
+"""The entry-point group of the packages that turn a model's modules into IR ops."""
 
 
 @dataclass
@@ -172,11 +177,22 @@ def _from_pretrained(spec: str, decode_max: int) -> tuple[Any, Callable[[int], A
 def _kernelize(spec: str, model: Any) -> str:
     if not isinstance(model, torch.nn.Module):
         return "not a torch.nn.Module: run as given"
-    try:
-        from vllm_ir_transformers import is_kernelized, kernelize
-    except ImportError:
-        return "vllm-ir-transformers is not installed: run as given"
-    if is_kernelized(model):
+    kernelizer = _kernelizer()
+    if kernelizer is None:
+        return f"no package of the entry-point group {KERNELIZERS} is installed: run as given"
+    if kernelizer.is_kernelized(model):
         return "already kernelized"
-    report = kernelize(model)
+    report = kernelizer.kernelize(model)
     return f"kernelized: {len(report.replaced)} modules ({report.by_op()})"
+
+
+def _kernelizer() -> Any:
+    """The module the first ``vllm_ir.kernelizers`` entry point names (by name), or None."""
+    from importlib import metadata
+
+    for entry_point in sorted(metadata.entry_points(group=KERNELIZERS), key=lambda e: e.name):
+        try:
+            return entry_point.load()
+        except ImportError:
+            continue  # a broken install: the next one, or run as given
+    return None
