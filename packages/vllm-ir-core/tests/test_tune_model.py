@@ -138,24 +138,42 @@ def model_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
     sys.modules.pop(name, None)
 
 
+@pytest.mark.parametrize("unmeasured", ["above", "below"])
 def test_tune_a_module_callable(
-    model_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    model_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], unmeasured: str
 ) -> None:
     out = tmp_path / "tuned.json"
     argv = ["tune", "--model", f"{model_module}:build", "--tokens", "2,300", "--rounds", "3"]
+    argv += ["--unmeasured", unmeasured]
     assert main([*argv, "--warmup", "1", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert set(doc["ir_op_priority"]) == {"rms_norm", "fused_add_rms_norm"}
     for table in doc["ir_op_priority"].values():
-        assert [e.get("max_tokens") for e in table] == [16, 256, None]
+        bounds = [e.get("max_tokens") for e in table]
+        if unmeasured == "above":  # the buckets as given, each decided at counts above 2
+            assert bounds == [16, 256, None]
+        else:  # 3 to 299 run what 2 chose: a cut below 300 only, where the lists differ
+            assert bounds in ([None], [299, None])
         assert all("native" in e["priority"] for e in table)
+    assert doc["_measurements"]["unmeasured"] == unmeasured
+    # the table judged against the best candidate per size, where it guessed too
+    assert doc["_measurements"]["held_out"] == [24]  # sqrt(2 * 300), rounded
+    judged = doc["_measurements"]["table_vs_best"]["rms_norm"]
+    assert set(judged["sizes"]) == {"2", "300", "24"}
+    assert judged["sizes"]["24"]["held_out"]
+    assert all(0 < s["ratio"] <= 1 for s in judged["sizes"].values())
+    size, ratio = judged["worst"]["held_out"]
+    assert (size, ratio) == ("24", judged["sizes"]["24"]["ratio"])
     figures = doc["_measurements"]
     assert figures["threads"] == 1
     assert figures["ops"]["rms_norm"]["<=16"]["tokens"] == [2]
     assert figures["ops"]["rms_norm"]["<=256"]["reason"].startswith("no token count measured")
     timed = figures["ops"]["rms_norm"][">256"]["times_us"]["300"]
     assert {"default", "native"} <= set(timed)
-    assert "wrote" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "rms_norm: the table runs at >= " in printed
+    assert f">= {ratio:.2f} of the best at held-out sizes (worst at 24 tokens)" in printed
+    assert "wrote" in printed
     _loads_as_priorities(out, doc, capsys)
 
 
@@ -164,13 +182,18 @@ def _loads_as_priorities(
 ) -> None:
     """The sweep's file is a priority file: from_json, @FILE and explain --tuned read
     its bucketed ``ir_op_priority`` and accept the ``_measurements`` beside it."""
+    from vllm_ir._selection.buckets import as_priority, format_bucket_text
+
     config = ir.IrOpPriorityConfig.from_json(out)
-    assert config.to_dict() == doc["ir_op_priority"]
+    # a one-entry table (every size alike) reads back as its plain list
+    assert config == ir.IrOpPriorityConfig.from_dict(doc["ir_op_priority"])
     assert ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority=@{out}"]) == config
     assert main(["explain", "rms_norm", "--tuned", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"tuned in {out} (tune --model" in printed
-    assert "priority: <=16:" in printed
+    assert (
+        f"priority: {format_bucket_text(as_priority(config.to_dict()['rms_norm'], 'x'))}" in printed
+    )
     assert doc["_measurements"]["ops"]["rms_norm"][">256"]["reason"] in printed
 
 
@@ -231,3 +254,32 @@ def test_the_model_is_kernelized_by_an_entry_point_of_vllm_ir_kernelizers(
     assert model_source._kernelize("m", model) == "kernelized: 2 modules ({'rms_norm': 2})"
     kernelizer.is_kernelized = lambda m: True
     assert model_source._kernelize("m", model) == "already kernelized"
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_size_between_measured_counts_gets_the_list_chosen_below_it(seed: int) -> None:
+    """Random buckets, decisions and measured counts: every size runs the list of the
+    largest measured count at or below it (the smallest one's below them all)."""
+    import random
+
+    from vllm_ir._cli.tune_model import below_table
+    from vllm_ir._selection.buckets import SizePlan, as_priority, priority_for_tokens
+
+    rng = random.Random(seed)
+    bounds = tuple(sorted(rng.sample(range(1, 300), rng.randint(0, 4))))
+    plan = SizePlan(bounds)
+    lists = [[rng.choice("abc"), "native"] for _ in range(len(plan))]
+    tokens = sorted(rng.sample(range(1, 400), rng.randint(1, 5)))
+    written = as_priority(below_table(lists, bounds, tokens), "x")
+    for size in range(0, 450):
+        below = [t for t in tokens if t <= size] or tokens[:1]
+        assert list(priority_for_tokens(written, size)) == lists[plan.index(below[-1])], size
+
+
+def test_held_out_sizes_are_the_geometric_midpoints_between_measured_counts() -> None:
+    from vllm_ir._cli.tune_model import midpoints
+
+    assert midpoints([1, 16, 256, 1024]) == [4, 64, 512]
+    assert midpoints([300, 2]) == [24]
+    assert midpoints([1, 2, 3]) == []  # nothing strictly between neighbours
+    assert midpoints([7]) == []

@@ -31,7 +31,8 @@ def test_tune_a_saved_hugging_face_model(
         "rotary_embedding",
     }
     for table in doc["ir_op_priority"].values():
-        assert [e.get("max_tokens") for e in table] == [16, 256, None]
+        # sizes 2 to 299 were not measured: they run what 1 chose (a cut below 300 at most)
+        assert [e.get("max_tokens") for e in table] in ([None], [299, None])
     figures = doc["_measurements"]
     assert figures["kernelized"].startswith("kernelized: 11 modules")
     for op, buckets in figures["ops"].items():
@@ -46,11 +47,12 @@ def test_tune_a_saved_hugging_face_model(
     assert set(figures["combined"]) == {"1", "300"}
     # the file is a priority file: the bucketed table loads, _measurements ignored
     config = ir.IrOpPriorityConfig.from_json(out)
-    assert config.to_dict() == doc["ir_op_priority"]
+    # a one-entry table (every size alike) reads back as its plain list
+    assert config == ir.IrOpPriorityConfig.from_dict(doc["ir_op_priority"])
     assert ir.IrOpPriorityConfig.from_cli_args([f"--ir-op-priority=@{out}"]) == config
     assert main(["explain", "silu_and_mul", "--tuned", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "priority: <=16:" in printed
+    assert "priority: " in printed
     assert figures["ops"]["silu_and_mul"]["<=16"]["reason"] in printed
 
 

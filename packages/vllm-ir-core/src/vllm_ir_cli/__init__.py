@@ -241,6 +241,13 @@ def _add_tune(subparsers: argparse._SubParsersAction) -> None:
         default="1,16,256,1024",
         help="token counts to measure, ascending (default 1,16,256,1024)",
     )
+    model.add_argument(
+        "--unmeasured",
+        choices=("below", "above"),
+        default="below",
+        help="what a size between measured token counts runs: the list chosen at the "
+        "largest measured count below it (default), or its bucket's, chosen above it",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

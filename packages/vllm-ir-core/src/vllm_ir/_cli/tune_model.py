@@ -22,6 +22,7 @@ document and ignore the other keys.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ from vllm_ir._cli.bench import NOISY, is_noisy, spread, time_call
 from vllm_ir._cli.model_source import ModelSource, load_model
 from vllm_ir._cli.table import render_table
 from vllm_ir._op.op import get_op
-from vllm_ir._selection.buckets import SizePlan
+from vllm_ir._selection.buckets import SizePlan, as_priority, priority_for_tokens
 from vllm_ir.compilation._tuning_cache import environment
 from vllm_ir.priority import scoped_priority
 
@@ -184,6 +185,42 @@ def bucket_table(lists: Sequence[list[str]], bounds: Sequence[int]) -> list[dict
     return table
 
 
+UNMEASURED = ("below", "above")
+"""What a size between measured token counts gets: the decision of the largest
+measured count below it (default), or of its bucket, decided at counts above it."""
+
+
+def below_table(
+    lists: Sequence[list[str]], bounds: Sequence[int], tokens: Sequence[int]
+) -> list[dict[str, Any]]:
+    """The table that gives a size no measurement reached the list decided at the
+    largest measured count below it, never a decision made only at larger sizes
+    (a size rounded up to a tuned bucket can run a kernel chosen for much more
+    work). Sizes below every measured count take the smallest one's list.
+
+    ``lists[b]`` is the decision of bucket ``b`` of ``bounds``, made at the
+    ``tokens`` inside it:
+
+    >>> below_table([["a"], ["b"]], (16,), (1, 16, 256))  # 17 to 255 were not measured
+    [{'max_tokens': 255, 'priority': ['a']}, {'priority': ['b']}]
+    """
+    plan = SizePlan(tuple(bounds))
+    # (first size, list): from each measured count up, its bucket's decision
+    starts = sorted((t, lists[plan.index(t)]) for t in set(tokens))
+    segments: list[tuple[int | None, list[str]]] = []  # (last size or None, list)
+    for i, (_, chosen) in enumerate(starts):
+        last = starts[i + 1][0] - 1 if i + 1 < len(starts) else None
+        if segments and segments[-1][1] == chosen:
+            segments[-1] = (last, chosen)  # neighbours with one list: one entry
+        else:
+            segments.append((last, chosen))
+    table: list[dict[str, Any]] = [
+        {"max_tokens": last, "priority": chosen} for last, chosen in segments[:-1]
+    ]
+    table.append({"priority": segments[-1][1]})
+    return table
+
+
 def sweep(
     source: ModelSource,
     tokens: Sequence[int],
@@ -193,11 +230,22 @@ def sweep(
     warmup: int,
     ops: Sequence[str] = (),
     log: Callable[[str], None] = print,
+    unmeasured: str = "below",
 ) -> dict[str, Any]:
     """The ``tune --model`` document (see the module doc). Steps run under
-    ``torch.inference_mode()``, as served models do (no autograd bookkeeping)."""
+    ``torch.inference_mode()``, as served models do (no autograd bookkeeping).
+    ``unmeasured``: what sizes between measured counts get (:data:`UNMEASURED`)."""
     with torch.inference_mode():
-        return _sweep(source, tokens, bounds, rounds=rounds, warmup=warmup, ops=ops, log=log)
+        return _sweep(
+            source,
+            tokens,
+            bounds,
+            rounds=rounds,
+            warmup=warmup,
+            ops=ops,
+            log=log,
+            unmeasured=unmeasured,
+        )
 
 
 def _sweep(
@@ -209,6 +257,7 @@ def _sweep(
     warmup: int,
     ops: Sequence[str],
     log: Callable[[str], None],
+    unmeasured: str,
 ) -> dict[str, Any]:
     from vllm_ir._tools.planning import plan
 
@@ -216,26 +265,8 @@ def _sweep(
     plans = {t: _plan(plan, source, t) for t in tokens}
     used = sorted({s.op for p in plans.values() for s in p})
     chosen = [op for op in used if not ops or op in ops]
-    # per op and token count: what runs by default, and every impl that accepts a call
-    default_ran: dict[str, dict[int, str]] = {op: {} for op in chosen}
-    accepted: dict[str, dict[int, list[str]]] = {op: {} for op in chosen}
-    for t, p in plans.items():
-        for s in p:
-            if s.op in accepted:
-                default_ran[s.op].setdefault(t, s.ran)
-                found = accepted[s.op].setdefault(t, [])
-                for c in s.candidates:
-                    if c.status != "rejected" and c.provider not in found:
-                        found.append(c.provider)
-    timings: dict[int, dict[str, Timing]] = {}
-    for t in tokens:
-        settings: dict[str, Callable[[], Any]] = {DEFAULT: steps[t]}
-        for op in chosen:
-            for p in accepted[op].get(t, []):
-                if p != default_ran[op].get(t):
-                    settings[f"{op}={p}"] = _scoped(steps[t], {op: [p]})
-        log(f"tokens {t}: {len(settings)} settings x {rounds} interleaved rounds")
-        timings[t] = measure_interleaved(settings, rounds, warmup)
+    measured = _measure(chosen, steps, plans, rounds, warmup, log)
+    default_ran, timings = measured.default_ran, measured.timings
     table: dict[str, list[dict[str, Any]]] = {}
     per_op: dict[str, Any] = {}
     for op in chosen:
@@ -257,9 +288,19 @@ def _sweep(
                     for t, times in per_tokens.items()
                 },
             }
-        table[op] = bucket_table(lists, bounds)
+        if unmeasured == "below":
+            table[op] = below_table(lists, bounds, tokens)
+        else:
+            table[op] = bucket_table(lists, bounds)
         per_op[op] = buckets
     combined = _combined(plan, source, steps, table, bounds, rounds, warmup, log)
+    held_out = midpoints(tokens)
+    between = None
+    if held_out:
+        held_steps = {t: source.call(t) for t in held_out}
+        held_plans = {t: _plan(plan, source, t) for t in held_out}
+        between = _measure(chosen, held_steps, held_plans, rounds, warmup, log)
+    against_best = {op: _table_against_best(op, table[op], measured, between) for op in chosen}
     return {
         "ir_op_priority": table,
         "_measurements": {
@@ -270,8 +311,11 @@ def _sweep(
             "warmup": warmup,
             "tokens": list(tokens),
             "bucket_bounds": list(bounds),
+            "unmeasured": unmeasured,
             "ops": per_op,
             "combined": combined,
+            "held_out": held_out,
+            "table_vs_best": against_best,
             "environment": environment(torch.device("cpu")),
         },
     }
@@ -294,6 +338,97 @@ def _op_timings(times: dict[str, Timing], op: str, default: str | None) -> dict[
     return mine
 
 
+def midpoints(tokens: Sequence[int]) -> list[int]:
+    """Sizes held out of the decisions, to judge the table where it guessed: the
+    geometric midpoint of each pair of neighbouring measured counts (when one
+    lies strictly between them).
+
+    >>> midpoints([1, 16, 256, 1024])
+    [4, 64, 512]
+    """
+    ordered = sorted(set(tokens))
+    middles = [(a, round(math.sqrt(a * b)), b) for a, b in itertools.pairwise(ordered)]
+    return [m for a, m, b in middles if a < m < b]
+
+
+@dataclass
+class _Measured:
+    """Per op and token count: what ran by default and every impl that accepted the
+    call; per token count: every setting's timing."""
+
+    default_ran: dict[str, dict[int, str]]
+    accepted: dict[str, dict[int, list[str]]]
+    timings: dict[int, dict[str, Timing]]
+
+
+def _measure(
+    chosen: Sequence[str],
+    steps: dict[int, Callable[[], Any]],
+    plans: dict[int, Any],
+    rounds: int,
+    warmup: int,
+    log: Callable[[str], None],
+) -> _Measured:
+    """Time, at each token count of ``steps``, the step with each impl its plan says
+    accepts the call first on one op's list (the others at their defaults),
+    interleaved with the default."""
+    found = _Measured({op: {} for op in chosen}, {op: {} for op in chosen}, {})
+    for t, step in steps.items():
+        for s in plans[t]:
+            if s.op in found.accepted:
+                found.default_ran[s.op].setdefault(t, s.ran)
+                accepting = found.accepted[s.op].setdefault(t, [])
+                for c in s.candidates:
+                    if c.status != "rejected" and c.provider not in accepting:
+                        accepting.append(c.provider)
+        settings: dict[str, Callable[[], Any]] = {DEFAULT: step}
+        for op in chosen:
+            for p in found.accepted[op].get(t, []):
+                if p != found.default_ran[op].get(t):
+                    settings[f"{op}={p}"] = _scoped(step, {op: [p]})
+        log(f"tokens {t}: {len(settings)} settings x {rounds} interleaved rounds")
+        found.timings[t] = measure_interleaved(settings, rounds, warmup)
+    return found
+
+
+def _table_against_best(
+    op: str, entries: list[dict[str, Any]], measured: _Measured, held_out: _Measured | None
+) -> dict[str, Any]:
+    """Per size, measured and held out: what the written table runs, the fastest
+    candidate there, and the table's speed as a share of the best (1: the best)."""
+    sizes: dict[str, Any] = {}
+    for figures, is_held_out in ((measured, False), (held_out, True)):
+        for t, times in (figures.timings if figures else {}).items():
+            accepting = figures.accepted[op].get(t, []) if figures else []
+            default = figures.default_ran[op].get(t) if figures else None
+            mine = _op_timings(times, op, default)
+            runs = next((p for p in _list_at(entries, op, t) if p in accepting), default)
+            if runs not in mine:
+                continue
+            best = min((p for p in mine if p != DEFAULT), key=lambda p: mine[p].median_us)
+            ratio = mine[best].median_us / mine[runs].median_us
+            sizes[str(t)] = {
+                "table": runs,
+                "best": best,
+                "ratio": round(ratio, 3),
+                "held_out": is_held_out,
+            }
+    worst = {
+        kind: min(
+            ((s, f["ratio"]) for s, f in sizes.items() if f["held_out"] == held),
+            key=lambda x: x[1],
+            default=None,
+        )
+        for kind, held in (("measured", False), ("held_out", True))
+    }
+    return {"sizes": sizes, "worst": worst}
+
+
+def _list_at(entries: list[dict[str, Any]], op: str, tokens: int) -> tuple[str, ...]:
+    """The list a written table gives a call of ``tokens`` tokens."""
+    return priority_for_tokens(as_priority(entries, f"priority of op {op!r}"), tokens)
+
+
 def _combined(
     plan: Callable[..., Any],
     source: ModelSource,
@@ -307,8 +442,7 @@ def _combined(
     """Every op's bucket winner at once, re-measured against the defaults per token count."""
     result: dict[str, Any] = {}
     for t, step in steps.items():
-        b = SizePlan(tuple(bounds)).index(t)
-        tuned = {op: entries[b]["priority"] for op, entries in table.items()}
+        tuned = {op: list(_list_at(entries, op, t)) for op, entries in table.items()}
         if all(p == priority_for(op, None) for op, p in tuned.items()):
             result[str(t)] = {"same_as_default": True}
             continue
@@ -338,7 +472,15 @@ def run(args: argparse.Namespace) -> int:
     print(apply_threads(args.threads))
     source = load_model(args.model, bounds[0])
     print(f"{args.model}: {source.kernelized}")
-    doc = sweep(source, tokens, bounds, rounds=args.rounds, warmup=args.warmup, ops=ops)
+    doc = sweep(
+        source,
+        tokens,
+        bounds,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        ops=ops,
+        unmeasured=args.unmeasured,
+    )
     if not doc["ir_op_priority"]:
         raise UsageError(
             f"--model {args.model}: it calls no IR op (or none of --ops); nothing to tune"
@@ -362,6 +504,8 @@ def _print(doc: dict[str, Any]) -> None:
         "put first: the provider moved to the front of the op's list in that bucket "
         "(-: the list stays as it is)"
     )
+    for op, judged in figures.get("table_vs_best", {}).items():
+        print(f"{op}: {_worst_line(judged['worst'])}")
     bounds = figures["bucket_bounds"]
     for t, c in figures["combined"].items():
         if c.get("same_as_default"):
@@ -375,6 +519,18 @@ def _print(doc: dict[str, Any]) -> None:
             f"tokens {t}: default {c['default_us']['median_us']:.1f} us, tuned "
             f"{c['tuned_us']['median_us']:.1f} us ({c['speedup']:.2f}x){noisy}"
         )
+
+
+def _worst_line(worst: dict[str, Any]) -> str:
+    """``the table runs at >= 0.98 of the best at measured sizes (worst at 256 tokens),
+    >= 0.91 of the best at held-out sizes (worst at 64 tokens)``: the best candidate
+    measured at that size, one op moved at a time."""
+    parts = []
+    for kind, words in (("measured", "measured sizes"), ("held_out", "held-out sizes")):
+        if worst.get(kind) is not None:
+            size, ratio = worst[kind]
+            parts.append(f">= {ratio:.2f} of the best at {words} (worst at {size} tokens)")
+    return "the table runs at " + ", ".join(parts) if parts else "nothing measured"
 
 
 def _kept_summary(ops: dict[str, Any], label: str) -> str:
