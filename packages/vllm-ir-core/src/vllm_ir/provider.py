@@ -3,9 +3,10 @@
 A provider package (``vllm-ir-cpu``, ``-triton``, ``-cuda``, ``-rocm``,
 ``-xpu``, or a third party's) imports only ``vllm_ir`` (ops and their
 ``register_impl``), this module, ``vllm_ir.ops``, ``vllm_ir.testing`` and the
-kits (``vllm_ir.kits``). The repository enforces it with import-linter contracts (``.importlinter``), so
-the rest of core can move without breaking providers. :data:`API_VERSION`
-covers this module: a change that breaks it bumps the version.
+kits (``vllm_ir.kits``). The repository enforces it with import-linter
+contracts (``.importlinter``), so the rest of core can move without breaking
+providers. :data:`API_VERSION` covers this module: a change that breaks it
+bumps the version.
 
 What is here:
 
