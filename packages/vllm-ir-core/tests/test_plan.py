@@ -420,3 +420,43 @@ def test_explain_refuses_a_bad_plan_file_in_one_line(
     assert out.count("\n") == 1
     assert says in out
     assert "Traceback" not in out
+
+
+def test_the_summary_names_every_impl_that_never_ran_and_why(scale_op: ir.IrOp) -> None:
+    """The silent misses: rejected at every site, listed but never reached, not listed."""
+    scale_op.register_impl("fast", supports_args=lambda x, factor: True)(_times)
+    scale_op.register_impl("declines", supports_args=lambda x, factor: False)(_times)
+    scale_op.register_impl("later", supports_args=lambda x, factor: True)(_times)
+    scale_op.register_impl("unlisted", supports_args=lambda x, factor: True)(_times)
+    model = nn.Sequential(Scale(scale_op), Scale(scale_op))
+    with scale_op.set_priority(["declines", "fast", "later"]):
+        p = ir.plan(model, torch.randn(4, 8))
+    s = p.summary()[scale_op.name]
+    assert (s.calls, s.sites, s.ran) == (2, 2, {"fast": 2})
+    assert s.never_ran == {
+        "declines": {
+            "status": "rejected",
+            "reasons": ["arguments not supported (supports_args returned False)"],
+        },
+        "later": {
+            "status": "unreached",
+            "reasons": ["accepts, but fast is earlier on the priority list"],
+        },
+        "native": {
+            "status": "unreached",
+            "reasons": ["accepts, but fast is earlier on the priority list"],
+        },
+        "unlisted": {
+            "status": "not listed",
+            "reasons": ["accepts, but the priority list does not name it"],
+        },
+    }
+    line = s.line()
+    assert line.startswith(f"{scale_op.name}: 2 calls at 2 sites; ran fast (2); never ran: ")
+    assert "declines (rejected at every site: arguments not supported" in line
+    assert "later (accepts, never reached: an earlier entry ran)" in line
+    assert "unlisted (accepts, not on the priority list)" in line
+    assert f"per op:\n  {line}" in p.table()
+    doc = json.loads(p.to_json())
+    assert doc["summary"][scale_op.name]["never_ran"] == s.never_ran
+    assert Plan.from_json(p.to_json()) == p  # the summary is derived, not read back

@@ -63,7 +63,7 @@ from vllm_ir._schema.impl import IrOpImpl
 from vllm_ir._selection.buckets import ALL_SIZES
 from vllm_ir.selection import Candidates, selection_env
 
-__all__ = ["FORMAT", "Plan", "PlanFormatError", "plan"]
+__all__ = ["FORMAT", "OpSummary", "Plan", "PlanFormatError", "plan"]
 
 FORMAT = "vllm-ir-plan"
 VERSION = 1
@@ -99,6 +99,34 @@ class Plan:
     def mismatches(self) -> list[CallSite]:
         """Call sites where the impl that ran is not the selection rule's (should be none)."""
         return [s for s in self.sites if s.mismatch]
+
+    def summary(self) -> dict[str, OpSummary]:
+        """Per op: its calls and sites, what ran, and what never did, with why —
+        the misses a plain run is silent about.
+
+        An impl that never ran at any of the op's call sites is listed as
+        ``rejected`` when ``supports_args`` (or the platform, or batch
+        invariance) turned it down at every one, with each distinct reason;
+        ``unreached`` when it accepted somewhere but an earlier priority entry
+        always came first (a priority entry that never matters); ``not listed``
+        when it accepted but no list names it.
+
+        >>> import torch, vllm_ir as ir
+        >>> from vllm_ir.testing import TinyDecoder
+        >>> s = ir.plan(TinyDecoder(16, 2), torch.randn(4, 16)).summary()["rms_norm"]
+        >>> s.calls, s.ran
+        (1, {'native': 1})
+        """
+        found: dict[str, OpSummary] = {}
+        for s in self.sites:
+            op = found.setdefault(s.op, OpSummary(s.op))
+            op.add(s)
+        return found
+
+    def summary_lines(self) -> list[str]:
+        """One line per op: ``rms_norm: 48 calls at 2 sites; ran cpu_c (48); never ran:
+        aiter (rejected at every site: not supported on this platform)``."""
+        return [op.line() for op in self.summary().values()]
 
     def by_op(self) -> dict[str, dict[str, int]]:
         """``{op: {provider: calls}}``: how often each impl ran."""
@@ -143,6 +171,9 @@ class Plan:
                 for c in s.candidates:
                     if c.status != "ran":
                         lines.append(f"    {c.provider}: {c.status}: {c.reason}")
+        lines.append("")
+        lines.append("per op:")
+        lines.extend(f"  {line}" for line in self.summary_lines())
         for s in self.mismatches:
             lines.append(f"MISMATCH at {s.site} {s.op}: {s.mismatch}")
         lines.extend(f"note: {n}" for n in self.notes)
@@ -160,6 +191,8 @@ class Plan:
             "batch_invariant": self.batch_invariant,
             "notes": list(self.notes),
             "sites": [asdict(s) for s in self.sites],
+            # derived from the sites (not read back): the same data as summary()
+            "summary": {name: op.to_dict() for name, op in self.summary().items()},
         }
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -201,6 +234,67 @@ class Plan:
             raise PlanFormatError(f"missing key {e}") from None
         except TypeError as e:
             raise PlanFormatError(str(e)) from None
+
+
+@dataclass
+class OpSummary:
+    """One op's calls in a :class:`Plan`, and the impls that never ran
+    (:meth:`Plan.summary`)."""
+
+    op: str
+    calls: int = 0
+    sites: int = 0
+    ran: dict[str, int] = field(default_factory=dict)
+    """Provider -> calls it ran."""
+    _seen: dict[str, dict[str, set[str]]] = field(default_factory=dict, repr=False)
+    # provider -> status -> reasons, over every site
+
+    def add(self, site: CallSite) -> None:
+        self.calls += site.count
+        self.sites += 1
+        self.ran[site.ran] = self.ran.get(site.ran, 0) + site.count
+        for c in site.candidates:
+            self._seen.setdefault(c.provider, {}).setdefault(c.status, set()).add(c.reason)
+
+    @property
+    def never_ran(self) -> dict[str, dict[str, Any]]:
+        """Provider -> ``{"status": ..., "reasons": [...]}`` for every impl that ran nowhere."""
+        found = {}
+        for provider, statuses in self._seen.items():
+            if provider in self.ran:
+                continue
+            if "lost" in statuses:
+                status, reasons = "unreached", statuses["lost"]
+            elif "not listed" in statuses:
+                status, reasons = "not listed", statuses["not listed"]
+            else:
+                status, reasons = "rejected", statuses.get("rejected", set())
+            found[provider] = {"status": status, "reasons": sorted(reasons)}
+        return found
+
+    def line(self) -> str:
+        ran = ", ".join(f"{p} ({n})" for p, n in self.ran.items())
+        head = f"{self.op}: {self.calls} calls at {self.sites} site{'s' * (self.sites != 1)}"
+        missed = []
+        for provider, miss in self.never_ran.items():
+            where = "every site" if self.sites != 1 else "its site"
+            if miss["status"] == "rejected":
+                missed.append(f"{provider} (rejected at {where}: {'; '.join(miss['reasons'])})")
+            elif miss["status"] == "unreached":
+                missed.append(f"{provider} (accepts, never reached: an earlier entry ran)")
+            else:
+                missed.append(f"{provider} (accepts, not on the priority list)")
+        tail = f"; never ran: {', '.join(missed)}" if missed else ""
+        return f"{head}; ran {ran}{tail}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "sites": self.sites,
+            "ran": dict(self.ran),
+            "never_ran": self.never_ran,
+            "line": self.line(),
+        }
 
 
 def _typed(value: Any, kind: type, what: str) -> Any:
