@@ -460,3 +460,31 @@ def test_the_summary_names_every_impl_that_never_ran_and_why(scale_op: ir.IrOp) 
     doc = json.loads(p.to_json())
     assert doc["summary"][scale_op.name]["never_ran"] == s.never_ran
     assert Plan.from_json(p.to_json()) == p  # the summary is derived, not read back
+
+
+def test_picks_that_lose_at_a_measured_size_are_listed(scale_op: ir.IrOp) -> None:
+    """Against a tune --model document: slower by more than the margin at a size it
+    measured is listed; within the margin, or at a size it did not measure, is not."""
+    scale_op.register_impl("fast", supports_args=lambda x, factor: True)(_times)
+    model = nn.Sequential(Scale(scale_op))
+    with scale_op.set_priority(["native"]):
+        small, big = ir.plan(model, torch.randn(4, 8)), ir.plan(model, torch.randn(64, 8))
+
+    def doc(native_us: float) -> dict[str, object]:
+        times = {"default": {"median_us": native_us}, "native": {"median_us": native_us}}
+        times["fast"] = {"median_us": 10.0}
+        ops = {scale_op.name: {"<=16": {"times_us": {"4": times}}}}
+        return {"_measurements": {"ops": ops}}
+
+    (pick,) = small.losing_picks(doc(20.0))
+    assert (pick.op, pick.tokens, pick.ran, pick.best, pick.speedup) == (
+        scale_op.name,
+        4,
+        "native",
+        "fast",
+        2.0,
+    )
+    assert small.losing_picks(doc(10.4)) == []  # within the 5 % margin
+    assert small.losing_picks(doc(10.4), margin=0.01) != []
+    assert big.losing_picks(doc(20.0)) == []  # 64 tokens were not measured
+    assert small.losing_picks({"ir_op_priority": {}}) == []  # no figures: nothing judged

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ from vllm_ir._schema.impl import IrOpImpl
 from vllm_ir._selection.buckets import ALL_SIZES
 from vllm_ir.selection import Candidates, selection_env
 
-__all__ = ["FORMAT", "OpSummary", "Plan", "PlanFormatError", "plan"]
+__all__ = ["FORMAT", "LosingPick", "OpSummary", "Plan", "PlanFormatError", "plan"]
 
 FORMAT = "vllm-ir-plan"
 VERSION = 1
@@ -127,6 +127,34 @@ class Plan:
         """One line per op: ``rms_norm: 48 calls at 2 sites; ran cpu_c (48); never ran:
         aiter (rejected at every site: not supported on this platform)``."""
         return [op.line() for op in self.summary().values()]
+
+    def losing_picks(self, tuned: Mapping[str, Any], *, margin: float = 0.05) -> list[LosingPick]:
+        """Call sites whose impl is slower than another candidate by more than
+        ``margin`` at a token count that ``tuned`` — a ``vllm-ir tune --model``
+        document (``json.load`` of its file) — measured for this op; sizes it did
+        not measure are not judged.
+
+        >>> import torch, vllm_ir as ir
+        >>> from vllm_ir.testing import TinyDecoder
+        >>> p = ir.plan(TinyDecoder(16, 1), torch.randn(4, 16))
+        >>> times = {"native": {"median_us": 9.0}, "fast": {"median_us": 3.0}}
+        >>> doc = {"_measurements": {"ops": {"rms_norm": {"<=16": {"times_us": {"4": times}}}}}}
+        >>> [(x.op, x.ran, x.best, x.tokens, x.speedup) for x in p.losing_picks(doc)]
+        [('rms_norm', 'native', 'fast', 4, 3.0)]
+        """
+        measured = (tuned.get("_measurements") or {}).get("ops") or {}
+        found = []
+        for s in self.sites:
+            if not isinstance(s.tokens, int):  # a symbolic count: no one size measured
+                continue
+            times = _measured_times(measured.get(s.op), s.tokens)
+            if s.ran not in times:
+                continue
+            best = min(times, key=times.__getitem__)
+            if times[best] < times[s.ran] * (1 - margin):
+                speedup = round(times[s.ran] / times[best], 3)
+                found.append(LosingPick(s.site, s.op, s.tokens, s.ran, best, speedup))
+        return found
 
     def by_op(self) -> dict[str, dict[str, int]]:
         """``{op: {provider: calls}}``: how often each impl ran."""
@@ -234,6 +262,35 @@ class Plan:
             raise PlanFormatError(f"missing key {e}") from None
         except TypeError as e:
             raise PlanFormatError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class LosingPick:
+    """A call site whose impl lost to ``best`` at a measured token count
+    (:meth:`Plan.losing_picks`): ``best`` ran ``speedup`` times faster there."""
+
+    site: str
+    op: str
+    tokens: int
+    ran: str
+    best: str
+    speedup: float
+
+
+def _measured_times(buckets: Any, tokens: int) -> dict[str, float]:
+    """Provider -> median step time at ``tokens`` in a sweep's figures of one op
+    (empty where it did not measure that count)."""
+    if not isinstance(buckets, dict):
+        return {}
+    for bucket in buckets.values():
+        times = bucket.get("times_us", {}).get(str(tokens)) if isinstance(bucket, dict) else None
+        if isinstance(times, dict):
+            return {
+                p: float(v["median_us"])
+                for p, v in times.items()
+                if p != "default" and isinstance(v, dict) and "median_us" in v
+            }
+    return {}
 
 
 @dataclass
