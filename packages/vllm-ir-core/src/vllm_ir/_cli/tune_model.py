@@ -269,9 +269,9 @@ def _sweep(
     default_ran, timings = measured.default_ran, measured.timings
     table: dict[str, list[dict[str, Any]]] = {}
     per_op: dict[str, Any] = {}
+    buckets_of = SizePlan(tuple(bounds))
     for op in chosen:
         lists, buckets = [], {}
-        buckets_of = SizePlan(tuple(bounds))
         for b in range(len(buckets_of)):
             in_bucket = [t for t in tokens if buckets_of.index(t) == b]
             per_tokens = {t: _op_timings(timings[t], op, default_ran[op].get(t)) for t in in_bucket}
@@ -293,7 +293,7 @@ def _sweep(
         else:
             table[op] = bucket_table(lists, bounds)
         per_op[op] = buckets
-    combined = _combined(plan, source, steps, table, bounds, rounds, warmup, log)
+    combined = _combined(plan, source, steps, table, rounds, warmup, log)
     held_out = midpoints(tokens)
     between = None
     if held_out:
@@ -398,9 +398,11 @@ def _table_against_best(
     candidate there, and the table's speed as a share of the best (1: the best)."""
     sizes: dict[str, Any] = {}
     for figures, is_held_out in ((measured, False), (held_out, True)):
-        for t, times in (figures.timings if figures else {}).items():
-            accepting = figures.accepted[op].get(t, []) if figures else []
-            default = figures.default_ran[op].get(t) if figures else None
+        if figures is None:  # no held-out size lies between the measured ones
+            continue
+        for t, times in figures.timings.items():
+            accepting = figures.accepted[op].get(t, [])
+            default = figures.default_ran[op].get(t)
             mine = _op_timings(times, op, default)
             runs = next((p for p in _list_at(entries, op, t) if p in accepting), default)
             if runs not in mine:
@@ -434,7 +436,6 @@ def _combined(
     source: ModelSource,
     steps: dict[int, Callable[[], Any]],
     table: dict[str, list[dict[str, Any]]],
-    bounds: Sequence[int],
     rounds: int,
     warmup: int,
     log: Callable[[str], None],
