@@ -34,17 +34,6 @@ from typing import Any
 
 import torch
 
-OPS = (
-    "rms_norm",
-    "fused_add_rms_norm",
-    "silu_and_mul",
-    "gelu_and_mul",
-    "rotary_embedding",
-    "static_scaled_fp8_quant",
-    "dynamic_per_token_fp8_quant",
-    "rms_norm_static_fp8_quant",
-    "fused_add_rms_norm_static_fp8_quant",
-)
 HIDDEN = (2048, 4096, 8192, 16384)
 TOKENS = (1, 16, 256, 4096, 16384)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -261,7 +250,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_dtypes: Iterable[s
     parser.add_argument(
         "--target-ms", type=float, default=2.0, help="length of one round of back-to-back calls"
     )
-    parser.add_argument("--ops", nargs="+", choices=list(OPS), default=list(OPS))
+    from vllm_ir import ops  # every built-in op
+
+    parser.add_argument("--ops", nargs="+", choices=ops.__all__, default=ops.__all__)
     parser.add_argument("--hidden", type=int, nargs="+", default=list(HIDDEN))
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(default_dtypes))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -389,3 +390,52 @@ def test_impls_that_allocate_trace_in_the_fake_mode() -> None:
         torch.testing.assert_close(gm(x, w), op.native(x, w, 1e-6))
     finally:
         op.unregister_impl("allocating")
+
+
+# -- the lowering walk -------------------------------------------------------
+
+
+def _modules_lowering_visits(gm: fx.GraphModule, monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The ``vllm_ir.compilation`` and ``vllm_ir._op`` modules whose code runs
+    while the lowering pass lowers one node of ``gm`` (the selection beneath
+    ``IrOp`` is the one selection path eager shares: not counted)."""
+    visited: set[str] = set()
+    lowering = LoweringPass({"rms_norm": ["native"]})
+    lower_node = LoweringPass._lower_node
+
+    def profile(frame, event, arg):  # type: ignore[no-untyped-def]
+        module = frame.f_globals.get("__name__", "")
+        if event == "call" and module.startswith(("vllm_ir.compilation", "vllm_ir._op")):
+            visited.add(module)
+
+    def profiled(*args, **kwargs):  # type: ignore[no-untyped-def]
+        sys.setprofile(profile)
+        try:
+            return lower_node(*args, **kwargs)
+        finally:
+            sys.setprofile(None)
+
+    monkeypatch.setattr(LoweringPass, "_lower_node", profiled)
+    with pass_context():
+        lowering.post(gm.graph)
+    assert lowering.selected_impls == {"rms_norm": {"rms_norm": "native"}}
+    return visited
+
+
+@pytest.mark.parametrize("tracing_mode", ["fake", "symbolic"])
+def test_lowering_one_node_stays_in_three_modules(
+    tracing_mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lowering one node runs the lowering, the node helpers and the aliasing facts
+    (checking the trace writes no constant), and asks the op which impl: the
+    plan's collector, the bucket branches and the pass context stay out of it."""
+    x, _, w = inputs()
+    gm = make_fx(lambda x, w: ir.ops.rms_norm(x, w, 1e-6), tracing_mode=tracing_mode)(x, w)
+    visited = _modules_lowering_visits(gm, monkeypatch)
+    compilation = {m for m in visited if m.startswith("vllm_ir.compilation")}
+    assert compilation <= {
+        "vllm_ir.compilation._lowering",
+        "vllm_ir.compilation.ir_nodes",
+        "vllm_ir.compilation._aliasing",
+    }
+    assert visited - compilation == {"vllm_ir._op.op"}

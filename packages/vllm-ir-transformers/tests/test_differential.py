@@ -8,19 +8,10 @@ from __future__ import annotations
 import copy
 import random
 
+import operations as user
 import pytest
 import torch
 from conftest import Arch, operation_arch_params
-from operations import (
-    assert_same_logits,
-    ids,
-    other_state,
-    pair,
-    pickled,
-    safetensors_roundtrip,
-    torch_saved,
-    train_step,
-)
 from vllm_ir_transformers import is_kernelized, kernelize, undo
 from vllm_ir_transformers.kernelize import REPORT_ATTR
 
@@ -54,20 +45,20 @@ def _apply(op: str, plain, model, arch: Arch, step: int, tmp_path):
     elif op.startswith("load_state_dict"):
         assign = op.endswith("assign")
         for m in (plain, model):
-            m.load_state_dict(other_state(arch, 100 + step, dtype), assign=assign)
+            m.load_state_dict(user.other_state(arch, 100 + step, dtype), assign=assign)
     elif op in ("inference_mode_forward", "no_grad_forward"):
-        assert_same_logits(plain, model, ids(step), op.removesuffix("_forward"))
+        user.assert_same_logits(plain, model, user.ids(step), op.removesuffix("_forward"))
     elif op == "train_step":
-        train_step(plain, model, ids(step))
+        user.train_step(plain, model, user.ids(step))
     elif op == "deepcopy":
         plain, model = copy.deepcopy(plain), copy.deepcopy(model)
     elif op == "pickle":
-        plain, model = pickled(plain), pickled(model)
+        plain, model = user.pickled(plain), user.pickled(model)
     elif op == "torch_save":
-        plain, model = torch_saved(plain), torch_saved(model)
+        plain, model = user.torch_saved(plain), user.torch_saved(model)
     elif op == "safetensors":
-        safetensors_roundtrip(plain, tmp_path / f"plain{step}.safetensors")
-        safetensors_roundtrip(model, tmp_path / f"model{step}.safetensors")
+        user.safetensors_roundtrip(plain, tmp_path / f"plain{step}.safetensors")
+        user.safetensors_roundtrip(model, tmp_path / f"model{step}.safetensors")
     elif op == "undo_and_kernelize":
         undo(model)
         kernelize(model)
@@ -80,7 +71,7 @@ def _check(plain, model, step: int) -> None:
     assert is_kernelized(model)
     off = [s for s in model.__dict__[REPORT_ATTR].current() if s.impl is None]
     assert not off, [f"{s.name}: {s.runs}" for s in off]
-    assert_same_logits(plain, model, ids(1000 + step), "no_grad")
+    user.assert_same_logits(plain, model, user.ids(1000 + step), "no_grad")
 
 
 @pytest.mark.parametrize("arch", operation_arch_params())
@@ -89,7 +80,7 @@ def test_random_operation_sequences(arch: Arch, tmp_path) -> None:
     for seq in range(SEQUENCES):
         rng = random.Random(f"{arch.name}-{seq}")
         ops = [rng.choice(OPERATIONS) for _ in range(LENGTH)] + ["train_step"]
-        plain, model = pair(arch, seed=seq)
+        plain, model = user.pair(arch, seed=seq)
         for step, op in enumerate(ops):
             try:
                 plain, model = _apply(op, plain, model, arch, step, tmp_path)

@@ -26,7 +26,7 @@ from vllm_ir_cli.flags import (
     DEFAULT_AUTOTUNE_MARGIN,
     PASS_FLAG,
     PRIORITY_FLAG,
-    ArgvCursor,
+    split_flag_values,
 )
 
 from vllm_ir._base.registration import RegistrationHandle
@@ -225,18 +225,8 @@ def parse_ir_pass_args(argv: Sequence[str]) -> tuple[IrPassConfig, list[str]]:
     ([], ['-v'])
     """
     flags: dict[str, bool] = {}
-    rest: list[str] = []
-    cursor = ArgvCursor(argv)
-    for arg in cursor:
-        if not arg.startswith(PASS_FLAG + "."):
-            rest.append(arg)
-            continue
-        flag, eq, value = arg.partition("=")
-        if not eq:
-            following = cursor.take()
-            if following is None:
-                raise ValueError(f"{flag} expects on or off")
-            value = following
+    found, rest = split_flag_values(argv, PASS_FLAG + ".", "on or off")
+    for flag, value in found:
         name = flag[len(PASS_FLAG) + 1 :].replace("-", "_")
         if value.strip().lower() not in _ON:
             raise ValueError(f"{flag}={value!r}: expected on or off")
@@ -506,20 +496,8 @@ def parse_ir_op_priority_args(
     ({'rms_norm': ['native']}, ['--verbose'])
     """
     priorities: dict[str, list[str]] = {}
-    rest: list[str] = []
-    cursor = ArgvCursor(argv)
-    for arg in cursor:
-        if not arg.startswith(CLI_FLAG):
-            rest.append(arg)
-            continue
-        flag, eq, value = arg.partition("=")
-        if not eq:
-            following = cursor.take()
-            if following is None:
-                raise ValueError(f"{flag} expects a value")
-            if following.startswith("--"):  # provider lists never start so: a missing value
-                raise ValueError(f"{flag} expects a value, got the next flag {_short(following)}")
-            value = following
+    found, rest = split_flag_values(argv, CLI_FLAG, "a value")
+    for flag, value in found:
         if flag == CLI_FLAG and value.startswith("@"):  # @file: a JSON file
             priorities.update(_parse_json(*_read_json_source(Path(value[1:]))))
         elif flag == CLI_FLAG:

@@ -20,6 +20,7 @@ __all__ = [
     "PASS_FLAG",
     "PRIORITY_FLAG",
     "TORCH_WRAP_FLAG",
+    "split_flag_values",
 ]
 
 PRIORITY_FLAG = "--ir-op-priority"
@@ -71,3 +72,34 @@ class ArgvCursor:
         left = self._args[self._next - 1 :]
         self._next = len(self._args)
         return left
+
+
+def split_flag_values(
+    argv: Sequence[str], prefix: str, expects: str
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """``(flag, value)`` for each argument starting with ``prefix``, written
+    ``--flag=VALUE`` or ``--flag VALUE``, and the other arguments in order.
+
+    A separate value that is missing, or is the next flag (no value of these
+    flags starts with ``--``), raises ``ValueError`` saying the flag ``expects``.
+
+    >>> split_flag_values(["--ir-pass.a", "off", "-v", "--ir-pass.b=on"], "--ir-pass.", "on/off")
+    ([('--ir-pass.a', 'off'), ('--ir-pass.b', 'on')], ['-v'])
+    """
+    found: list[tuple[str, str]] = []
+    rest: list[str] = []
+    cursor = ArgvCursor(argv)
+    for arg in cursor:
+        if not arg.startswith(prefix):
+            rest.append(arg)
+            continue
+        flag, eq, value = arg.partition("=")
+        if not eq:
+            following = cursor.take()
+            if following is None:
+                raise ValueError(f"{flag} expects {expects}")
+            if following.startswith("--"):
+                raise ValueError(f"{flag} expects {expects}, got the next flag {following[:80]!r}")
+            value = following
+        found.append((flag, value))
+    return found, rest

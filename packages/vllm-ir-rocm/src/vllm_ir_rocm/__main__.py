@@ -6,30 +6,18 @@ machine's setup script can check that AITER is usable.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m vllm_ir_rocm",
-        description="Report whether the aiter provider of vllm-ir can run in this environment.",
-    )
-    parser.parse_args(argv)
-
     import torch
 
-    from vllm_ir_rocm import API_VERSION, PROVIDER, __version__, availability
+    from vllm_ir_rocm import API_VERSION, __version__, availability
     from vllm_ir_rocm.ops import KIT
 
-    found = availability.current()
-    header = (
-        f"vllm-ir-rocm {__version__}: provider {PROVIDER!r}, vllm-ir provider API {API_VERSION}"
-    )
-    return KIT.report(
-        header, f"torch {torch.__version__}, HIP {getattr(torch.version, 'hip', None)}", found
-    )
+    hip = f"HIP {getattr(torch.version, 'hip', None)}"
+    return KIT.main(argv, __version__, API_VERSION, availability.current, lambda _: hip)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import os
 import tempfile
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ __all__ = [
     "allocating",
     "apply_threads",
     "call_args_for",
+    "checked_call",
     "check_fits",
     "check_native_accepts",
     "parse_device",
@@ -72,7 +73,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def parse_assignments(items: list[str]) -> dict[str, Any]:
+def parse_assignments(items: Sequence[str]) -> dict[str, Any]:
     """``["variance_size=64"]`` -> ``{"variance_size": 64}`` (Python literals)."""
     import ast
 
@@ -244,6 +245,25 @@ def check_native_accepts(op: IrOp, call: tuple[Any, ...], shape: tuple[int, ...]
             f"{op.name} cannot take shape {'x'.join(map(str, shape))}: {first}; "
             f"shapes it takes include {samples}"
         ) from None
+
+
+def checked_call(
+    op: IrOp,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: str,
+    assignments: Sequence[str] = (),
+) -> tuple[Any, ...]:
+    """:func:`call_args_for` with ``--arg NAME=VALUE`` ``assignments``, checked by
+    running the native function once (:func:`check_native_accepts`).
+
+    Selection only asks ``supports_args``, which need not check what the op
+    itself requires (``silu_and_mul``'s even width): without the check a
+    command would show or time impls for a call that every impl raises on.
+    """
+    call = call_args_for(op, shape, dtype, device, parse_assignments(assignments))
+    check_native_accepts(op, call, shape)
+    return call
 
 
 def apply_threads(threads: int) -> str:

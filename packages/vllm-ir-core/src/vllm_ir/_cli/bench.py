@@ -17,9 +17,7 @@ from vllm_ir._base.timing import NOISY, is_noisy, spread, time_call
 from vllm_ir._cli.args import (
     UsageError,
     apply_threads,
-    call_args_for,
-    check_native_accepts,
-    parse_assignments,
+    checked_call,
     parse_device,
     parse_dtype,
     parse_op,
@@ -48,7 +46,6 @@ def run(args: argparse.Namespace) -> int:
     op = parse_op(args.op)
     shapes = [parse_shape(s) for s in re.split(r"[\s;]+", args.shapes.strip()) if s]
     dtypes = [parse_dtype(d) for d in args.dtypes.split(",")]
-    overrides = parse_assignments(args.arg)
     device = parse_device(args.device)
     json_path = writable_file("--json", args.json) if args.json else None
     plot_path = writable_file("--plot", args.plot) if args.plot else None
@@ -63,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
     jobs: list[tuple[tuple[int, ...], torch.dtype, str, Callable[..., Any], tuple[Any, ...]]] = []
     for shape in shapes:
         for dtype in dtypes:
-            call = call_args_for(op, shape, dtype, device, overrides)
-            check_native_accepts(op, call, shape)
+            call = checked_call(op, shape, dtype, device, args.arg)
             impls = _candidates(op, call)
             if compiled_native is not None:
                 impls[COMPILED] = compiled_native

@@ -11,9 +11,7 @@ from vllm_ir._base.torch_wrap import torch_wrap_enabled
 from vllm_ir._cli import plan_cmd
 from vllm_ir._cli.args import (
     UsageError,
-    call_args_for,
-    check_native_accepts,
-    parse_assignments,
+    checked_call,
     parse_device,
     parse_dtype,
     parse_op,
@@ -83,11 +81,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = parse_dtype(args.dtype)
     shape = parse_shape(args.shape)
     device = parse_device(args.device)
-    call = call_args_for(op, shape, dtype, device, parse_assignments(args.arg))
-    # Selection only asks supports_args, which need not check what the op itself
-    # requires (silu_and_mul's even width): without this, explain would show an
-    # impl selected for a call every impl raises on, and that bench refuses.
-    check_native_accepts(op, call, shape)
+    call = checked_call(op, shape, dtype, device, args.arg)
     if args.tuned or args.autotune:
         # loads Inductor (about 3 CPU-seconds): only for what needs it, so a plain
         # ``explain`` starts as fast as ``import vllm_ir``

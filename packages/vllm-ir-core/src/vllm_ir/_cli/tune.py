@@ -29,7 +29,7 @@ from vllm_ir._cli.args import (
     UsageError,
     apply_threads,
     call_args_for,
-    check_native_accepts,
+    checked_call,
     parse_device,
     parse_dtype,
     parse_op,
@@ -273,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     for op in ops:
         for shape in shapes.values():
-            check_native_accepts(op, call_args_for(op, shape, dtype, device), shape)
+            checked_call(op, shape, dtype, device)
     print(apply_threads(args.threads))
     if bounds is None:
         doc = tune(ops, shapes, dtype, device, WallClockTimer(warmup=args.warmup, runs=args.runs))

@@ -65,7 +65,7 @@ from vllm_ir._base.torch_private import size_hint
 from vllm_ir._discovery.build_cache import BuildCacheError, UnsafeCacheError
 from vllm_ir._op.op import IrOp
 from vllm_ir._schema.impl import IrOpImpl
-from vllm_ir._selection.buckets import symbolic_range
+from vllm_ir.compilation._bucket_branches import bucket_branches
 from vllm_ir.compilation._context import _current_context
 from vllm_ir.compilation._fingerprint import code_fingerprint
 from vllm_ir.compilation._tuning_cache import TuningCache, record_problem
@@ -589,21 +589,15 @@ class Autotuner:
         if type(tokens) is int:
             return None
         plan = op.size_plan().merged(self.buckets)
-        low, high = symbolic_range(tokens)
-        reached = plan.indices(low, high)
-        branches: list[tuple[int | None, IrOpImpl]] = []
-        for i in reached:
+
+        def choose(i: int, low: int, high: int) -> IrOpImpl:
             top = plan.upper(i)
             if top is None:
                 top = plan.bounds[-1] * LAST_BUCKET_FACTOR
             rep = min(max(top, low), high)  # the bucket's upper end, within the symbol's range
-            impl = self._choose_bucket(op, node, args, plan.label(i), rep)
-            bound = plan.upper(i) if i < reached[-1] else None
-            if branches and branches[-1][1] is impl:
-                branches[-1] = (bound, impl)
-            else:
-                branches.append((bound, impl))
-        return branches
+            return self._choose_bucket(op, node, args, plan.label(i), rep)
+
+        return bucket_branches(plan, tokens, choose)
 
     def _choose_bucket(
         self, op: IrOp, node: str, args: Sequence[Any], label: str, tokens: int

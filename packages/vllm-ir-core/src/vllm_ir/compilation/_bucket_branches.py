@@ -39,30 +39,20 @@ Branch = tuple[int | None, IrOpImpl]
 
 
 def bucket_branches(
-    op: IrOp, args: Sequence[Any], select: Callable[[int], IrOpImpl] | None = None
-) -> list[Branch] | None:
-    """The impl of every bucket a symbolic token count can fall into, merged;
-    ``None`` when the count is static or the table has no buckets (select as usual).
+    plan: SizePlan, tokens: Any, choose: Callable[[int, int, int], IrOpImpl]
+) -> list[Branch]:
+    """The impl of every bucket of ``plan`` a symbolic token count can fall into,
+    neighbouring buckets with one impl merged into one branch.
 
-    ``select(tokens)`` picks the impl of a representative call (default: the
-    priority list's selection for that token count).
+    ``choose(i, low, high)`` picks bucket ``i``'s impl, given the symbol's
+    value range ``[low, high]`` (the lowering selects at the bucket's smallest
+    reachable count; the autotuner measures at its largest).
     """
-    plan = op.size_plan()
-    tokens = op.tokens(*args)
-    if not plan or type(tokens) is int:
-        return None
-    if select is None:
-        full = tuple(args)
-
-        def select(n: int) -> IrOpImpl:
-            return op.selector.select(full, tokens=n).impl
-
     low, high = symbolic_range(tokens)
     reached = plan.indices(low, high)
     branches: list[Branch] = []
     for i in reached:
-        # the smallest count of bucket i the symbol can take represents it
-        impl = select(plan.lowest(i, low))
+        impl = choose(i, low, high)
         bound = plan.upper(i) if i < reached[-1] else None
         if branches and branches[-1][1] is impl:
             branches[-1] = (bound, impl)  # same impl as the bucket below: one branch

@@ -61,7 +61,12 @@ from vllm_ir.compilation._bucket_branches import (
     plain_strides,
     size_symbol_operands,
 )
-from vllm_ir.compilation._context import DONATED_INPUTS_META, DONATED_META, get_pass_context
+from vllm_ir.compilation._context import (
+    DONATED_INPUTS_META,
+    DONATED_META,
+    PassContext,
+    get_pass_context,
+)
 from vllm_ir.compilation._fingerprint import code_fingerprint
 from vllm_ir.compilation._functionalize import input_signature
 from vllm_ir.compilation._pass_base import Uncacheable, VllmIRPass
@@ -123,6 +128,14 @@ class _Trace(NamedTuple):
     """Whether the trace takes views at absolute storage offsets (``_addresses_storage``)."""
 
 
+class _GraphState(NamedTuple):
+    """What the lowering of one graph reads once, not per node."""
+
+    context: PassContext
+    collecting: bool
+    """Whether :func:`vllm_ir.plan` collects call sites (``record_lowered``)."""
+
+
 class LoweringPass:
     """Lowers IR nodes; ``selected_impls`` records every node's provider.
 
@@ -137,6 +150,7 @@ class LoweringPass:
         self._traced: dict[tuple[Any, ...], _Trace] = {}
         self._traced_env: weakref.ref[Any] | None = None
         """The ShapeEnv the traces in ``_traced`` were made in."""
+        self._graph = _GraphState(PassContext(), collecting=False)
         self.pre = _LoweringStage(self, inplace=False)
         self.post = _LoweringStage(self, inplace=True)
 
@@ -190,7 +204,8 @@ class LoweringPass:
 
     def lower(self, graph: fx.Graph, *, inplace: bool) -> None:
         ctx = get_pass_context()
-        inputs = _donatable_inputs(graph)
+        self._graph = _GraphState(ctx, is_collecting())
+        inputs = _donatable_inputs(graph, ctx)
         with self._selection():
             for _ in range(_MAX_ROUNDS):
                 nodes = [n for n in graph.nodes if is_ir_node(n)]
@@ -223,10 +238,7 @@ class LoweringPass:
         op = ir_op_of(node)
         args = call_args(node, op)
         fake_args = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
-        if self.autotuner is None:
-            branches = bucket_branches(op, fake_args)
-        else:
-            branches = self.autotuner.choose_buckets(op, node.name, fake_args)
+        branches = self._branches(op, node, fake_args)
         if branches is not None and len(branches) > 1:
             return self._lower_branched(graph, node, op, args, fake_args, branches, inplace)
         if branches is not None:
@@ -245,13 +257,32 @@ class LoweringPass:
             # then address other memory. Lowered after that removal instead.
             return 0
         self._record(op.name, node.name, impl.provider)
-        if branches is None:
-            record_lowered(node, op, fake_args, impl.provider)  # for vllm_ir.plan; else no-op
-        else:
-            _record_branches(node, op, fake_args, branches)
-        _inline(graph, node, trace.gm, trace.fresh, args, op, _donations(node, inputs))
+        if self._graph.collecting:  # for vllm_ir.plan
+            if branches is None:
+                record_lowered(node, op, fake_args, impl.provider)
+            else:
+                _record_branches(node, op, fake_args, branches)
+        _inline(graph, node, trace, args, op, _donations(node, inputs), self._graph.context)
         logger.debug("lowered %s to %s", node.name, impl.provider)
         return 1
+
+    def _branches(self, op: IrOp, node: fx.Node, fake_args: list[Any]) -> list[Branch] | None:
+        """The impl per size bucket a symbolic token count can reach (see
+        ``_bucket_branches``), or None: a static count, or a table without
+        buckets, selects one impl as eager does."""
+        if self.autotuner is not None:
+            return self.autotuner.choose_buckets(op, node.name, fake_args)  # type: ignore[no-any-return]
+        tokens = op.tokens(*fake_args)
+        plan = op.size_plan()
+        if type(tokens) is int or not plan:
+            return None
+        full = tuple(fake_args)
+
+        def choose(i: int, low: int, high: int) -> IrOpImpl:
+            # the smallest count of bucket i the symbol can take represents it
+            return op.selector.select(full, tokens=plan.lowest(i, low)).impl  # type: ignore[no-any-return]
+
+        return bucket_branches(plan, tokens, choose)
 
     def _lower_branched(
         self,
@@ -327,7 +358,8 @@ class LoweringPass:
                 graph.erase_node(user)
         graph.erase_node(node)
         self._record(op.name, node.name, describe_branches(branches))
-        _record_branches(node, op, fake_args, branches)
+        if self._graph.collecting:
+            _record_branches(node, op, fake_args, branches)
         logger.debug("lowered %s to buckets %s", node.name, describe_branches(branches))
         return 1
 
@@ -446,8 +478,6 @@ def _record_branches(
     node: fx.Node, op: IrOp, fake_args: list[Any], branches: Sequence[Branch]
 ) -> None:
     """For :func:`vllm_ir.plan`: one call site per runtime branch (bucket -> impl)."""
-    if not is_collecting():
-        return
     for label, rep, impl in branch_buckets(op, fake_args, branches):
         record_lowered(node, op, fake_args, impl.provider, branch=(label, rep))
 
@@ -565,11 +595,10 @@ def _functionalized(fn: Any, op: IrOp, impl: IrOpImpl, tensor_names: Sequence[st
     return run
 
 
-def _donatable_inputs(graph: fx.Graph) -> list[str] | None:
+def _donatable_inputs(graph: fx.Graph, ctx: PassContext) -> list[str] | None:
     """Names of the graph inputs by pre-grad position, or None when the inputs
     no longer line up with the pre-grad graph's (then no input counts as
     donated: the clones protecting them stay)."""
-    ctx = get_pass_context()
     placeholders = list(graph.find_nodes(op="placeholder"))
     if ctx.graph_inputs is None or ctx.graph_inputs != input_signature(graph):
         return None
@@ -665,12 +694,13 @@ def _propagate_fake(node: fx.Node, fake_mode: Any) -> None:
 def _inline(
     graph: fx.Graph,
     node: fx.Node,
-    gm: fx.GraphModule,
-    fresh: frozenset[fx.Node],
+    trace: _Trace,
     args: list[Any],
     op: IrOp,
     donated: Mapping[int, frozenset[str]],
+    ctx: PassContext,
 ) -> None:
+    gm, fresh = trace.gm, trace.fresh
     tensor_args = [(i, a) for i, a in enumerate(args) if isinstance(a, fx.Node)]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     env: dict[fx.Node, Any] = {}
@@ -679,7 +709,6 @@ def _inline(
         env[ph] = a
         position[ph] = i
     names = list(op.signature.parameters)
-    ctx = get_pass_context()
     fake_mode = detect_fake_mode([a.meta.get("val") for _, a in tensor_args])
     with graph.inserting_before(node):
         for n in gm.graph.nodes:

@@ -10,7 +10,7 @@ dtypes, layouts and the calls into the library differ. A package fills in a
   signatures: the ones weight for ``weight=None``, ``variance_size`` refused
   (:meth:`VendorNorm.impls`), and their ``supports_args`` (:meth:`VendorNorm.supports_args_for`);
 * the registration and its log line (:meth:`VendorNorm.register_kernels`);
-* the ``python -m <package>`` report (:meth:`VendorNorm.report`).
+* the ``python -m <package>`` report (:meth:`VendorNorm.main`).
 
 The availability probe keeps its vendor-specific checks; what is common is
 here: the answer (:class:`VendorAvailability`), computed once per process and
@@ -431,6 +431,32 @@ class VendorNorm:
             unsupported_reason=found.reason,
         )
         return found
+
+    def main(
+        self,
+        argv: Sequence[str] | None,
+        version: str,
+        api_version: int,
+        found: Callable[[], VendorAvailability],
+        platform: Callable[[VendorAvailability], str],
+    ) -> int:
+        """``python -m <package>``: parse ``argv`` (``--help`` only), then :meth:`report`.
+
+        ``found`` probes the vendor library (called after parsing, so ``--help``
+        imports nothing); ``platform(found)`` says what torch sees.
+        """
+        import argparse
+
+        argparse.ArgumentParser(
+            prog=f"python -m {self.namespace}",
+            description=f"Report whether the {self.provider} provider of vllm-ir can run here.",
+        ).parse_args(argv)
+        available = found()
+        package = self.namespace.replace("_", "-")
+        header = (
+            f"{package} {version}: provider {self.provider!r}, vllm-ir provider API {api_version}"
+        )
+        return self.report(header, f"torch {torch.__version__}, {platform(available)}", available)
 
     def report(self, header: str, platform: str, found: VendorAvailability) -> int:
         """Print the ``python -m <package>`` report; 0 when the impls can run here, else 1.

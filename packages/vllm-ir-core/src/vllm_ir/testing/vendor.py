@@ -942,6 +942,24 @@ class AvailabilityChecks(_Checks):
         assert found.device_type == v.device_type
         assert found.vendor_version == "0.0.0+cpu-stand-in"
 
+    @pytest.mark.parametrize("supported", [False, True], ids=["unsupported", "supported"])
+    def test_python_m_reports_and_exits_as_the_answer_says(
+        self, capsys: pytest.CaptureFixture[str], supported: bool
+    ) -> None:
+        v = self.vendor
+        package, availability = v.module(), v.module("availability")
+        answer = availability.Availability(
+            supported, None if supported else "because a test says so", v.device_type
+        )
+        with availability.forced(answer):
+            code = v.module("__main__").main([])
+        lines = capsys.readouterr().out.splitlines()
+        assert code == (0 if supported else 1)
+        assert lines[0].startswith(f"{v.distribution} {package.__version__}: provider ")
+        assert lines[1].startswith(f"torch {torch.__version__}, ")
+        expected = "supported: yes (" if supported else "supported: no: because a test says so"
+        assert lines[2].startswith(expected)
+
     def test_unsupported_reason_is_exposed(self) -> None:
         package, availability = self.vendor.module(), self.vendor.module("availability")
         assert availability.current().reason == package.UNSUPPORTED_REASON
