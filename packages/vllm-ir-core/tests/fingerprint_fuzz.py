@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from vllm_ir.compilation._fingerprint import code_fingerprint
+from vllm_ir._base.fingerprint import code_fingerprint
 
 
 class Box:

@@ -17,7 +17,7 @@ import pytest
 import torch
 import vllm_ir as ir
 from torch._subclasses.fake_tensor import FakeTensorMode
-from vllm_ir.compilation._fingerprint import code_fingerprint
+from vllm_ir._base.fingerprint import code_fingerprint
 
 CHILD = textwrap.dedent(
     """
@@ -213,7 +213,7 @@ def test_fingerprint_is_the_same_in_every_process() -> None:
     """Sets iterate in an order that depends on PYTHONHASHSEED; the key must not."""
     script = textwrap.dedent(
         """
-        from vllm_ir.compilation._fingerprint import code_fingerprint
+        from vllm_ir._base.fingerprint import code_fingerprint
         NAMES = {"q", "k", "v", "o"}
         def impl(x):
             return x in {"a", "b", "c"} or x in NAMES

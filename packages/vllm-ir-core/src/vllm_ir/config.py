@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +30,10 @@ from vllm_ir_cli.flags import (
     split_flag_values,
 )
 
+from vllm_ir import envs
 from vllm_ir._base.registration import RegistrationHandle
 from vllm_ir._base.text import short_repr
+from vllm_ir._discovery.stamps import drop_stale
 from vllm_ir._op.op import IrOp, get_op
 from vllm_ir._selection.buckets import BucketedPriority, parse_bucket_text, spec_to_json
 from vllm_ir.priority import process_priorities, scoped_priority, set_process_priority
@@ -47,6 +50,7 @@ __all__ = [
     "KernelConfig",
     "parse_ir_autotune_args",
     "parse_ir_op_priority_args",
+    "rank_path",
 ]
 
 CLI_FLAG = PRIORITY_FLAG
@@ -116,10 +120,17 @@ class IrOpPriorityConfig:
         return _only_flags(*parse_ir_op_priority_args(argv))
 
     @classmethod
-    def from_json(cls, source: str | Path) -> IrOpPriorityConfig:
+    def from_json(
+        cls, source: str | Path, *, accept_stale: bool | None = None
+    ) -> IrOpPriorityConfig:
         """From a JSON file (a path) or text: ``{"OP": ["a", "b"]}``, or a document
-        holding that map under ``"ir_op_priority"`` (what ``vllm-ir tune`` writes)."""
-        return cls.from_dict(_parse_json(*_read_json_source(source)))
+        holding that map under ``"ir_op_priority"`` (what ``vllm-ir tune`` writes).
+
+        A tuning file's entries stamped with another environment are skipped
+        with a warning (:mod:`vllm_ir._discovery.stamps`) unless ``accept_stale``
+        (default: ``VLLM_IR_ACCEPT_STALE``).
+        """
+        return cls.from_dict(_parse_json(*_read_json_source(source), accept_stale=accept_stale))
 
     def to_dict(self) -> dict[str, list[Any]]:
         """The JSON form (``from_dict`` inverts it): lists of names, or of bucket objects."""
@@ -379,7 +390,9 @@ def _parse_providers(op_name: str, value: str) -> list[Any]:
     return parse_bucket_text(value, f"{CLI_FLAG}.{op_name}")
 
 
-def _parse_json(value: str, where: str | None = None) -> dict[str, Any]:
+def _parse_json(
+    value: str, where: str | None = None, *, accept_stale: bool | None = None
+) -> dict[str, Any]:
     """The priority map in JSON ``value``: ``{"OP": ["a", "b"]}``, or a document
     holding that map under ``"ir_op_priority"`` (what ``vllm-ir tune`` writes).
 
@@ -399,7 +412,9 @@ def _parse_json(value: str, where: str | None = None) -> dict[str, Any]:
         ) from None
     except _DuplicateKey as e:
         raise ValueError(f"{where}: JSON names op {e.args[0]!r} twice; give each op once") from None
+    stamps = None
     if isinstance(parsed, dict) and "ir_op_priority" in parsed:  # a `vllm-ir tune` document
+        stamps = parsed.get("stamps")
         parsed = parsed["ir_op_priority"]
         where = f"{where}: its ir_op_priority"
     if not isinstance(parsed, dict) or not all(isinstance(v, list) for v in parsed.values()):
@@ -407,19 +422,37 @@ def _parse_json(value: str, where: str | None = None) -> dict[str, Any]:
             f"{where}: JSON must map op names to lists of provider names (or of size "
             f"buckets); {example}"
         )
-    return parsed
+    if stamps is None:
+        return parsed
+    if accept_stale is None:
+        accept_stale = envs.accept_stale()
+    return drop_stale(parsed, stamps, where.removesuffix(": its ir_op_priority"), accept_stale)
 
 
 MAX_PRIORITY_FILE_BYTES = 16 * 2**20
 """The largest priority file read (a tuned table of every op and bucket is kilobytes)."""
 
 
+def rank_path(path: str | Path) -> str:
+    """``path`` with ``{rank}`` replaced by this process's rank: ``RANK``, else
+    ``LOCAL_RANK``, else 0 (one tuning file per rank in multi-process serving).
+
+    >>> import os; os.environ["RANK"] = "3"
+    >>> rank_path("tuned-{rank}.json")
+    'tuned-3.json'
+    >>> del os.environ["RANK"]
+    """
+    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
+    return str(path).replace("{rank}", rank)
+
+
 def _read_json_source(source: str | Path) -> tuple[str, str | None]:
     """JSON text from ``source`` (a ``Path``, or text not starting with ``{``, is a
-    file), and how errors name it (``None``: by the text itself)."""
+    file, ``{rank}`` in its name expanded: :func:`rank_path`), and how errors name
+    it (``None``: by the text itself)."""
     if isinstance(source, str) and source.lstrip().startswith("{"):
         return source, None
-    path = Path(source)
+    path = Path(rank_path(source))
     where = f"{CLI_FLAG}=@{path}"
     try:
         # bounded: /dev/zero or a stray huge file must not fill the memory

@@ -31,6 +31,7 @@ from typing import Any, Literal
 __all__ = [
     "ENV_VARS",
     "VLLM_BATCH_INVARIANT",
+    "VLLM_IR_ACCEPT_STALE",
     "VLLM_IR_CACHE_DIR",
     "VLLM_IR_CHECK_DISPATCH",
     "VLLM_IR_DUMP_GRAPHS",
@@ -58,6 +59,7 @@ __all__ = [
 
 VLLM_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 VLLM_IR_CACHE_DIR = "VLLM_IR_CACHE_DIR"
+VLLM_IR_ACCEPT_STALE = "VLLM_IR_ACCEPT_STALE"
 VLLM_IR_CHECK_DISPATCH = "VLLM_IR_CHECK_DISPATCH"
 VLLM_IR_DUMP_GRAPHS = "VLLM_IR_DUMP_GRAPHS"
 VLLM_IR_PLATFORM = "VLLM_IR_PLATFORM"
@@ -238,6 +240,16 @@ ENV_VARS: tuple[EnvVar, ...] = (
         None,
     ),
     EnvVar(
+        VLLM_IR_ACCEPT_STALE,
+        _FLAG_VALUES,
+        "off",
+        "On: a tuning file's entries measured in another environment (device, threads, "
+        "torch, triton, vllm-ir, an impl's package or code) are applied anyway, instead of "
+        "being skipped with a warning. Read each time a tuning file is loaded.",
+        _flag,
+        False,
+    ),
+    EnvVar(
         VLLM_IR_DUMP_GRAPHS,
         "a directory",
         "unset (no dumps)",
@@ -332,6 +344,11 @@ def provider_load_warn_s() -> float:
 def cache_dir() -> str | None:
     value: str | None = read(VLLM_IR_CACHE_DIR)
     return value
+
+
+def accept_stale() -> bool:
+    """Whether tuning-file entries stamped with another environment still apply."""
+    return bool(read(VLLM_IR_ACCEPT_STALE))
 
 
 def dump_graphs_dir() -> str | None:

@@ -220,7 +220,15 @@ def _add_tune(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--runs", type=POSITIVE, default=25, help="timed calls per candidate (default 25)"
     )
-    parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="the JSON file to write, merged into what it holds (the ops measured now replace "
+        "their entries); {rank} in the name is this process's rank (RANK or LOCAL_RANK)",
+    )
+    parser.add_argument(
+        "--replace", action="store_true", help="overwrite --out instead of merging into it"
+    )
     parser.add_argument(
         "--warmup", type=NON_NEGATIVE, default=3, help="untimed calls or steps first (default 3)"
     )

@@ -35,8 +35,9 @@ from vllm_ir._cli.args import (
     parse_op,
     parse_shape,
     writable_file,
-    write_atomically,
 )
+from vllm_ir._cli.tuning_file import stamped, write_tuning
+from vllm_ir._discovery.stamps import environment
 from vllm_ir._op.op import IrOp
 from vllm_ir._selection.buckets import as_priority, format_bucket_text
 from vllm_ir.compilation._autotune import (
@@ -46,7 +47,7 @@ from vllm_ir.compilation._autotune import (
     decide,
     measure,
 )
-from vllm_ir.compilation._tuning_cache import environment
+from vllm_ir.config import rank_path
 
 __all__ = [
     "explain_autotune",
@@ -269,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
     if args.runs < 1:
         raise UsageError(f"--runs must be at least 1, got {args.runs}")
     # everything checked before any measurement, as bench does
-    out = writable_file("--out", args.out)
+    out = writable_file("--out", rank_path(args.out))
     device = parse_device(args.device)
     for op in ops:
         for shape in shapes.values():
@@ -290,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
             "environment": environment(torch.device(device)),
         }
     doc["threads"] = torch.get_num_threads()
-    write_atomically("--out", out, json.dumps(doc, indent=2) + "\n")
+    write_tuning("--out", out, stamped(doc, device), replace=args.replace)
     for op_name, providers in doc["ir_op_priority"].items():
         winners = ", ".join(f"{n}: {r['winner']}" for n, r in doc["measured"][op_name].items())
         print(f"{op_name}: {format_bucket_text(as_priority(providers, op_name))}  ({winners})")

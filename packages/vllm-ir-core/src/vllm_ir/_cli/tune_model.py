@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -31,13 +30,15 @@ from typing import Any
 
 import torch
 
-from vllm_ir._cli.args import UsageError, apply_threads, writable_file, write_atomically
+from vllm_ir._cli.args import UsageError, apply_threads, writable_file
 from vllm_ir._cli.bench import NOISY, is_noisy, spread, time_call
 from vllm_ir._cli.model_source import ModelSource, load_model
 from vllm_ir._cli.table import render_table
+from vllm_ir._cli.tuning_file import stamped, write_tuning
+from vllm_ir._discovery.stamps import environment
 from vllm_ir._op.op import get_op
 from vllm_ir._selection.buckets import SizePlan, as_priority, priority_for_tokens
-from vllm_ir.compilation._tuning_cache import environment
+from vllm_ir.config import rank_path
 from vllm_ir.priority import scoped_priority
 
 __all__ = [
@@ -463,7 +464,7 @@ def _combined(
 def run(args: argparse.Namespace) -> int:
     tokens = parse_ints("--tokens", args.tokens)
     bounds = parse_ints("--buckets", args.buckets or "16,256")
-    out = writable_file("--out", args.out)
+    out = writable_file("--out", rank_path(args.out))
     ops = [name.strip() for name in args.ops.split(",") if name.strip()]
     for name in ops:
         try:
@@ -486,7 +487,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--model {args.model}: it calls no IR op (or none of --ops); nothing to tune"
         )
-    write_atomically("--out", out, json.dumps(doc, indent=2) + "\n")
+    doc = write_tuning("--out", out, stamped(doc, "cpu"), replace=args.replace)
     _print(doc)
     print(f"wrote {out}; use it with --ir-op-priority=@{out} (bucketed priorities)")
     return 0

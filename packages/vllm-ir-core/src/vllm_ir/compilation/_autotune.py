@@ -59,6 +59,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from vllm_ir_cli.flags import DEFAULT_AUTOTUNE_BUCKETS, DEFAULT_AUTOTUNE_MARGIN
 
+from vllm_ir._base.fingerprint import code_fingerprint
 from vllm_ir._base.logger import get_logger
 from vllm_ir._base.timing import Timing, decide_or_refuse
 from vllm_ir._base.torch_private import size_hint
@@ -67,7 +68,6 @@ from vllm_ir._op.op import IrOp
 from vllm_ir._schema.impl import IrOpImpl
 from vllm_ir.compilation._bucket_branches import bucket_branches
 from vllm_ir.compilation._context import _current_context
-from vllm_ir.compilation._fingerprint import code_fingerprint
 from vllm_ir.compilation._tuning_cache import TuningCache, record_problem
 from vllm_ir.priority import Mode, selection_mode_scope, user_priority
 

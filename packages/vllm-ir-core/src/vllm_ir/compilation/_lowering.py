@@ -45,6 +45,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
+from vllm_ir._base.fingerprint import code_fingerprint
 from vllm_ir._base.logger import get_logger
 from vllm_ir._op.callsite import is_collecting, record_lowered
 from vllm_ir._op.op import IrOp
@@ -67,7 +68,6 @@ from vllm_ir.compilation._context import (
     PassContext,
     get_pass_context,
 )
-from vllm_ir.compilation._fingerprint import code_fingerprint
 from vllm_ir.compilation._functionalize import input_signature
 from vllm_ir.compilation._pass_base import Uncacheable, VllmIRPass
 from vllm_ir.compilation.ir_nodes import call_args, ir_op_of, is_ir_node
@@ -175,7 +175,7 @@ class LoweringPass:
         The selection environment (``VLLM_BATCH_INVARIANT``, the platform), the
         effective compiled priorities, and for every impl they may pick: its
         flags, and the code of the impl, its ``supports_args`` and everything
-        they call (:func:`~vllm_ir.compilation._fingerprint.code_fingerprint`);
+        they call (:func:`~vllm_ir._base.fingerprint.code_fingerprint`);
         :class:`Uncacheable` when some of that code cannot be fingerprinted.
         """
         from vllm_ir._op.op import IrOp as _IrOp
@@ -193,7 +193,7 @@ class LoweringPass:
                     if unhashed:
                         return Uncacheable(
                             f"impl {unhashed[0]!r} of op {name!r} reaches state that cannot be "
-                            "fingerprinted (vllm_ir.compilation._fingerprint)"
+                            "fingerprinted (vllm_ir._base.fingerprint)"
                         )
                     state.append((name, tokens, tuple(entries), picked))
         if self.autotuner is not None:

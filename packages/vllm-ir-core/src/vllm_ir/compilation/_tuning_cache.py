@@ -7,7 +7,8 @@ directory (``VLLM_IR_CACHE_DIR``, default ``~/.cache/vllm_ir``)::
     autotune/<env digest>.lock   flock held while the file is read-modified-written
     autotune/.tmp-<env digest>-*.json   the next file, while a writer holds the lock
 
-The environment (device name, torch and triton versions, vllm-ir's version)
+The environment (:func:`vllm_ir._discovery.stamps.environment`: the device
+and its ISA or compute capability, threads, torch, triton and vllm-ir versions)
 names the file, so a tuning measured elsewhere is never read here. An entry's
 key covers the op, the candidates' source hashes, every argument's dtype,
 shape and strides, the other arguments and the decision margin.
@@ -59,9 +60,9 @@ from vllm_ir._discovery.build_cache import (
     ensure_private_dir,
 )
 from vllm_ir._discovery.extension import cache_root
-from vllm_ir._version import __version__
+from vllm_ir._discovery.stamps import environment
 
-__all__ = ["TuningCache", "environment", "record_problem"]
+__all__ = ["TuningCache", "record_problem"]
 
 logger = get_logger(__name__)
 
@@ -69,31 +70,6 @@ _FORMAT = 1
 
 STALE_TEMPORARY_S = 3600.0
 """Age past which another environment's temporary file is taken for a killed writer's."""
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_name(device)
-    import platform
-
-    return f"{device.type}:{platform.machine()}:{platform.processor() or 'unknown'}"
-
-
-def environment(device: torch.device) -> dict[str, str]:
-    """What a measurement depends on beyond its arguments: machine and software."""
-    try:
-        import triton  # type: ignore[import-not-found, unused-ignore]
-
-        triton_version = str(triton.__version__)
-    except ImportError:
-        triton_version = "none"
-    return {
-        "device": _device_name(device),
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "vllm_ir": __version__,
-        "threads": str(torch.get_num_threads()),
-    }
 
 
 def _number(value: object) -> bool:

@@ -1,0 +1,135 @@
+"""Writing a tuning file: stamped, merged into what the file holds, atomic, per rank.
+
+``vllm-ir tune --out FILE`` (and ``tune --model``) write through :func:`write_tuning`:
+
+* **Stamped**: the document gets ``"format": 2`` and a ``"stamps"`` entry per op
+  (:mod:`vllm_ir._discovery.stamps`), checked when the file is loaded.
+* **Merged**: the ops measured now replace their entries; the file's other ops
+  are kept (``--replace`` starts over). A file of the other kind (``tune`` vs
+  ``tune --model``), or one that is not a tuning file, is refused rather than
+  overwritten.
+* **Concurrent and crash-safe**: a writer holds an exclusive lock on
+  ``.FILE.lock`` beside the file while it reads, merges and publishes (a
+  temporary file renamed over the old one), so writers tuning into one file at
+  once lose nothing and a reader sees the old file or the new one. A writer
+  creates its temporary file under that lock, so every ``.FILE.*.tmp`` the next
+  writer finds under it is a killed writer's: it is removed.
+* **Per rank**: ``{rank}`` in the path becomes this process's rank (``RANK``,
+  else ``LOCAL_RANK``, else 0), for one file per rank in multi-process serving;
+  readers expand it the same way (:func:`vllm_ir.config.rank_path`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from vllm_ir._cli.args import UsageError, write_atomically
+from vllm_ir._discovery.stamps import stamps_of
+
+__all__ = ["FORMAT", "OP_KEYED", "merge", "stamped", "write_tuning"]
+
+FORMAT = 2
+"""The tuning-file format: 2 adds ``"format"`` and ``"stamps"`` (1: neither)."""
+
+OP_KEYED = (("ir_op_priority",), ("stamps",), ("measured",), ("_measurements", "ops"))
+"""The parts of a tuning document keyed by op name: merged op by op."""
+
+
+def stamped(doc: dict[str, Any], device_type: str) -> dict[str, Any]:
+    """``doc`` with its format and a stamp for each op it tunes."""
+    return {"format": FORMAT, **doc, "stamps": stamps_of(doc["ir_op_priority"], device_type)}
+
+
+def _kind(doc: dict[str, Any]) -> str:
+    return "tune --model" if "_measurements" in doc else "tune"
+
+
+def _part(doc: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any] | None:
+    value: Any = doc
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, dict) else None
+
+
+def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` with the ops of ``old`` it did not measure kept (see :data:`OP_KEYED`).
+
+    >>> merge({"ir_op_priority": {"a": ["x"], "b": ["y"]}},
+    ...       {"ir_op_priority": {"b": ["z"]}})["ir_op_priority"]
+    {'a': ['x'], 'b': ['z']}
+    """
+    merged = json.loads(json.dumps(new))  # a deep copy: the parts are updated in place
+    measured_now = set(new.get("ir_op_priority", {}))
+    for path in OP_KEYED:
+        before, after = _part(old, path), _part(merged, path)
+        if before is None or after is None:
+            continue
+        kept = {op: v for op, v in before.items() if op not in measured_now}
+        after.update({op: kept[op] for op in kept if op not in after})
+    return merged
+
+
+def _read_existing(option: str, target: Path, kind: str) -> dict[str, Any] | None:
+    try:
+        text = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{option} {target}: cannot read the file to merge into: {e}") from None
+    try:
+        old = json.loads(text)
+    except json.JSONDecodeError:
+        old = None
+    if not isinstance(old, dict) or not isinstance(old.get("ir_op_priority"), dict):
+        raise UsageError(
+            f"{option} {target}: not a tuning file, so there is nothing to merge into; "
+            "give another path, or --replace to overwrite it"
+        )
+    if _kind(old) != kind:
+        raise UsageError(
+            f"{option} {target}: written by `vllm-ir {_kind(old)}`, not `vllm-ir {kind}`; "
+            "give another path, or --replace to overwrite it"
+        )
+    return old
+
+
+@contextlib.contextmanager
+def _locked(option: str, target: Path) -> Iterator[None]:
+    lock_path = target.parent / f".{target.name}.lock"
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise UsageError(f"{option} {target}: cannot create its lock file: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _remove_killed_writers_temporaries(target: Path) -> list[Path]:
+    """Call under the lock: every temporary file of ``target`` is a dead writer's."""
+    removed = []
+    for tmp in target.parent.glob(f".{target.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed
+
+
+def write_tuning(
+    option: str, target: Path, doc: dict[str, Any], *, replace: bool = False
+) -> dict[str, Any]:
+    """Merge ``doc`` into ``target`` (or replace it) under its lock; returns what was written."""
+    with _locked(option, target):
+        _remove_killed_writers_temporaries(target)
+        old = None if replace else _read_existing(option, target, _kind(doc))
+        written = doc if old is None else merge(old, doc)
+        write_atomically(option, target, json.dumps(written, indent=2) + "\n")
+    return written

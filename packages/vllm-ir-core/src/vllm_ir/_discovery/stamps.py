@@ -1,0 +1,176 @@
+"""Stamps: the environment a tuned priority entry was measured in, checked on load.
+
+A tuning file (what ``vllm-ir tune`` writes) gives each op's entry a stamp::
+
+    "stamps": {"rms_norm": {"environment": {...}, "impls": {"cpu_c": {...}}}}
+
+The environment is the device (a GPU's name and compute capability, or a CPU's
+architecture, model and vector ISA), torch's thread count, and the versions of
+torch, triton and vllm-ir; each impl the entry lists has the distribution it
+came from and the fingerprint of its code (:func:`vllm_ir._base.fingerprint.code_fingerprint`).
+A measurement says what was fastest *there*: when any of it differs here, the
+entry is skipped with one warning line naming the difference, and the op keeps
+what lies below the file (its defaults). ``VLLM_IR_ACCEPT_STALE=1``, or
+``accept_stale=True`` where the file is loaded, applies such entries anyway.
+
+>>> stamp = op_stamp("rms_norm", ["native"], "cpu")
+>>> sorted(stamp), stamp_difference(stamp) is None
+(['environment', 'impls'], True)
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from vllm_ir._base.fingerprint import code_fingerprint
+from vllm_ir._base.logger import get_logger
+from vllm_ir._op.op import IrOp
+from vllm_ir._version import __version__
+
+__all__ = ["drop_stale", "environment", "op_stamp", "stamp_difference", "stamps_of"]
+
+logger = get_logger(__name__)
+
+
+@functools.cache
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _device(device: torch.device) -> dict[str, str]:
+    if device.type == "cuda" and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(device)
+        return {"device": torch.cuda.get_device_name(device), "capability": f"{major}.{minor}"}
+    isa = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")()
+    return {"device": f"{device.type}:{platform.machine()}:{_cpu_model()}", "isa": str(isa)}
+
+
+def environment(device: torch.device) -> dict[str, str]:
+    """What a measurement on ``device`` depends on beyond its arguments and impls."""
+    try:
+        import triton  # type: ignore[import-not-found, unused-ignore]
+
+        triton_version = str(triton.__version__)
+    except ImportError:
+        triton_version = "none"
+    return {
+        **_device(device),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "vllm_ir": __version__,
+        "threads": str(torch.get_num_threads()),
+    }
+
+
+def _impl_stamp(op: IrOp, provider: str) -> dict[str, str | None]:
+    impl = op.impls.get(provider)
+    if impl is None:
+        return {"package": None, "code": None}
+    return {"package": impl.package, "code": code_fingerprint(impl.impl_fn, impl.supports_args)}
+
+
+def op_stamp(op_name: str, providers: Iterable[str], device_type: str) -> dict[str, Any]:
+    """The stamp of ``op_name``'s entry listing ``providers``, measured on ``device_type``."""
+    op = IrOp.registry[op_name]
+    return {
+        "environment": environment(torch.device(device_type)),
+        "impls": {p: _impl_stamp(op, p) for p in dict.fromkeys(providers)},
+    }
+
+
+def _providers_in(entry: object) -> list[str]:
+    """The provider names of an entry's JSON form (a list of names or of buckets)."""
+    if not isinstance(entry, list):
+        return []
+    names: list[str] = []
+    for item in entry:
+        if isinstance(item, str):
+            names.append(item)
+        elif isinstance(item, Mapping):
+            names += [p for p in item.get("priority", ()) if isinstance(p, str)]
+    return names
+
+
+def stamps_of(priorities: Mapping[str, Any], device_type: str) -> dict[str, dict[str, Any]]:
+    """The ``"stamps"`` of a tuning file holding ``priorities`` (JSON entries) measured
+    on ``device_type``: one per op."""
+    return {op: op_stamp(op, _providers_in(entry), device_type) for op, entry in priorities.items()}
+
+
+def stamp_difference(stamp: Mapping[str, Any]) -> str | None:
+    """How this process differs from where ``stamp`` was measured, in words, or None.
+
+    Fields a stamp lacks are not compared; an impl not registered here is
+    not either (selection skips it); code that cannot be fingerprinted, on
+    either side, is compared by its package alone.
+    """
+    then = stamp.get("environment")
+    if not isinstance(then, Mapping):
+        return "the stamp has no environment"
+    device_type = str(then.get("device", "cpu")).split(":", 1)[0]
+    if device_type not in ("cpu", "cuda", "xpu"):
+        device_type = "cuda"  # a GPU's name: compare with this machine's first GPU
+    now = environment(torch.device(device_type))
+    for key, value in then.items():
+        if key in now and str(value) != now[key]:
+            return f"{key} {value}, here {now[key]}"
+    op = IrOp.registry.get(str(stamp.get("op", "")))
+    impls = stamp.get("impls")
+    if op is None or not isinstance(impls, Mapping):
+        return None
+    for provider, recorded in impls.items():
+        if provider not in op.impls or not isinstance(recorded, Mapping):
+            continue
+        here = _impl_stamp(op, provider)
+        if recorded.get("package") != here["package"]:
+            return f"impl {provider}: {recorded.get('package')}, here {here['package']}"
+        code = recorded.get("code")
+        if code is not None and here["code"] is not None and code != here["code"]:
+            return f"impl {provider}: its code changed"
+    return None
+
+
+def drop_stale(
+    priorities: Mapping[str, Any], stamps: object, where: str, accept_stale: bool
+) -> dict[str, Any]:
+    """``priorities`` without the entries whose stamp differs from this process,
+    each skipped one with a warning line; all of them if ``accept_stale``
+    (each still named, as applied)."""
+    if not isinstance(stamps, Mapping):
+        return dict(priorities)
+    kept = {}
+    for op_name, entry in priorities.items():
+        stamp = stamps.get(op_name)
+        difference = (
+            stamp_difference({**stamp, "op": op_name}) if isinstance(stamp, Mapping) else None
+        )
+        if difference is None:
+            kept[op_name] = entry
+        elif accept_stale:
+            logger.warning(
+                "%s: %s measured elsewhere (%s); applied (accept stale)", where, op_name, difference
+            )
+            kept[op_name] = entry
+        else:
+            threads = f" with --threads {torch.get_num_threads()}"
+            logger.warning(
+                "%s: %s not applied: measured elsewhere (%s); tune again here%s, or set "
+                "VLLM_IR_ACCEPT_STALE=1 to apply it",
+                where,
+                op_name,
+                difference,
+                threads if difference.startswith("threads") else "",
+            )
+    return kept

@@ -1,0 +1,286 @@
+"""Tuning files you can ship: stamped and checked per entry on load, merged under a
+lock by concurrent writers, cleaned after killed writers, one per rank."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import vllm_ir as ir
+from torch import Tensor
+from vllm_ir._cli.args import UsageError
+from vllm_ir._cli.tuning_file import FORMAT, merge, stamped, write_tuning
+from vllm_ir._discovery.stamps import environment, stamp_difference
+
+
+def _doc(priorities: dict[str, list[Any]]) -> dict[str, Any]:
+    return stamped({"ir_op_priority": priorities, "measured": {}, "device": "cpu"}, "cpu")
+
+
+def _load(path: Path, **kwargs: Any) -> dict[str, list[Any]]:
+    return ir.IrOpPriorityConfig.from_json(path, **kwargs).to_dict()
+
+
+def test_a_stamp_records_the_machine_software_and_each_impls_package_and_code() -> None:
+    doc = _doc(
+        {
+            "rms_norm": ["native"],
+            "silu_and_mul": [{"max_tokens": 16, "priority": ["native"]}, {"priority": ["native"]}],
+        }
+    )
+    assert doc["format"] == FORMAT
+    stamp = doc["stamps"]["rms_norm"]
+    assert stamp["environment"] == environment(torch.device("cpu"))
+    assert {"device", "isa", "threads", "torch", "triton", "vllm_ir"} <= set(stamp["environment"])
+    assert stamp["environment"]["threads"] == str(torch.get_num_threads())
+    native = stamp["impls"]["native"]
+    assert native["package"] == ir.ops.rms_norm.impls["native"].package
+    assert isinstance(native["code"], str)
+    assert list(doc["stamps"]["silu_and_mul"]["impls"]) == ["native"]  # from its buckets
+    assert stamp_difference({**stamp, "op": "rms_norm"}) is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("torch", "2.11.0+cu130", "torch 2.11.0+cu130, here "),
+        ("threads", "999", "threads 999, here "),
+        ("device", "NVIDIA H200", "device NVIDIA H200, here "),
+        ("vllm_ir", "0.0.1", "vllm_ir 0.0.1, here "),
+    ],
+)
+def test_an_entry_from_another_environment_is_refused_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, field: str, value: str, named: str
+) -> None:
+    doc = _doc({"rms_norm": ["native"], "silu_and_mul": ["native"]})
+    doc["stamps"]["rms_norm"]["environment"][field] = value
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(doc))
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        assert _load(path) == {"silu_and_mul": ["native"]}  # the other entry still applies
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1, lines
+    assert "rms_norm not applied: measured elsewhere" in lines[0]
+    assert named in lines[0]
+    assert "VLLM_IR_ACCEPT_STALE=1" in lines[0]
+    assert _load(path, accept_stale=True) == {"rms_norm": ["native"], "silu_and_mul": ["native"]}
+
+
+def test_accept_stale_through_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = _doc({"rms_norm": ["native"]})
+    doc["stamps"]["rms_norm"]["environment"]["torch"] = "0.0"
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(doc))
+    assert _load(path) == {}
+    monkeypatch.setenv("VLLM_IR_ACCEPT_STALE", "1")
+    assert _load(path) == {"rms_norm": ["native"]}
+    # the flag path reads the same file the same way
+    monkeypatch.delenv("VLLM_IR_ACCEPT_STALE")
+    config, _ = ir.parse_ir_op_priority_args([f"--ir-op-priority=@{path}"])
+    assert config.to_dict() == {}
+
+
+def test_an_entry_whose_impl_changed_is_refused(tmp_path: Path) -> None:
+    op = ir.ops.rms_norm
+
+    def first(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> Tensor:
+        return op.native(x, weight, epsilon, variance_size)
+
+    def second(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> Tensor:
+        return op.native(x, weight, epsilon, variance_size) * 1
+
+    path = tmp_path / "tuned.json"
+    handle = op.register_impl("stamped_impl", first)
+    try:
+        path.write_text(json.dumps(_doc({"rms_norm": ["stamped_impl", "native"]})))
+        assert _load(path) == {"rms_norm": ["stamped_impl", "native"]}
+    finally:
+        handle.remove()
+    handle = op.register_impl("stamped_impl", second)
+    try:
+        difference = stamp_difference(
+            {**json.loads(path.read_text())["stamps"]["rms_norm"], "op": "rms_norm"}
+        )
+        assert difference == "impl stamped_impl: its code changed"
+        assert _load(path) == {}
+    finally:
+        handle.remove()
+
+
+def test_a_file_without_stamps_loads_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"ir_op_priority": {"rms_norm": ["native"]}, "measured": {}}))
+    assert _load(path) == {"rms_norm": ["native"]}
+
+
+# -- merging ------------------------------------------------------------------
+
+
+def test_a_write_merges_replaces_what_it_measured_and_replace_starts_over(tmp_path: Path) -> None:
+    path = tmp_path / "tuned.json"
+    write_tuning("--out", path, _doc({"rms_norm": ["native"]}))
+    write_tuning("--out", path, _doc({"silu_and_mul": ["native"]}))
+    doc = json.loads(path.read_text())
+    assert doc["ir_op_priority"] == {"rms_norm": ["native"], "silu_and_mul": ["native"]}
+    assert set(doc["stamps"]) == {"rms_norm", "silu_and_mul"}
+    new = _doc({"rms_norm": [{"max_tokens": 16, "priority": ["native"]}, {"priority": ["native"]}]})
+    write_tuning("--out", path, new)
+    doc = json.loads(path.read_text())
+    assert doc["ir_op_priority"]["rms_norm"] == new["ir_op_priority"]["rms_norm"]
+    assert doc["ir_op_priority"]["silu_and_mul"] == ["native"]
+    write_tuning("--out", path, _doc({"rms_norm": ["native"]}), replace=True)
+    assert json.loads(path.read_text())["ir_op_priority"] == {"rms_norm": ["native"]}
+
+
+def test_merge_keeps_the_measurements_of_kept_ops() -> None:
+    old = {"ir_op_priority": {"a": ["x"], "b": ["y"]}, "measured": {"a": {"s": 1}, "b": {"s": 2}}}
+    new = {"ir_op_priority": {"b": ["z"]}, "measured": {"b": {"s": 3}}}
+    assert merge(old, new)["measured"] == {"b": {"s": 3}, "a": {"s": 1}}
+    assert new["measured"] == {"b": {"s": 3}}  # not modified
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("not json", "not a tuning file"),
+        ('{"rms_norm": ["native"]}', "not a tuning file"),
+        ('{"ir_op_priority": {}, "_measurements": {}}', "written by `vllm-ir tune --model`"),
+    ],
+)
+def test_a_file_that_cannot_be_merged_into_is_refused_not_overwritten(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "tuned.json"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=message):
+        write_tuning("--out", path, _doc({"rms_norm": ["native"]}))
+    assert path.read_text() == text
+    write_tuning("--out", path, _doc({"rms_norm": ["native"]}), replace=True)
+    assert json.loads(path.read_text())["ir_op_priority"] == {"rms_norm": ["native"]}
+
+
+def _write_many(path: str, prefix: str, count: int) -> None:
+    for i in range(count):
+        doc = {"ir_op_priority": {f"{prefix}{i}": ["native"]}, "measured": {}}
+        write_tuning("--out", Path(path), doc)
+
+
+def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "tuned.json"
+    context = multiprocessing.get_context("spawn")
+    writers = [context.Process(target=_write_many, args=(str(path), p, 25)) for p in "ab"]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(120)
+        assert w.exitcode == 0
+    written = json.loads(path.read_text())["ir_op_priority"]
+    assert sorted(written) == sorted(f"{p}{i}" for p in "ab" for i in range(25))
+    assert not list(tmp_path.glob(".tuned.json.*.tmp"))
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from vllm_ir._cli.tuning_file import write_tuning
+def killed(*args):  # between the temporary file and the rename
+    os.kill(os.getpid(), signal.SIGKILL)
+os.replace = killed
+write_tuning("--out", Path(sys.argv[1]), {"ir_op_priority": {"b": ["native"]}, "measured": {}})
+"""
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next(tmp_path: Path) -> None:
+    path = tmp_path / "tuned.json"
+    write_tuning("--out", path, {"ir_op_priority": {"a": ["native"]}, "measured": {}})
+    killed = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(path)], check=False)
+    assert killed.returncode == -9
+    left = list(tmp_path.glob(".tuned.json.*.tmp"))
+    assert len(left) == 1  # the dead writer's full copy
+    assert json.loads(path.read_text())["ir_op_priority"] == {"a": ["native"]}  # the old file
+    write_tuning("--out", path, {"ir_op_priority": {"c": ["native"]}, "measured": {}})
+    assert not list(tmp_path.glob(".tuned.json.*.tmp"))
+    assert sorted(json.loads(path.read_text())["ir_op_priority"]) == ["a", "c"]
+
+
+# -- per rank, through the command ------------------------------------------
+
+RANKED_OPS = {"rms_norm": "test_opaque", "fused_add_rms_norm": "test_inplace"}
+"""Each op with its stand-in kernel (tests/stand_in_kernels.py), listed before native."""
+
+_WITH_STAND_INS = """
+import sys
+sys.path.insert(0, {tests!r})
+import stand_in_kernels
+stand_in_kernels.register()
+"""
+
+
+def _run_with_stand_ins(code: str, rank: int) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    prelude = _WITH_STAND_INS.format(tests=str(Path(__file__).parent))
+    return subprocess.Popen(
+        [sys.executable, "-c", prelude + code],
+        env={**env, "RANK": str(rank)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(proc: subprocess.Popen[str]) -> str:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return out
+
+
+@pytest.mark.slow
+def test_two_ranks_tune_at_once_into_their_files_and_one_shared_file(tmp_path: Path) -> None:
+    """Two processes (ranks 0 and 1) tune different ops at once: each into its
+    ``{rank}`` file, then both into one shared file; each rank loads its own."""
+    ranked = str(tmp_path / "tuned-{rank}.json")
+    for out in (ranked, str(tmp_path / "shared.json")):
+        procs = []
+        for rank, (op, kernel) in enumerate(RANKED_OPS.items()):
+            argv = [
+                f"--ir-op-priority.{op}={kernel},native",
+                "tune",
+                "--ops",
+                op,
+                "--shapes",
+                "a=4x64",
+                "--runs",
+                "1",
+                "--warmup",
+                "0",
+            ]
+            argv += ["--dtype", "fp32", "--threads", "0", "--out", out]  # torch's, as the loader
+            code = f"from vllm_ir_cli import main; sys.exit(main({argv!r}))"
+            procs.append(_run_with_stand_ins(code, rank))
+        for proc in procs:
+            _finish(proc)
+    for rank, op in enumerate(RANKED_OPS):
+        doc = json.loads((tmp_path / f"tuned-{rank}.json").read_text())
+        assert list(doc["ir_op_priority"]) == [op]
+        assert list(doc["stamps"]) == [op]
+    shared = json.loads((tmp_path / "shared.json").read_text())
+    assert sorted(shared["ir_op_priority"]) == sorted(RANKED_OPS)
+    load = (
+        f"import vllm_ir as ir; print(list(ir.IrOpPriorityConfig.from_json({ranked!r}).to_dict()))"
+    )
+    for rank, op in enumerate(RANKED_OPS):
+        assert _finish(_run_with_stand_ins(load, rank)).strip() == repr([op])
