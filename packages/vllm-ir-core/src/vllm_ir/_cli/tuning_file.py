@@ -70,8 +70,15 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         before, after = _part(old, path), _part(merged, path)
         if before is None or after is None:
             continue
-        kept = {op: v for op, v in before.items() if op not in measured_now}
-        after.update({op: kept[op] for op in kept if op not in after})
+        ordered = {}  # the file's order, then the ops new to it
+        for op, value in before.items():
+            if op not in measured_now:
+                ordered[op] = value
+            elif op in after:
+                ordered[op] = after[op]
+        ordered |= {op: value for op, value in after.items() if op not in ordered}
+        after.clear()
+        after.update(ordered)
     return merged
 
 
