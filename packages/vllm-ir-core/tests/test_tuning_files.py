@@ -284,3 +284,119 @@ def test_two_ranks_tune_at_once_into_their_files_and_one_shared_file(tmp_path: P
     )
     for rank, op in enumerate(RANKED_OPS):
         assert _finish(_run_with_stand_ins(load, rank)).strip() == repr([op])
+
+
+# -- the layers -------------------------------------------------------------
+
+LAYERED = ("t_explicit", "t_file", "t_cache", "t_table", "t_default")
+
+
+def _same_as_native(
+    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> Tensor:
+    return ir.ops.rms_norm.native(x, weight, epsilon, variance_size)
+
+
+@pytest.fixture
+def layered_impls() -> Any:
+    from vllm_ir.testing import isolated
+
+    op = ir.ops.rms_norm
+    handles = [op.register_impl(p, _same_as_native) for p in LAYERED]
+    try:
+        with isolated():
+            yield op
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def test_layers_apply_highest_first_each_named(layered_impls: Any, tmp_path: Path) -> None:
+    """explicit > tuning file > tuning cache > provider table > platform defaults."""
+    from vllm_ir._base.runtime import RUNTIME
+    from vllm_ir._discovery.providers import load_provider
+    from vllm_ir._discovery.stamps import device_keys
+    from vllm_ir.provider import PlatformDefaults, ProviderSpec
+    from vllm_ir.testing import add_platform_defaults, remove_platform_defaults
+
+    op = layered_impls
+    tables = {}
+    for layer, provider in (("file", "t_file"), ("cache", "t_cache")):
+        tables[layer] = tmp_path / f"{layer}.json"
+        tables[layer].write_text(json.dumps(_doc({"rms_norm": [provider]})))
+    spec = ProviderSpec(
+        name="tabled",
+        api_version=1,
+        register=lambda: None,
+        tuned={device_keys()[-1]: {"rms_norm": ["t_table"]}, "NVIDIA X": {"rms_norm": ["t_file"]}},
+    )
+    handles = [
+        ir.load_tuning_file(tables["file"]),
+        ir.load_tuning_file(tables["cache"], layer="tuning cache"),
+    ]
+    load_provider("tabled", "tabled 0.1", spec)
+    add_platform_defaults("defaults", [PlatformDefaults("cpu", eager={"rms_norm": ["t_default"]})])
+    try:
+        with op.set_priority(["t_explicit"]):
+            entries = op.get_priority_entries("eager")
+            assert [(e.provider, e.source.split(" ")[0:2]) for e in entries] == [
+                ("t_explicit", ["user", "(scoped)"]),
+                ("t_file", ["tuning", "file"]),
+                ("t_cache", ["tuning", "cache"]),
+                ("t_table", ["provider", "table"]),
+                ("t_default", ["cpu", "eager"]),
+                ("native", ["native", "fallback"]),
+            ]
+            assert entries[1].source == f"tuning file {tables['file']}"
+            assert entries[3].source == "provider table tabled"
+            # under Inductor the tuned layers stay out: the compiled defaults choose
+            compiled = [e.provider for e in op.get_priority_entries("compiled")]
+            assert compiled == ["t_explicit", "native"]
+        assert op.selected_impl(torch.randn(2, 8), torch.ones(8), 1e-6).provider == "t_file"
+        handles[0].remove()
+        assert op.selected_impl(torch.randn(2, 8), torch.ones(8), 1e-6).provider == "t_cache"
+    finally:
+        for handle in handles:
+            handle.remove()
+        remove_platform_defaults("defaults")
+        RUNTIME.discovery.registrations.pop("tabled").remove()
+        RUNTIME.discovery.loaded.pop("tabled")
+    assert op.selected_impl(torch.randn(2, 8), torch.ones(8), 1e-6).provider == "native"
+    assert [e.provider for e in op.get_priority_entries("eager")] == ["native"]
+
+
+def test_a_malformed_provider_table_fails_in_the_spec() -> None:
+    from vllm_ir.provider import ProviderSpec
+
+    with pytest.raises(TypeError, match="tuned must map device names to op tables"):
+        ProviderSpec(name="bad", api_version=1, register=lambda: None, tuned={"cpu:AVX2": ["x"]})
+
+
+_FIRST_SELECTION = """
+import torch, vllm_ir as ir
+ir.ops.rms_norm(torch.randn(2, 8), torch.ones(8), 1e-6)
+print([(e.provider, e.source) for e in ir.ops.rms_norm.get_priority_entries("eager")])
+"""
+
+
+def test_the_tuning_file_variable_and_the_local_cache_apply_at_the_first_selection(
+    tmp_path: Path,
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "tuned.json").write_text(json.dumps(_doc({"rms_norm": ["native"]})))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env["VLLM_IR_CACHE_DIR"] = str(cache)
+    run = [sys.executable, "-c", _FIRST_SELECTION]
+    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == repr([("native", f"tuning cache {cache / 'tuned.json'}")])
+    tuning_file = tmp_path / "tuned-{rank}.json"
+    (tmp_path / "tuned-1.json").write_text(json.dumps(_doc({"rms_norm": ["native"]})))
+    env |= {"VLLM_IR_TUNING_FILE": str(tuning_file), "RANK": "1"}
+    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == repr([("native", f"tuning file {tmp_path / 'tuned-1.json'}")])
+    env["VLLM_IR_TUNING_FILE"] = str(tmp_path / "missing.json")
+    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True)
+    assert "tuning file " in out.stderr
+    assert "cannot read the file" in out.stderr  # named once; selection goes on
+    assert "tuning cache" in out.stdout

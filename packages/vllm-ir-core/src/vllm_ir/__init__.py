@@ -29,6 +29,7 @@ from vllm_ir.config import (
     IrPassConfig,
     KernelConfig,
     clear_process_priority,
+    load_tuning_file,
     parse_ir_op_priority_args,
 )
 from vllm_ir.selection import invalidate_caches
@@ -40,7 +41,7 @@ if TYPE_CHECKING:  # served lazily by __getattr__; named here for type checkers
 _LAZY = {
     "VllmIRBackend": "vllm_ir.compilation",
     "compile": "vllm_ir.compilation",
-    # served here but not in __all__ (it holds the 20 model-author names): the kernel plan
+    # served here but not in __all__ (it holds the 21 model-author names): the kernel plan
     "plan": "vllm_ir._tools.planning",
     "Plan": "vllm_ir._tools.planning",
 }
@@ -105,6 +106,7 @@ __all__ = [
     "get_op",
     "invalidate_caches",
     "load_errors",
+    "load_tuning_file",
     "loaded_providers",
     "ops",
     "parse_ir_op_priority_args",

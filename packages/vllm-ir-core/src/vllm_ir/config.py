@@ -31,12 +31,22 @@ from vllm_ir_cli.flags import (
 )
 
 from vllm_ir import envs
+from vllm_ir._base.cache import on_before_selection
+from vllm_ir._base.logger import get_logger
 from vllm_ir._base.registration import RegistrationHandle
+from vllm_ir._base.runtime import RUNTIME
 from vllm_ir._base.text import short_repr
+from vllm_ir._discovery.extension import cache_root
+from vllm_ir._discovery.providers import ensure_loaded
 from vllm_ir._discovery.stamps import drop_stale
 from vllm_ir._op.op import IrOp, get_op
 from vllm_ir._selection.buckets import BucketedPriority, parse_bucket_text, spec_to_json
-from vllm_ir.priority import process_priorities, scoped_priority, set_process_priority
+from vllm_ir.priority import (
+    add_tuned_table,
+    process_priorities,
+    scoped_priority,
+    set_process_priority,
+)
 
 __all__ = [
     "AUTOTUNE_FLAG",
@@ -46,6 +56,8 @@ __all__ = [
     "IrPassConfig",
     "parse_ir_pass_args",
     "clear_process_priority",
+    "load_tuning_file",
+    "tuning_cache_path",
     "IrOpPriorityConfig",
     "KernelConfig",
     "parse_ir_autotune_args",
@@ -431,6 +443,62 @@ def _parse_json(
 
 MAX_PRIORITY_FILE_BYTES = 16 * 2**20
 """The largest priority file read (a tuned table of every op and bucket is kilobytes)."""
+
+
+logger = get_logger(__name__)
+
+TUNING_CACHE_NAME = "tuned.json"
+"""The local tuning cache: ``$VLLM_IR_CACHE_DIR/tuned.json`` (``vllm-ir tune --cache``)."""
+
+
+def tuning_cache_path() -> Path:
+    """Where ``vllm-ir tune --cache`` writes and every process reads the local tuning cache."""
+    return cache_root() / TUNING_CACHE_NAME
+
+
+def load_tuning_file(
+    path: str | Path, *, layer: str = "tuning file", accept_stale: bool | None = None
+) -> RegistrationHandle:
+    """Apply a tuning file (what ``vllm-ir tune --out`` writes) as a tuned layer
+    (:data:`vllm_ir.priority.TUNED_LAYERS`): below explicit settings, above the
+    platform defaults, in eager mode. Entries stamped with another environment
+    are skipped with a warning (:mod:`vllm_ir._discovery.stamps`); ``{rank}`` in
+    ``path`` is this process's rank. The handle removes the layer's table.
+
+    >>> import json, tempfile, vllm_ir as ir
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+    ...     json.dump({"ir_op_priority": {"rms_norm": ["native"]}}, f)
+    >>> handle = ir.load_tuning_file(f.name)
+    >>> ir.ops.rms_norm.get_priority_entries("eager")[0].source.startswith("tuning file ")
+    True
+    >>> handle.remove()
+    """
+    table = IrOpPriorityConfig.from_json(path, accept_stale=accept_stale)
+    return add_tuned_table(layer, rank_path(path), table.to_dict())
+
+
+def _load_tuned_files_once() -> None:
+    """Before the first selection: ``VLLM_IR_TUNING_FILE`` and the local tuning cache.
+    A file that cannot be read is named in a warning; selection goes on without it."""
+    store = RUNTIME.priorities
+    if store.tuned_files_loaded:
+        return
+    ensure_loaded()  # the files name providers, and their stamps the providers' code
+    with store.tuned_files_lock:
+        if store.tuned_files_loaded:
+            return
+        store.tuned_files_loaded = True
+        sources = [(envs.tuning_file(), "tuning file"), (str(tuning_cache_path()), "tuning cache")]
+        for path, layer in sources:
+            if path is None or (layer == "tuning cache" and not Path(path).is_file()):
+                continue
+            try:
+                load_tuning_file(path, layer=layer)
+            except ValueError as e:
+                logger.warning("%s %s not applied: %s", layer, path, e)
+
+
+on_before_selection(_load_tuned_files_once)
 
 
 def rank_path(path: str | Path) -> str:

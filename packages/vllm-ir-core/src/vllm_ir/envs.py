@@ -40,6 +40,7 @@ __all__ = [
     "VLLM_IR_PROVIDER_LOAD_WARN_S",
     "VLLM_IR_TORCH_WRAP",
     "VLLM_IR_TRITON_DIRECT_LAUNCH",
+    "VLLM_IR_TUNING_FILE",
     "VLLM_LOGGING_LEVEL",
     "EnvVar",
     "batch_invariant",
@@ -60,6 +61,7 @@ __all__ = [
 VLLM_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 VLLM_IR_CACHE_DIR = "VLLM_IR_CACHE_DIR"
 VLLM_IR_ACCEPT_STALE = "VLLM_IR_ACCEPT_STALE"
+VLLM_IR_TUNING_FILE = "VLLM_IR_TUNING_FILE"
 VLLM_IR_CHECK_DISPATCH = "VLLM_IR_CHECK_DISPATCH"
 VLLM_IR_DUMP_GRAPHS = "VLLM_IR_DUMP_GRAPHS"
 VLLM_IR_PLATFORM = "VLLM_IR_PLATFORM"
@@ -250,6 +252,16 @@ ENV_VARS: tuple[EnvVar, ...] = (
         False,
     ),
     EnvVar(
+        VLLM_IR_TUNING_FILE,
+        "a file (`{rank}` in it: this process's rank)",
+        "unset",
+        'A tuning file (what `vllm-ir tune --out` writes) applied as the "tuning file" layer: '
+        "below explicit settings, above the local tuning cache, provider tables and platform "
+        "defaults; eager mode. Read once, at the first selection.",
+        _path,
+        None,
+    ),
+    EnvVar(
         VLLM_IR_DUMP_GRAPHS,
         "a directory",
         "unset (no dumps)",
@@ -349,6 +361,11 @@ def cache_dir() -> str | None:
 def accept_stale() -> bool:
     """Whether tuning-file entries stamped with another environment still apply."""
     return bool(read(VLLM_IR_ACCEPT_STALE))
+
+
+def tuning_file() -> str | None:
+    value: str | None = read(VLLM_IR_TUNING_FILE)
+    return value
 
 
 def dump_graphs_dir() -> str | None:

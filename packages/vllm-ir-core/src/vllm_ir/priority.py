@@ -53,7 +53,9 @@ __all__ = [
     "PriorityEntry",
     "PriorityState",
     "Scope",
+    "TUNED_LAYERS",
     "add_platform_defaults",
+    "add_tuned_table",
     "bucket_bounds",
     "compiled_selection",
     "current_state",
@@ -67,6 +69,7 @@ __all__ = [
     "selection_mode",
     "selection_mode_scope",
     "set_process_priority",
+    "tuned_contributions",
     "user_priority",
 ]
 
@@ -411,6 +414,54 @@ def add_platform_defaults(source: str, defaults: Sequence[PlatformDefaults]) -> 
     record(RegistrationHandle(f"platform defaults of {source!r}", undo))
 
 
+TUNED_LAYERS = ("tuning file", "tuning cache", "provider table")
+"""The tuned layers, highest first, between the user's settings and the platform
+defaults; they apply in eager mode (what ``vllm-ir tune`` measures), not under
+Inductor, where the compiled defaults and autotuning choose."""
+
+
+def add_tuned_table(
+    layer: str, source: str, table: Mapping[str, Sequence[str] | BucketedPriority]
+) -> RegistrationHandle:
+    """Set ``source``'s table (op -> providers or buckets) in the tuned ``layer``
+    (one of :data:`TUNED_LAYERS`), replacing what ``source`` had there; the
+    handle removes it. Undone with a provider's registrations if its load fails."""
+    if layer not in TUNED_LAYERS:
+        raise ValueError(f"tuned layer must be one of {', '.join(TUNED_LAYERS)}, got {layer!r}")
+    frozen = {
+        op: _frozen(as_priority(spec, f"{layer} {source}: {op}")) for op, spec in table.items()
+    }
+    sources = _store.tuned.setdefault(layer, {})
+    previous = sources.get(source)
+    with invalidating():
+        sources[source] = frozen
+
+    def undo() -> None:
+        if sources.get(source) is frozen:
+            with invalidating():
+                if previous is None:
+                    del sources[source]
+                else:
+                    sources[source] = previous
+
+    handle = RegistrationHandle(f"{layer} {source!r}", undo)
+    record(handle)
+    return handle
+
+
+def tuned_contributions(op_name: str, mode: Mode) -> list[tuple[str, PrioritySpec]]:
+    """``(origin, providers or buckets)`` of the tuned layers for ``op_name``,
+    highest first (none under Inductor: see :data:`TUNED_LAYERS`)."""
+    if mode != "eager":
+        return []
+    return [
+        (f"{layer} {source}", table[op_name])
+        for layer in TUNED_LAYERS
+        for source, table in sorted(_store.tuned.get(layer, {}).items())
+        if op_name in table
+    ]
+
+
 def _short(value: object, limit: int = 80) -> str:
     return short_repr(value, limit, with_type=True)
 
@@ -445,8 +496,10 @@ def effective_priority(
 ) -> tuple[PriorityEntry, ...]:
     """The ordered providers to try for ``op_name``, each with its origin.
 
-    Each source (the user's entry, every platform default) is resolved for a
-    call of ``tokens`` tokens first, then they are merged: a bucketed source
+    The layers, highest first: the user's entry (a scope, else the process-wide
+    setting), the tuned layers (:data:`TUNED_LAYERS`, eager mode), every platform
+    default by rank, the native fallback. Each source is resolved for a call of
+    ``tokens`` tokens first, then they are merged: a bucketed source
     contributes the providers of the bucket the call falls into. ``tokens=None``
     (no call in view) resolves bucketed sources to their catch-all bucket.
 
@@ -466,6 +519,9 @@ def effective_priority(
     user, origin = _user_entry(op_name, state)
     for provider in priority_for_tokens(user, tokens):
         add(provider, origin)
+    for tuned_origin, spec in tuned_contributions(op_name, mode):
+        for provider in priority_for_tokens(spec, tokens):
+            add(provider, tuned_origin)
     for source, spec, _rank in platform_default_contributions(op_name, mode, platform):
         for provider in priority_for_tokens(spec, tokens):
             add(provider, f"{platform} {mode} default of {source}")
@@ -492,8 +548,9 @@ def bucket_bounds(
     mode = mode or selection_mode()
     platform = platform or current_platform()
     user, _origin = _user_entry(op_name, state)
+    tuned = [spec for _o, spec in tuned_contributions(op_name, mode)]
     defaults = [spec for _s, spec, _r in platform_default_contributions(op_name, mode, platform)]
-    return merged_bounds([user, *defaults])
+    return merged_bounds([user, *tuned, *defaults])
 
 
 def _snapshot_process_priorities() -> Callable[[], str | None]:
@@ -516,5 +573,21 @@ def _snapshot_process_priorities() -> Callable[[], str | None]:
     return restore
 
 
+def _snapshot_tuned_tables() -> Callable[[], str | None]:
+    before = {layer: dict(sources) for layer, sources in _store.tuned.items()}
+
+    def restore() -> str | None:
+        now = {layer: dict(sources) for layer, sources in _store.tuned.items() if sources}
+        if now == {layer: sources for layer, sources in before.items() if sources}:
+            return None
+        with invalidating():
+            _store.tuned.clear()
+            _store.tuned.update({layer: dict(sources) for layer, sources in before.items()})
+        return "tuned tables"
+
+    return restore
+
+
 # a failed provider load puts back the process-wide priorities it changed
 on_snapshot(_snapshot_process_priorities)
+on_snapshot(_snapshot_tuned_tables)

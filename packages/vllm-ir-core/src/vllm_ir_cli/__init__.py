@@ -222,9 +222,14 @@ def _add_tune(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--out",
-        required=True,
         help="the JSON file to write, merged into what it holds (the ops measured now replace "
         "their entries); {rank} in the name is this process's rank (RANK or LOCAL_RANK)",
+    )
+    parser.add_argument(
+        "--cache",
+        action="store_true",
+        help="write into the local tuning cache ($VLLM_IR_CACHE_DIR/tuned.json) instead of "
+        "--out: every later process on this machine applies it",
     )
     parser.add_argument(
         "--replace", action="store_true", help="overwrite --out instead of merging into it"

@@ -34,9 +34,8 @@ from vllm_ir._cli.args import (
     parse_dtype,
     parse_op,
     parse_shape,
-    writable_file,
 )
-from vllm_ir._cli.tuning_file import stamped, write_tuning
+from vllm_ir._cli.tuning_file import applying, output_path, stamped, write_tuning
 from vllm_ir._discovery.stamps import environment
 from vllm_ir._op.op import IrOp
 from vllm_ir._selection.buckets import as_priority, format_bucket_text
@@ -47,7 +46,6 @@ from vllm_ir.compilation._autotune import (
     decide,
     measure,
 )
-from vllm_ir.config import rank_path
 
 __all__ = [
     "explain_autotune",
@@ -270,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
     if args.runs < 1:
         raise UsageError(f"--runs must be at least 1, got {args.runs}")
     # everything checked before any measurement, as bench does
-    out = writable_file("--out", rank_path(args.out))
+    option, out = output_path(args.out, args.cache)
     device = parse_device(args.device)
     for op in ops:
         for shape in shapes.values():
@@ -291,12 +289,12 @@ def run(args: argparse.Namespace) -> int:
             "environment": environment(torch.device(device)),
         }
     doc["threads"] = torch.get_num_threads()
-    write_tuning("--out", out, stamped(doc, device), replace=args.replace)
+    write_tuning(option, out, stamped(doc, device), replace=args.replace)
     for op_name, providers in doc["ir_op_priority"].items():
         winners = ", ".join(f"{n}: {r['winner']}" for n, r in doc["measured"][op_name].items())
         print(f"{op_name}: {format_bucket_text(as_priority(providers, op_name))}  ({winners})")
         for name, result in doc["measured"][op_name].items():
             if not result.get("decided", True):
                 print(f"  {name}: {result['note']}")
-    print(f"wrote {out}; use it with --ir-op-priority=@{out}")
+    print(applying(option, out))
     return 0

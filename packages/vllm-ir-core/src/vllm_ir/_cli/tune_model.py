@@ -30,15 +30,14 @@ from typing import Any
 
 import torch
 
-from vllm_ir._cli.args import UsageError, apply_threads, writable_file
+from vllm_ir._cli.args import UsageError, apply_threads
 from vllm_ir._cli.bench import NOISY, is_noisy, spread, time_call
 from vllm_ir._cli.model_source import ModelSource, load_model
 from vllm_ir._cli.table import render_table
-from vllm_ir._cli.tuning_file import stamped, write_tuning
+from vllm_ir._cli.tuning_file import applying, output_path, stamped, write_tuning
 from vllm_ir._discovery.stamps import environment
 from vllm_ir._op.op import get_op
 from vllm_ir._selection.buckets import SizePlan, as_priority, priority_for_tokens
-from vllm_ir.config import rank_path
 from vllm_ir.priority import scoped_priority
 
 __all__ = [
@@ -464,7 +463,7 @@ def _combined(
 def run(args: argparse.Namespace) -> int:
     tokens = parse_ints("--tokens", args.tokens)
     bounds = parse_ints("--buckets", args.buckets or "16,256")
-    out = writable_file("--out", rank_path(args.out))
+    option, out = output_path(args.out, args.cache)
     ops = [name.strip() for name in args.ops.split(",") if name.strip()]
     for name in ops:
         try:
@@ -487,9 +486,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--model {args.model}: it calls no IR op (or none of --ops); nothing to tune"
         )
-    doc = write_tuning("--out", out, stamped(doc, "cpu"), replace=args.replace)
+    doc = write_tuning(option, out, stamped(doc, "cpu"), replace=args.replace)
     _print(doc)
-    print(f"wrote {out}; use it with --ir-op-priority=@{out} (bucketed priorities)")
+    print(applying(option, out))
     return 0
 
 

@@ -29,16 +29,42 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vllm_ir._cli.args import UsageError, write_atomically
+from vllm_ir._cli.args import UsageError, writable_file, write_atomically
 from vllm_ir._discovery.stamps import stamps_of
+from vllm_ir.config import rank_path, tuning_cache_path
 
-__all__ = ["FORMAT", "OP_KEYED", "merge", "stamped", "write_tuning"]
+__all__ = ["FORMAT", "OP_KEYED", "applying", "merge", "output_path", "stamped", "write_tuning"]
 
 FORMAT = 2
 """The tuning-file format: 2 adds ``"format"`` and ``"stamps"`` (1: neither)."""
 
 OP_KEYED = (("ir_op_priority",), ("stamps",), ("measured",), ("_measurements", "ops"))
 """The parts of a tuning document keyed by op name: merged op by op."""
+
+
+def output_path(out: str | None, cache: bool) -> tuple[str, Path]:
+    """The option and file ``tune`` writes: ``--out`` (``{rank}`` expanded), or
+    ``--cache``: the local tuning cache (its directory made if missing)."""
+    if cache == (out is not None):
+        raise UsageError("give --out FILE or --cache (the local tuning cache), one of them")
+    if out is not None:
+        return "--out", writable_file("--out", rank_path(out))
+    path = tuning_cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--cache: cannot create {path.parent}: {e.strerror}") from None
+    return "--cache", writable_file("--cache", str(path))
+
+
+def applying(option: str, path: Path) -> str:
+    """The line saying what was written and how it applies."""
+    if option == "--cache":
+        return f"wrote {path}: the local tuning cache, applied by every process here"
+    return (
+        f"wrote {path}; apply it with VLLM_IR_TUNING_FILE={path} (below explicit settings) "
+        f"or --ir-op-priority=@{path}"
+    )
 
 
 def stamped(doc: dict[str, Any], device_type: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
+from typing import Any
 
 from vllm_ir import envs
 from vllm_ir._base.cache import invalidate_caches, on_before_selection
@@ -51,12 +52,14 @@ from vllm_ir._base.registration import (
 )
 from vllm_ir._base.runtime import RUNTIME
 from vllm_ir._base.text import short_repr
-from vllm_ir._selection.buckets import BucketedPriority
+from vllm_ir._discovery.stamps import device_table
+from vllm_ir._selection.buckets import BucketedPriority, as_priority
 from vllm_ir._version import API_VERSION, __version__
 from vllm_ir.priority import (
     MODES,
     PlatformDefaults,
     add_platform_defaults,
+    add_tuned_table,
     remove_platform_defaults,
 )
 
@@ -87,6 +90,11 @@ class ProviderSpec:
         api_version: the :data:`vllm_ir.provider.API_VERSION` it was written against.
         register: imports the package's kernels and calls ``register_impl``.
         defaults: default priorities per platform, for eager and compiled mode.
+        tuned: tables measured by the package's authors, per device: the key is a
+            device as tuning stamps name it (``"NVIDIA H200"``, or ``"cpu:AVX512"``
+            for a CPU's vector ISA), the value an op -> providers (or buckets)
+            table; the one matching this machine is the "provider table" layer
+            (:data:`vllm_ir.priority.TUNED_LAYERS`), below a user's tuning files.
 
     >>> import vllm_ir as ir
     >>> from vllm_ir.provider import API_VERSION
@@ -98,6 +106,7 @@ class ProviderSpec:
     api_version: int
     register: Callable[[], object] = field(repr=False)
     defaults: Sequence[PlatformDefaults] = ()
+    tuned: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         # a malformed spec must fail here, in the provider's own import, and
@@ -147,6 +156,21 @@ def check_spec(spec: ProviderSpec) -> None:
     for d in defaults:
         # PlatformDefaults checks itself when built; this catches one altered since
         PlatformDefaults(d.platform, d.eager, d.compiled, d.rank)
+    _check_tuned(spec.tuned, where)
+
+
+def _check_tuned(tuned: object, where: str) -> None:
+    example = "e.g. {'NVIDIA H200': {'rms_norm': ['my_kernels', 'native']}}"
+    if not isinstance(tuned, Mapping):
+        raise TypeError(f"{where}: tuned must map device names to tables, {example}")
+    for device, table in tuned.items():
+        if not isinstance(device, str) or not isinstance(table, Mapping):
+            raise TypeError(
+                f"{where}: tuned must map device names to op tables, {example}; "
+                f"got {_short(device)}: {_short(table)}"
+            )
+        for op_name, entry in table.items():
+            as_priority(entry, f"{where}: tuned[{device!r}][{op_name!r}]")
 
 
 def _check_defaults_name_known_ops(spec: ProviderSpec, package: str) -> None:
@@ -298,6 +322,9 @@ def _load_and_register(entry_point: str, package: str, obj: object) -> LoadedPro
     spec.register()
     _check_defaults_name_known_ops(spec, package)
     add_platform_defaults(package.split()[0], spec.defaults)
+    table = device_table(spec.tuned)
+    if table is not None:
+        add_tuned_table("provider table", package.split()[0], table)
     return LoadedProvider(entry_point, package, spec)
 
 

@@ -32,7 +32,15 @@ from vllm_ir._base.logger import get_logger
 from vllm_ir._op.op import IrOp
 from vllm_ir._version import __version__
 
-__all__ = ["drop_stale", "environment", "op_stamp", "stamp_difference", "stamps_of"]
+__all__ = [
+    "device_keys",
+    "device_table",
+    "drop_stale",
+    "environment",
+    "op_stamp",
+    "stamp_difference",
+    "stamps_of",
+]
 
 logger = get_logger(__name__)
 
@@ -72,6 +80,25 @@ def environment(device: torch.device) -> dict[str, str]:
         "vllm_ir": __version__,
         "threads": str(torch.get_num_threads()),
     }
+
+
+def device_keys() -> list[str]:
+    """The names a provider's bundled tables may use for this machine, most
+    specific first: the GPU's name (once torch has initialized CUDA: looking it
+    up must not initialize it), the CPU's full name, ``cpu:<ISA>``."""
+    keys = []
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        keys.append(torch.cuda.get_device_name())
+    cpu = _device(torch.device("cpu"))
+    return [*keys, cpu["device"], f"cpu:{cpu['isa']}"]
+
+
+def device_table(tables: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The table of ``tables`` (device name -> table) for this machine, or None."""
+    for key in device_keys():
+        if key in tables:
+            return tables[key]
+    return None
 
 
 def _impl_stamp(op: IrOp, provider: str) -> dict[str, str | None]:
