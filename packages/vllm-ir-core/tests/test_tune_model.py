@@ -283,3 +283,50 @@ def test_held_out_sizes_are_the_geometric_midpoints_between_measured_counts() ->
     assert midpoints([300, 2]) == [24]
     assert midpoints([1, 2, 3]) == []  # nothing strictly between neighbours
     assert midpoints([7]) == []
+
+
+def test_plan_command_shows_what_runs_never_runs_and_loses(
+    model_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    times = {"native": {"median_us": 9.0}, "fast": {"median_us": 3.0}}
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(
+        json.dumps({"_measurements": {"ops": {"rms_norm": {"<=16": {"times_us": {"2": times}}}}}})
+    )
+    report = tmp_path / "plan.json"
+    argv = ["plan", "--model", f"{model_module}:build", "--tokens", "2,300"]
+    assert main([*argv, "--tuned", str(tuned), "--json", str(report)]) == 0
+    printed = capsys.readouterr().out
+    assert "2 tokens:\nkernel plan (eager" in printed
+    assert "300 tokens:" in printed
+    assert "  rms_norm: " in printed  # its summary line
+    assert "losing pick: " in printed
+    assert "ran native at 2 tokens; fast was 3.0x faster there" in printed
+    assert "no pick loses by more than 5% at a measured size" in printed  # at 300: not measured
+    saved = json.loads(report.read_text())
+    assert [p["op"] for p in saved["2 tokens"]["losing_picks"]] == ["rms_norm"] * len(
+        saved["2 tokens"]["losing_picks"]
+    )
+    assert saved["2 tokens"]["losing_picks"]
+    assert saved["300 tokens"]["losing_picks"] == []
+    assert "summary" in saved["2 tokens"]["plan"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan"], "give a saved plan (FILE.json) or --model SPEC, one of them"),
+        (["plan", "x.json", "--model", "m:build"], "one of them"),
+        (["plan", "--model", "m:build", "--tuned", "{missing}"], "cannot read a tuning file"),
+        (["plan", "--model", "m:build", "--tuned", "{tune}"], "not a `vllm-ir tune --model` file"),
+    ],
+)
+def test_plan_command_bad_input_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    (tmp_path / "tune.json").write_text(json.dumps({"ir_op_priority": {}, "measured": {}}))
+    paths = {"missing": str(tmp_path / "missing.json"), "tune": str(tmp_path / "tune.json")}
+    assert main([a.format(**paths) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1

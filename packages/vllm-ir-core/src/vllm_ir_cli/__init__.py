@@ -263,6 +263,32 @@ def _add_tune(subparsers: argparse._SubParsersAction) -> None:
     )
 
 
+def _add_plan(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="a model's kernel plan: what runs at each call site, what never does, what loses",
+    )
+    parser.add_argument("saved", nargs="?", help="a plan saved with vllm_ir.plan(...).to_json()")
+    parser.add_argument(
+        "--model",
+        type=_model_spec,
+        help="a model directory, a cached model name, or module:callable (as tune --model)",
+    )
+    parser.add_argument("--tokens", default="16", help="token counts to plan at (default 16)")
+    parser.add_argument(
+        "--tuned",
+        metavar="FILE",
+        help="a tune --model file: also list picks that lose to another candidate",
+    )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=0.05,
+        help="how much faster another candidate must be for a pick to lose (default 0.05)",
+    )
+    parser.add_argument("--json", metavar="OUT", help="also write the plans and findings here")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="vllm-ir",
@@ -271,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_Version)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_ops, _add_explain, _add_bench, _add_demo, _add_tune):
+    for add in (_add_ops, _add_explain, _add_bench, _add_demo, _add_tune, _add_plan):
         add(subparsers)
     for sub in subparsers.choices.values():
         sub.epilog = _SELECTION_HELP

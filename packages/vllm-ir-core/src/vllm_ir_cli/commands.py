@@ -11,6 +11,7 @@ COMMANDS = {
     "bench": "vllm_ir._cli.bench",
     "demo": "vllm_ir._cli.demo",
     "tune": "vllm_ir._cli.tune",
+    "plan": "vllm_ir._cli.plan_cmd",
 }
 """Command name -> the module whose ``run(args)`` carries it out."""
 

@@ -1,13 +1,28 @@
-"""``vllm-ir explain --plan FILE.json``: print a kernel plan saved by ``vllm_ir.plan``."""
+"""``vllm-ir plan``: a model's kernel plan, with what it silently misses; and
+``vllm-ir explain --plan FILE.json``: print a plan saved by ``vllm_ir.plan``.
+
+``vllm-ir plan --model SPEC --tokens 1,256`` builds the model as ``tune --model``
+does (a model directory, a cached name, or ``module:callable``), plans one step
+at each token count and prints, per count, the plan's table and one summary
+line per op: the impls that ran, those registered but rejected at every call
+site (with the reason), those listed but never reached, those not listed.
+``--tuned FILE`` (what ``tune --model`` wrote) adds the picks that lose to
+another candidate by more than ``--margin`` at a token count the sweep
+measured. ``vllm-ir plan FILE.json`` does the same for a saved plan;
+``--json OUT`` writes the plans and those findings.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 from pathlib import Path
+from typing import Any
 
-from vllm_ir._cli.args import UsageError
+from vllm_ir._cli.args import UsageError, writable_file, write_atomically
 from vllm_ir._tools.planning import Plan, PlanFormatError
 
-__all__ = ["print_plan", "read_plan"]
+__all__ = ["print_plan", "read_plan", "run"]
 
 
 def read_plan(path: str) -> Plan:
@@ -43,4 +58,72 @@ def print_plan(path: str, op: str | None = None) -> int:
         )
     print(f"{path}:")
     print(plan.table())
+    return 0
+
+
+def _read_tuned(path: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"--tuned {path}: cannot read a tuning file ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("_measurements"), dict):
+        raise UsageError(
+            f"--tuned {path}: not a `vllm-ir tune --model` file (it has no _measurements); "
+            "losing picks are judged against a whole-model sweep"
+        )
+    return doc
+
+
+def _plans(args: argparse.Namespace) -> dict[str, Plan]:
+    """Label -> plan: the saved plan, or the model's at each ``--tokens`` count."""
+    if (args.saved is None) == (args.model is None):
+        raise UsageError("give a saved plan (FILE.json) or --model SPEC, one of them")
+    if args.saved is not None:
+        return {args.saved: read_plan(args.saved)}
+    import torch
+
+    from vllm_ir._cli.model_source import load_model
+    from vllm_ir._cli.tune_model import parse_ints
+    from vllm_ir._tools.planning import plan
+
+    tokens = parse_ints("--tokens", args.tokens)
+    source = load_model(args.model, tokens[0])
+    plans = {}
+    for count in tokens:
+        inputs = source.example_inputs(count)
+        with torch.inference_mode():
+            found = (
+                plan(source.model, **inputs)
+                if isinstance(inputs, dict)
+                else plan(source.model, *inputs)
+            )
+        plans[f"{count} tokens"] = found
+    return plans
+
+
+def run(args: argparse.Namespace) -> int:
+    tuned = _read_tuned(args.tuned) if args.tuned else None
+    out = writable_file("--json", args.json) if args.json else None
+    plans = _plans(args)
+    report: dict[str, Any] = {}
+    for label, found in plans.items():
+        print(f"{label}:")
+        print(found.table(candidates=False))
+        for line in found.summary_lines():
+            print(f"  {line}")
+        losing = found.losing_picks(tuned, margin=args.margin) if tuned is not None else []
+        for pick in losing:
+            print(
+                f"  losing pick: {pick.site} ({pick.op}) ran {pick.ran} at {pick.tokens} tokens; "
+                f"{pick.best} was {pick.speedup}x faster there"
+            )
+        if tuned is not None and not losing:
+            print(f"  no pick loses by more than {args.margin:.0%} at a measured size")
+        report[label] = {
+            "plan": json.loads(found.to_json()),
+            "losing_picks": [vars(p) for p in losing] if tuned is not None else None,
+        }
+    if out is not None:
+        write_atomically("--json", out, json.dumps(report, indent=2) + "\n")
+        print(f"wrote {out}")
     return 0
