@@ -21,8 +21,14 @@ from vllm_ir._cli.tuning_file import FORMAT, merge, stamped, write_tuning
 from vllm_ir._discovery.stamps import environment, stamp_difference
 
 
-def _doc(priorities: dict[str, list[Any]]) -> dict[str, Any]:
-    return stamped({"ir_op_priority": priorities, "measured": {}, "device": "cpu"}, "cpu")
+def _doc(priorities: dict[str, list[Any]], *, any_threads: bool = False) -> dict[str, Any]:
+    """A stamped tuning file of ``priorities``; ``any_threads``: a stamp without the
+    thread count (read by a process whose torch uses another, e.g. beside xdist)."""
+    doc = stamped({"ir_op_priority": priorities, "measured": {}, "device": "cpu"}, "cpu")
+    if any_threads:
+        for stamp in doc["stamps"].values():
+            del stamp["environment"]["threads"]
+    return doc
 
 
 def _load(path: Path, **kwargs: Any) -> dict[str, list[Any]]:
@@ -384,14 +390,16 @@ def test_the_tuning_file_variable_and_the_local_cache_apply_at_the_first_selecti
 ) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "tuned.json").write_text(json.dumps(_doc({"rms_norm": ["native"]})))
+    (cache / "tuned.json").write_text(json.dumps(_doc({"rms_norm": ["native"]}, any_threads=True)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env["VLLM_IR_CACHE_DIR"] = str(cache)
     run = [sys.executable, "-c", _FIRST_SELECTION]
     out = subprocess.run(run, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == repr([("native", f"tuning cache {cache / 'tuned.json'}")])
     tuning_file = tmp_path / "tuned-{rank}.json"
-    (tmp_path / "tuned-1.json").write_text(json.dumps(_doc({"rms_norm": ["native"]})))
+    (tmp_path / "tuned-1.json").write_text(
+        json.dumps(_doc({"rms_norm": ["native"]}, any_threads=True))
+    )
     env |= {"VLLM_IR_TUNING_FILE": str(tuning_file), "RANK": "1"}
     out = subprocess.run(run, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == repr([("native", f"tuning file {tmp_path / 'tuned-1.json'}")])

@@ -71,7 +71,6 @@ _COMPILATION = [
     "bucket_switch",
     "clone_elimination",
     "context",
-    "fingerprint",
     "functionalize",
     "fusion",
     "lowering",
@@ -84,6 +83,7 @@ _COMPILATION = [
 RENAMED: dict[str, str] = {
     **{f"vllm_ir.{old}": f"vllm_ir.{new}" for old, new in _TOP.items()},
     **{f"vllm_ir.compilation.{name}": f"vllm_ir.compilation._{name}" for name in _COMPILATION},
+    "vllm_ir.compilation.fingerprint": "vllm_ir._base.fingerprint",  # below config, for stamps
     "vllm_ir.cli": "vllm_ir._cli",  # a package: its submodules move with it
 }
 """The internal modules given private names: old path -> new path."""
