@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,17 @@ def _doc(priorities: dict[str, list[Any]], *, any_threads: bool = False) -> dict
         for stamp in doc["stamps"].values():
             del stamp["environment"]["threads"]
     return doc
+
+
+def _native_times(scale: float) -> Callable[..., Tensor]:
+    """An impl of ``rms_norm``: native's result times ``scale``."""
+
+    def impl(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> Tensor:
+        return ir.ops.rms_norm.native(x, weight, epsilon, variance_size) * scale
+
+    return impl
 
 
 def _load(path: Path, **kwargs: Any) -> dict[str, list[Any]]:
@@ -54,17 +66,18 @@ def test_a_stamp_records_the_machine_software_and_each_impls_package_and_code() 
     assert stamp_difference({**stamp, "op": "rms_norm"}) is None
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "named"),
-    [
-        ("torch", "2.11.0+cu130", "torch 2.11.0+cu130, here "),
-        ("threads", "999", "threads 999, here "),
-        ("device", "NVIDIA H200", "device NVIDIA H200, here "),
-        ("vllm_ir", "0.0.1", "vllm_ir 0.0.1, here "),
-    ],
-)
+STAMPED_ELSEWHERE = {
+    "torch": "2.11.0+cu130",
+    "threads": "999",
+    "device": "NVIDIA H200",
+    "vllm_ir": "0.0.1",
+}
+"""A stamp field and a value no process here has."""
+
+
+@pytest.mark.parametrize(("field", "value"), STAMPED_ELSEWHERE.items())
 def test_an_entry_from_another_environment_is_refused_with_one_line(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, field: str, value: str, named: str
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, field: str, value: str
 ) -> None:
     doc = _doc({"rms_norm": ["native"], "silu_and_mul": ["native"]})
     doc["stamps"]["rms_norm"]["environment"][field] = value
@@ -75,7 +88,7 @@ def test_an_entry_from_another_environment_is_refused_with_one_line(
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(lines) == 1, lines
     assert "rms_norm not applied: measured elsewhere" in lines[0]
-    assert named in lines[0]
+    assert f"{field} {value}, here " in lines[0]
     assert "VLLM_IR_ACCEPT_STALE=1" in lines[0]
     assert _load(path, accept_stale=True) == {"rms_norm": ["native"], "silu_and_mul": ["native"]}
 
@@ -98,16 +111,7 @@ def test_accept_stale_through_the_environment(
 
 def test_an_entry_whose_impl_changed_is_refused(tmp_path: Path) -> None:
     op = ir.ops.rms_norm
-
-    def first(
-        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-    ) -> Tensor:
-        return op.native(x, weight, epsilon, variance_size)
-
-    def second(
-        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-    ) -> Tensor:
-        return op.native(x, weight, epsilon, variance_size) * 1
+    first, second = _native_times(1.0), _native_times(2.0)  # closures: other code
 
     path = tmp_path / "tuned.json"
     handle = op.register_impl("stamped_impl", first)
@@ -297,18 +301,12 @@ def test_two_ranks_tune_at_once_into_their_files_and_one_shared_file(tmp_path: P
 LAYERED = ("t_explicit", "t_file", "t_cache", "t_table", "t_default")
 
 
-def _same_as_native(
-    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-) -> Tensor:
-    return ir.ops.rms_norm.native(x, weight, epsilon, variance_size)
-
-
 @pytest.fixture
 def layered_impls() -> Any:
     from vllm_ir.testing import isolated
 
     op = ir.ops.rms_norm
-    handles = [op.register_impl(p, _same_as_native) for p in LAYERED]
+    handles = [op.register_impl(p, _native_times(1.0)) for p in LAYERED]
     try:
         with isolated():
             yield op
