@@ -44,17 +44,7 @@ HERE = Path(__file__).resolve().parent
 
 # the repository's shared CPU timer (benchmarks/_round_robin.py)
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _round_robin import (  # noqa: E402
-    cpu_bench_parser,
-    kernel_line,
-    kernel_vs_native,
-    model_line,
-    parse_cpu_bench_args,
-    run_facts,
-    time_on_copies,
-    timing_row,
-    write_report,
-)
+import _round_robin as timer  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 EPS = 1e-6
@@ -95,9 +85,12 @@ def bench_ops(tokens: tuple[int, ...], hidden: int, rounds: int) -> list[dict[st
             for t in tokens:
                 args = _inputs(op_name, t, hidden, dtype)
                 row = {"op": op_name, "dtype": dtype_name, "tokens": t, "hidden": hidden}
-                row |= kernel_vs_native(kernel, op.native, compiled, args, rounds)
+                row |= timer.kernel_vs_native(kernel, op.native, compiled, args, rounds)
                 rows.append(row)
-                print(kernel_line(f"{op_name:>36} {dtype_name} {t:>5}x{hidden}", row), flush=True)
+                print(
+                    timer.kernel_line(f"{op_name:>36} {dtype_name} {t:>5}x{hidden}", row),
+                    flush=True,
+                )
     return rows
 
 
@@ -170,9 +163,9 @@ def bench_model(
             for t in tokens:
                 width = 2 * hidden if kind == "silu" else hidden
                 x = torch.randn(t, width).to(dtype)
-                net = time_on_copies(compiled, x, rounds)  # compiles on the first call
+                net = timer.time_on_copies(compiled, x, rounds)  # compiles on the first call
                 selected = backends["cpu_c"].lowering_pass.selected_impls
-                row = timing_row(
+                row = timer.timing_row(
                     net,
                     ("native_over_cpu_c", "native", "cpu_c"),
                     model=kind,
@@ -186,15 +179,15 @@ def bench_model(
                 )
                 rows.append(row)
                 print(
-                    model_line(f"{kind:>13} {dtype_name} {t:>5}x{hidden}x{layers}L", row),
+                    timer.model_line(f"{kind:>13} {dtype_name} {t:>5}x{hidden}x{layers}L", row),
                     flush=True,
                 )
     return rows
 
 
 def main() -> None:
-    parser = cpu_bench_parser(__doc__, HERE / "results" / "quant_kernels.json")
-    args = parse_cpu_bench_args(parser)
+    parser = timer.cpu_bench_parser(__doc__, HERE / "results" / "quant_kernels.json")
+    args = timer.parse_cpu_bench_args(parser)
 
     start = time.perf_counter()
     load_at_start = [round(v, 2) for v in os.getloadavg()]
@@ -212,7 +205,7 @@ def main() -> None:
         by_model.setdefault(r["model"], []).append(r["native_over_cpu_c"])
     report = {
         "benchmark": "quant_kernels",
-        **run_facts(load_at_start, args.rounds, elapsed),
+        **timer.run_facts(load_at_start, args.rounds, elapsed),
         "vllm_ir_cpu": vllm_ir_cpu.__version__,
         "cpu_capability": build.cpu_capability(),
         "summary": {
@@ -231,7 +224,7 @@ def main() -> None:
         "model": model_rows,
         "ops": op_rows,
     }
-    write_report(report, args.out, report["summary"], elapsed)
+    timer.write_report(report, args.out, report["summary"], elapsed)
 
 
 if __name__ == "__main__":
