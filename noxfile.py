@@ -409,9 +409,10 @@ def lint(session: nox.Session) -> None:
     """ruff (lint + format), mypy, the import contracts and the core's import cycles.
 
     ``lint-imports`` checks ``.importlinter`` (core's layers in order; providers
-    use only the provider contract of core); ``tools/import_cycles.py`` fails on
-    any cycle among core's modules and its command-line front end, function-level
-    imports included.
+    use only the provider contract of core), and ``tools/lint_test_imports.py``
+    the packages' tests, benchmarks and examples and the integration tests;
+    ``tools/import_cycles.py`` fails on any cycle among core's modules and its
+    command-line front end, function-level imports included.
     """
     session.install("-c", CONSTRAINTS, "ruff", "mypy", "torch", "nox", "pytest", "import-linter")
     session.run("ruff", "check", ".")
@@ -420,6 +421,8 @@ def lint(session: nox.Session) -> None:
     session.run("mypy", *sources, env={"MYPYPATH": os.pathsep.join(sources)})
     # the contracts read the source trees, nothing is imported
     session.run("lint-imports", "--no-cache", env={"PYTHONPATH": os.pathsep.join(sources)})
+    # the same for the packages' tests, benchmarks and examples and the integration tests
+    session.run("python", str(ROOT / "tools" / "lint_test_imports.py"))
     cycles = ROOT / "tools" / "import_cycles.py"
     session.run("python", str(cycles), str(PACKAGES[CORE] / "src"), "vllm_ir", "vllm_ir_cli")
 

@@ -6,6 +6,7 @@ import ast
 import configparser
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -288,6 +289,30 @@ def test_the_contract_scan_finds_a_reach_in(tmp_path: Path) -> None:
         ]
     finally:
         path.unlink(missing_ok=True)
+
+
+@pytest.mark.skipif(shutil.which("lint-imports") is None, reason="import-linter not installed")
+def test_import_linter_reads_the_tests_beside_the_packages() -> None:
+    """``tools/lint_test_imports.py`` (``nox -s lint``) runs import-linter over the
+    folders the contract scan above reads; a reach-in breaks its contract."""
+    tool = [sys.executable, str(ROOT / "tools" / "lint_test_imports.py"), str(ROOT)]
+    done = subprocess.run(tool, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "vllm-ir-cpu (tests, benchmarks, examples) imports only core's contract KEPT" in (
+        done.stdout
+    )
+    path = ROOT / "packages" / "vllm-ir-cpu" / "tests" / "_layering_probe.py"
+    for text in ("from vllm_ir import priority\n", "def f():\n    import vllm_ir._op.op\n"):
+        try:
+            path.write_text(text)
+            done = subprocess.run(tool, capture_output=True, text=True)
+        finally:
+            path.unlink(missing_ok=True)
+        assert done.returncode != 0, text
+        assert "vllm-ir-cpu (tests, benchmarks, examples) imports only core's contract BROKEN" in (
+            done.stdout
+        )
+        assert "_layering_probe" in done.stdout
 
 
 # -- shared test helpers ---------------------------------------------------------
