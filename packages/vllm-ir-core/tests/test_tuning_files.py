@@ -7,6 +7,7 @@ import json
 import logging
 import multiprocessing
 import os
+import random
 import subprocess
 import sys
 from collections.abc import Callable
@@ -406,3 +407,52 @@ def test_the_tuning_file_variable_and_the_local_cache_apply_at_the_first_selecti
     assert "tuning file " in out.stderr
     assert "cannot read the file" in out.stderr  # named once; selection goes on
     assert "tuning cache" in out.stdout
+
+
+# -- random sequences of what operators do ------------------------------------
+
+FUZZ_OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gelu_and_mul")
+
+
+def _random_entry(rng: random.Random) -> list[Any]:
+    if rng.random() < 0.5:
+        return ["native"]
+    bound = rng.choice([1, 16, 256])
+    return [{"max_tokens": bound, "priority": ["native"]}, {"priority": ["native"]}]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_sequences_of_writes_kills_and_stale_entries_match_a_model(
+    tmp_path: Path, seed: int
+) -> None:
+    """Merges, replaces, killed writers and entries gone stale, in random order:
+    after each step the file holds what a dict model says, loading applies
+    exactly its fresh entries, and no temporary file survives a write."""
+    rng = random.Random(seed)
+    path = tmp_path / "tuned.json"
+    model: dict[str, tuple[list[Any], bool]] = {}  # op -> (entry, stale)
+    for _ in range(12):
+        action = rng.choice(["merge", "merge", "replace", "kill", "stale"])
+        if action in ("merge", "replace"):
+            measured = {op: _random_entry(rng) for op in rng.sample(FUZZ_OPS, rng.randint(1, 3))}
+            write_tuning("--out", path, _doc(measured), replace=action == "replace")
+            if action == "replace":
+                model.clear()
+            model.update({op: (entry, False) for op, entry in measured.items()})
+            assert not list(tmp_path.glob(".tuned.json.*.tmp"))
+        elif action == "kill":  # a writer died between its temporary file and the rename
+            (tmp_path / f".tuned.json.dead{rng.randrange(10**6)}.tmp").write_text("{")
+        elif model:
+            op = rng.choice(sorted(model))
+            doc = json.loads(path.read_text())
+            doc["stamps"][op]["environment"]["torch"] = "0.0.0"
+            path.write_text(json.dumps(doc))
+            model[op] = (model[op][0], True)
+        if not model:
+            continue
+        doc = json.loads(path.read_text())
+        assert {op: entry for op, (entry, _) in model.items()} == doc["ir_op_priority"]
+        assert set(doc["stamps"]) == set(model)
+        fresh = {op: entry for op, (entry, stale) in model.items() if not stale}
+        expected = ir.IrOpPriorityConfig.from_dict(fresh).to_dict()
+        assert _load(path) == expected, (seed, action)

@@ -431,18 +431,19 @@ def add_tuned_table(
     frozen = {
         op: _frozen(as_priority(spec, f"{layer} {source}: {op}")) for op, spec in table.items()
     }
-    sources = _store.tuned.setdefault(layer, {})
-    previous = sources.get(source)
+    previous = _store.tuned.get(layer, {}).get(source)
+    # copy on write: a selection in another thread may be reading the tables
     with invalidating():
-        sources[source] = frozen
+        _store.tuned = {**_store.tuned, layer: {**_store.tuned.get(layer, {}), source: frozen}}
 
     def undo() -> None:
+        sources = _store.tuned.get(layer, {})
         if sources.get(source) is frozen:
+            kept = {s: t for s, t in sources.items() if s != source}
+            if previous is not None:
+                kept[source] = previous
             with invalidating():
-                if previous is None:
-                    del sources[source]
-                else:
-                    sources[source] = previous
+                _store.tuned = {**_store.tuned, layer: kept}
 
     handle = RegistrationHandle(f"{layer} {source!r}", undo)
     record(handle)
@@ -577,12 +578,11 @@ def _snapshot_tuned_tables() -> Callable[[], str | None]:
     before = {layer: dict(sources) for layer, sources in _store.tuned.items()}
 
     def restore() -> str | None:
-        now = {layer: dict(sources) for layer, sources in _store.tuned.items() if sources}
+        now = {layer: sources for layer, sources in _store.tuned.items() if sources}
         if now == {layer: sources for layer, sources in before.items() if sources}:
             return None
         with invalidating():
-            _store.tuned.clear()
-            _store.tuned.update({layer: dict(sources) for layer, sources in before.items()})
+            _store.tuned = before
         return "tuned tables"
 
     return restore
