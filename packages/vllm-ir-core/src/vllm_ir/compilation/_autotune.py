@@ -498,11 +498,13 @@ def metadata_key(
     settings: Any,
     size: Sizes = _hint,
 ) -> str:
-    """The tuning cache key: op, candidates and their sources, argument metadata (sizes
-    by ``size``: a bucket's representative sizes), and the decision settings (margin,
-    overhead subtraction, the bucket)."""
+    """The tuning cache key: op, candidates with their packages (distribution and
+    version) and code fingerprints, argument metadata (sizes by ``size``: a
+    bucket's representative sizes), and the decision settings (margin, overhead
+    subtraction, the bucket). The file it is kept in is named by the machine and
+    software environment (:mod:`vllm_ir.compilation._tuning_cache`)."""
     parts: list[Any] = [op.name, settings]
-    parts += [(i.provider, code_fingerprint(i.impl_fn, i.supports_args)) for i in impls]
+    parts += [(i.provider, i.package, code_fingerprint(i.impl_fn, i.supports_args)) for i in impls]
     for a in args:
         if isinstance(a, torch.Tensor):
             parts.append(
