@@ -157,6 +157,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tuning_files.json"))
+    parser.add_argument("--skip-held-out", action="store_true", help="only the start-up part")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokens = [int(t) for t in args.tokens.split(",")]
