@@ -98,39 +98,27 @@ def _first_output(env: dict[str, str], layers: int, hidden: int, tokens: int) ->
 def start_up(layers: int, hidden: int, tokens: int, runs: int) -> dict[str, Any]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_IR_")}
     with tempfile.TemporaryDirectory() as root:
-        # the kernel builds (C++ extensions) live in the same cache directory: built
-        # once here and copied into every run's, so only the autotune records differ
-        built = Path(root, "built")
-        primed = Path(root, "primed")
-        built.mkdir()
-        env = {
-            **base,
-            "VLLM_IR_CACHE_DIR": str(built),
-            "TORCHINDUCTOR_CACHE_DIR": str(Path(root, "i0")),
-        }
-        _first_output(env, layers, hidden, tokens)
-        shutil.rmtree(built / "autotune", ignore_errors=True)
-        shutil.copytree(built, primed)
-        env = {
-            **base,
-            "VLLM_IR_CACHE_DIR": str(primed),
-            "TORCHINDUCTOR_CACHE_DIR": str(Path(root, "i1")),
-        }
-        _first_output(env, layers, hidden, tokens)  # writes the stamped autotune cache
-        records = sum(
-            len(json.loads(p.read_text())["entries"]) for p in (primed / "autotune").glob("*.json")
-        )
+        # one cache directory for every run: its kernel builds (C++ extensions) are
+        # made once, and only its autotune records differ between the two kinds
+        cache = Path(root, "cache")
+        records_dir = cache / "autotune"
+        primed = Path(root, "primed-autotune")
+
+        def run(kind: str, index: int) -> dict[str, float]:
+            shutil.rmtree(records_dir, ignore_errors=True)
+            if kind == "stamped_cache":
+                shutil.copytree(primed, records_dir)
+            inductor = str(Path(root, f"inductor-{kind}-{index}"))  # empty for every run
+            env = {**base, "VLLM_IR_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": inductor}
+            return _first_output(env, layers, hidden, tokens)
+
+        run("empty_cache", -1)  # builds the kernels and writes the records
+        shutil.copytree(records_dir, primed)
+        records = sum(len(json.loads(p.read_text())["entries"]) for p in primed.glob("*.json"))
         samples: dict[str, list[dict[str, float]]] = {"empty_cache": [], "stamped_cache": []}
         for i in range(runs):
             for kind in samples:
-                cache = Path(root, f"{kind}-{i}")
-                shutil.copytree(built if kind == "empty_cache" else primed, cache)
-                env = {
-                    **base,
-                    "VLLM_IR_CACHE_DIR": str(cache),
-                    "TORCHINDUCTOR_CACHE_DIR": str(Path(root, f"inductor-{kind}-{i}")),
-                }
-                samples[kind].append(_first_output(env, layers, hidden, tokens))
+                samples[kind].append(run(kind, i))
 
     def median(kind: str, key: str) -> float:
         return round(statistics.median(s[key] for s in samples[kind]), 3)

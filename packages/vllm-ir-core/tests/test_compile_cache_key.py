@@ -166,6 +166,43 @@ def test_fingerprint_follows_helpers_modules_and_closures(tmp_path: Path) -> Non
     assert code_fingerprint(make(8)) != code_fingerprint(make(16))
 
 
+_LAZY_KERNELS = """
+__vllm_ir_caches__ = {caches}
+_library = None
+SCALE = 2
+
+def _load():
+    global _library
+    _library = object()
+
+def impl(x):
+    if _library is None:
+        _load()
+    return x * SCALE
+"""
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_declared_caches_leave_the_fingerprint(tmp_path: Path, declared: bool) -> None:
+    """A module's ``__vllm_ir_caches__`` (a kernel library loaded on first call) is
+    not hashed: one impl keeps one fingerprint across its first call; anything
+    else the code reads still is."""
+    caches = ("_library",) if declared else ()
+    (tmp_path / "lazy_kernels_mod.py").write_text(_LAZY_KERNELS.format(caches=caches))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import lazy_kernels_mod  # type: ignore[import-not-found]
+
+        before = code_fingerprint(lazy_kernels_mod.impl)
+        assert lazy_kernels_mod.impl(3) == 6  # loads the "library"
+        assert (code_fingerprint(lazy_kernels_mod.impl) == before) is declared
+        lazy_kernels_mod.SCALE = 3
+        assert code_fingerprint(lazy_kernels_mod.impl) != before
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("lazy_kernels_mod", None)
+
+
 class _Scaler:
     def __init__(self, k: float) -> None:
         self.k = k

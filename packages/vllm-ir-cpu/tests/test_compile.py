@@ -8,6 +8,11 @@ the ``fuse_norm_quant`` pass fuses the pairs and the fused ops lower to cpu_c.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +105,41 @@ def test_norm_quant_fusion_lowers_to_cpu_c(kernels: Path) -> None:
     assert ctx.clones_inserted == 2 * LAYERS
     assert ctx.clones_removed == ctx.clones_inserted, ctx.clones_kept
     assert not ctx.clones_kept
+
+
+# -- the autotune cache across processes ----------------------------------------
+
+_AUTOTUNED = """
+import json, torch, vllm_ir as ir
+from vllm_ir.testing import TinyDecoder
+torch.set_num_threads(1)
+backend = ir.VllmIRBackend(autotune=True)
+compiled = torch.compile(TinyDecoder(64, 2), backend=backend)
+with torch.no_grad():
+    compiled(torch.randn(16, 64))
+records = {id(r): r for c in backend.pass_contexts for r in c.autotuned.values()}
+print(json.dumps(sorted({(r.op, r.from_cache) for r in records.values()})))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_finds_every_autotune_record(kernels: Path, tmp_path: Path) -> None:
+    """The kernels' lazily built library is not part of an impl's fingerprint
+    (``__vllm_ir_caches__``): the records a process wrote before its kernels
+    loaded are found by the next process, which measures nothing."""
+    root = os.environ.get("VLLM_IR_CACHE_DIR") or str(Path.home() / ".cache" / "vllm_ir")
+    cache = tmp_path / "cache"
+    shutil.copytree(Path(root) / "extensions", cache / "extensions")  # built: not rebuilt
+    env = {**os.environ, "VLLM_IR_CACHE_DIR": str(cache)}
+    runs = []
+    for i in range(2):
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / f"inductor{i}")  # a cold compile each
+        done = subprocess.run(
+            [sys.executable, "-c", _AUTOTUNED], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout.splitlines()[-1]))
+    ops = {"rms_norm", "fused_add_rms_norm"}
+    assert {op for op, _ in runs[0]} == ops
+    assert runs[0] == [[op, False] for op in sorted(ops)]  # measured
+    assert runs[1] == [[op, True] for op in sorted(ops)]  # every record read back

@@ -36,6 +36,9 @@ __all__ = [
     "toolchain_problem",
 ]
 
+__vllm_ir_caches__ = ("_library", "_lock")
+"""Built or loaded on first use: not part of the impls' code fingerprint."""
+
 LIBRARY_NAME = "vllm_ir_cpu_kernels"
 """The shared library's name (and the build cache key's prefix)."""
 

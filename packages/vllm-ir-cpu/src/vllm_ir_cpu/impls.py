@@ -71,6 +71,9 @@ __all__ = [
     "static_scaled_fp8_quant",
 ]
 
+__vllm_ir_caches__ = ("_built", "_warned_toolchain")
+"""Built or loaded on first use: not part of the impls' code fingerprint."""
+
 DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 """The dtypes the kernels compute in."""
 

@@ -36,6 +36,9 @@ __all__ = [
     "sources",
 ]
 
+__vllm_ir_caches__ = ("_library", "_lock")
+"""Built or loaded on first use: not part of the impls' code fingerprint."""
+
 CSRC = Path(__file__).parent / "csrc"
 """The CUDA (``*.cu``, ``*.cuh``, ``*.h``) and binding (``binding.cpp``) sources."""
 

@@ -15,6 +15,13 @@ hashes, from the impl on:
   tensors and arrays by their bytes;
 * Triton kernels (objects wrapping a Python function in ``fn``) by that function.
 
+A module's globals named in its ``__vllm_ir_caches__`` (a tuple of names) are
+left out: they cache a build or a loaded library (``_library = None`` until
+the first call builds it), not a choice of what to compute, and hashing them
+would give one impl two fingerprints — before and after its first call — so
+an autotune record or a cached graph of the first process would never be
+found by the next one.
+
 torch, the standard library and built-ins are left out: torch's version is in
 Inductor's own key, and the standard library does not change under a process.
 Their objects, vllm-ir's and Triton's are hashed by type and named
@@ -161,8 +168,9 @@ class _Hasher:
         # what it returns may be read by its caller's names (``get_config().scale``)
         names = reached_by | _code_names(f.__code__)
         self._code(f.__code__)
+        caches = _caches(f.__globals__)
         for name in sorted(names):
-            if name in f.__globals__:
+            if name in f.__globals__ and name not in caches:
                 self._put(name)
                 self.value(f.__globals__[name], names)
         for cell in f.__closure__ or ():
@@ -186,7 +194,8 @@ class _Hasher:
 
     def _attributes(self, obj: object, names: frozenset[str]) -> None:
         """The attributes of ``obj`` the code names (``SCALER.apply``, ``helper.K``)."""
-        for name in sorted(names):
+        caches = _caches(vars(obj)) if isinstance(obj, types.ModuleType) else frozenset()
+        for name in sorted(names - caches):
             try:
                 attribute = inspect.getattr_static(obj, name)
             except AttributeError:
@@ -239,6 +248,12 @@ class _Hasher:
         self._tensor_bytes += nbytes
         if self._tensor_bytes > _MAX_TENSOR_BYTES:
             raise _Unfingerprintable(f"reaches more than {_MAX_TENSOR_BYTES >> 20} MiB of tensors")
+
+
+def _caches(namespace: Mapping[str, Any]) -> frozenset[str]:
+    """The globals a module declares as caches (``__vllm_ir_caches__``): not hashed."""
+    declared = namespace.get("__vllm_ir_caches__", ())
+    return frozenset(declared) if isinstance(declared, (tuple, list, frozenset)) else frozenset()
 
 
 def _alone(item: object, names: frozenset[str]) -> str:
