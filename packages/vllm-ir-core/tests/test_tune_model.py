@@ -319,13 +319,20 @@ def test_plan_command_shows_what_runs_never_runs_and_loses(
         (["plan", "x.json", "--model", "m:build"], "one of them"),
         (["plan", "--model", "m:build", "--tuned", "{missing}"], "cannot read a tuning file"),
         (["plan", "--model", "m:build", "--tuned", "{tune}"], "not a `vllm-ir tune --model` file"),
+        (
+            ["plan", "--model", "m:build", "--tuned", "{listed}"],
+            "must map op names to size buckets",
+        ),
+        (["plan", "x.json", "--margin", "-5"], "--margin must be at least 0 and below 1"),
+        (["plan", "x.json", "--margin", "nan"], "--margin must be at least 0 and below 1"),
     ],
 )
 def test_plan_command_bad_input_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     (tmp_path / "tune.json").write_text(json.dumps({"ir_op_priority": {}, "measured": {}}))
-    paths = {"missing": str(tmp_path / "missing.json"), "tune": str(tmp_path / "tune.json")}
+    (tmp_path / "listed.json").write_text(json.dumps({"_measurements": {"ops": [1]}}))
+    paths = {name: str(tmp_path / f"{name}.json") for name in ("missing", "tune", "listed")}
     assert main([a.format(**paths) for a in argv]) == 2
     err = capsys.readouterr().err
     assert message in err

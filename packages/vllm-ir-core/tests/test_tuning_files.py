@@ -456,3 +456,99 @@ def test_random_sequences_of_writes_kills_and_stale_entries_match_a_model(
         fresh = {op: entry for op, (entry, stale) in model.items() if not stale}
         expected = ir.IrOpPriorityConfig.from_dict(fresh).to_dict()
         assert _load(path) == expected, (seed, action)
+
+
+# -- what an outside review found ---------------------------------------------
+
+
+def test_within_a_layer_the_table_loaded_last_comes_first(
+    layered_impls: Any, tmp_path: Path
+) -> None:
+    op = layered_impls
+    old, new = tmp_path / "z_old.json", tmp_path / "a_new.json"
+    old.write_text(json.dumps(_doc({"rms_norm": ["t_file"]})))
+    new.write_text(json.dumps(_doc({"rms_norm": ["t_cache"]})))
+    first, second = ir.load_tuning_file(old), ir.load_tuning_file(new)
+    again = ir.load_tuning_file(old)  # loaded again: first again
+    try:
+        assert [e.provider for e in op.get_priority_entries("eager")][:2] == ["t_file", "t_cache"]
+        first.remove()  # replaced by `again`: removing it changes nothing
+        assert op.get_priority_entries("eager")[0].provider == "t_file"
+        again.remove()
+        assert op.get_priority_entries("eager")[0].provider == "t_cache"
+    finally:
+        for handle in (first, second, again):
+            handle.remove()
+    assert op.get_priority_entries("eager")[0].provider == "native"
+
+
+def test_a_tuning_file_drops_only_the_entries_it_cannot_apply(
+    layered_impls: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    doc = _doc({"rms_norm": ["t_file"], "silu_and_mul": ["native"]})
+    doc["ir_op_priority"]["no_such_op"] = ["native"]  # a package not installed here
+    doc["stamps"]["no_such_op"] = doc["stamps"]["silu_and_mul"]
+    del doc["stamps"]["silu_and_mul"]  # format 2 without a stamp: refused
+    path = tmp_path / "tuned-{rank}.json"
+    Path(str(path).replace("{rank}", "0")).write_text(json.dumps(doc))
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        handle = ir.load_tuning_file(str(path))
+    try:
+        entries = layered_impls.get_priority_entries("eager")
+        assert entries[0].provider == "t_file"
+        assert ir.ops.silu_and_mul.get_priority_entries("eager")[0].source == "native fallback"
+    finally:
+        handle.remove()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("no_such_op not applied" in line for line in lines)
+    assert any("silu_and_mul not applied" in line and "no stamp" in line for line in lines)
+
+
+def test_tune_measures_against_the_defaults_not_the_tables(
+    layered_impls: Any, tmp_path: Path
+) -> None:
+    from vllm_ir.priority import without_tuned_tables
+
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(_doc({"rms_norm": ["t_file"]})))
+    handle = ir.load_tuning_file(path)
+    try:
+        with without_tuned_tables():
+            assert layered_impls.get_priority_entries("eager")[0].provider == "native"
+        assert layered_impls.get_priority_entries("eager")[0].provider == "t_file"
+    finally:
+        handle.remove()
+
+
+def test_a_file_that_cannot_be_merged_into_is_refused_before_measuring(tmp_path: Path) -> None:
+    from vllm_ir._cli.tuning_file import output_path
+
+    path = tmp_path / "notes.json"
+    path.write_text('{"a": 1}')
+    with pytest.raises(UsageError, match="not a tuning file"):
+        output_path(str(path), False, kind="tune", replace=False)
+    assert output_path(str(path), False, kind="tune", replace=True) == ("--out", path)
+    with pytest.raises(UsageError, match="one of them"):
+        output_path(str(path), True, kind="tune", replace=False)
+
+
+def test_threads_are_set_before_a_tuning_file_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    from vllm_ir_cli import main
+
+    doc = _doc({"rms_norm": ["native"]})
+    doc["stamps"]["rms_norm"]["environment"]["threads"] = "1"
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(doc))
+    threads = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+            argv = ["bench", "rms_norm", "--shapes", "2x8", "--dtypes", "fp32", "--rounds", "1"]
+            argv += ["--warmup", "0", "--no-compiled", "--threads", "1"]
+            argv += [f"--ir-op-priority=@{path}"]
+            assert main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert not [r for r in caplog.records if "not applied" in r.getMessage()]
+    assert "threads: 1 (--threads; torch's default here is " in capsys.readouterr().out

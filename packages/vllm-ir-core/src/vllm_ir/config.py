@@ -36,7 +36,6 @@ from vllm_ir._base.logger import get_logger
 from vllm_ir._base.registration import RegistrationHandle
 from vllm_ir._base.runtime import RUNTIME
 from vllm_ir._base.text import short_repr
-from vllm_ir._discovery.extension import cache_root
 from vllm_ir._discovery.providers import ensure_loaded
 from vllm_ir._discovery.stamps import drop_stale
 from vllm_ir._op.op import IrOp, get_op
@@ -424,8 +423,10 @@ def _parse_json(
         ) from None
     except _DuplicateKey as e:
         raise ValueError(f"{where}: JSON names op {e.args[0]!r} twice; give each op once") from None
-    stamps = None
+    stamps, stamped = None, False
     if isinstance(parsed, dict) and "ir_op_priority" in parsed:  # a `vllm-ir tune` document
+        # format 2 stamps every entry: one without a (well-formed) stamp is refused
+        stamped = "stamps" in parsed or parsed.get("format") == 2
         stamps = parsed.get("stamps")
         parsed = parsed["ir_op_priority"]
         where = f"{where}: its ir_op_priority"
@@ -434,7 +435,7 @@ def _parse_json(
             f"{where}: JSON must map op names to lists of provider names (or of size "
             f"buckets); {example}"
         )
-    if stamps is None:
+    if not stamped:
         return parsed
     if accept_stale is None:
         accept_stale = envs.accept_stale()
@@ -453,6 +454,9 @@ TUNING_CACHE_NAME = "tuned.json"
 
 def tuning_cache_path() -> Path:
     """Where ``vllm-ir tune --cache`` writes and every process reads the local tuning cache."""
+    # imported here: importing vllm_ir loads no kernel-build machinery
+    from vllm_ir._discovery.extension import cache_root
+
     return cache_root() / TUNING_CACHE_NAME
 
 
@@ -473,8 +477,18 @@ def load_tuning_file(
     True
     >>> handle.remove()
     """
-    table = IrOpPriorityConfig.from_json(path, accept_stale=accept_stale)
-    return add_tuned_table(layer, rank_path(path), table.to_dict())
+    path = Path(rank_path(path))
+    text, _where = _read_json_source(path, where=f"{layer} {path}")
+    table = {}
+    # per entry: an op or provider unknown here (a package not installed) drops
+    # that entry, with a warning, not the file
+    entries = _parse_json(text, f"{layer} {path}", accept_stale=accept_stale)
+    for op_name, entry in entries.items():
+        try:
+            table.update(IrOpPriorityConfig(**{op_name: entry}).to_dict())
+        except (ValueError, TypeError) as e:
+            logger.warning("%s %s: %s not applied: %s", layer, path, op_name, e)
+    return add_tuned_table(layer, str(path), table)
 
 
 def _load_tuned_files_once() -> None:
@@ -484,18 +498,31 @@ def _load_tuned_files_once() -> None:
     if store.tuned_files_loaded:
         return
     ensure_loaded()  # the files name providers, and their stamps the providers' code
-    with store.tuned_files_lock:
-        if store.tuned_files_loaded:
+    with store.tuned_files_lock:  # other threads wait for the tables; this one re-enters
+        if store.tuned_files_loaded or store.tuned_files_loading:
             return
-        store.tuned_files_loaded = True
-        sources = [(envs.tuning_file(), "tuning file"), (str(tuning_cache_path()), "tuning cache")]
-        for path, layer in sources:
-            if path is None or (layer == "tuning cache" and not Path(path).is_file()):
-                continue
-            try:
-                load_tuning_file(path, layer=layer)
-            except ValueError as e:
-                logger.warning("%s %s not applied: %s", layer, path, e)
+        store.tuned_files_loading = True
+        try:
+            for layer, path in (("tuning file", envs.tuning_file), ("tuning cache", _cache)):
+                _load_quietly(layer, path)
+        finally:
+            store.tuned_files_loading = False
+            store.tuned_files_loaded = True
+
+
+def _cache() -> str | None:
+    path = tuning_cache_path()
+    return str(path) if path.is_file() else None
+
+
+def _load_quietly(layer: str, path_of: Callable[[], str | None]) -> None:
+    """Load one tuning file at the first selection; what goes wrong is one warning line."""
+    try:
+        path = path_of()
+        if path is not None:
+            load_tuning_file(path, layer=layer)
+    except Exception as e:
+        logger.warning("%s not applied: %s", layer, e)
 
 
 on_before_selection(_load_tuned_files_once)
@@ -514,14 +541,17 @@ def rank_path(path: str | Path) -> str:
     return str(path).replace("{rank}", rank)
 
 
-def _read_json_source(source: str | Path) -> tuple[str, str | None]:
-    """JSON text from ``source`` (a ``Path``, or text not starting with ``{``, is a
-    file, ``{rank}`` in its name expanded: :func:`rank_path`), and how errors name
-    it (``None``: by the text itself)."""
-    if isinstance(source, str) and source.lstrip().startswith("{"):
-        return source, None
+def _read_json_source(source: str | Path, where: str | None = None) -> tuple[str, str | None]:
+    """JSON text from ``source`` (a ``Path``, or text not starting with ``{`` or
+    starting with ``{rank}``, is a file, ``{rank}`` in its name expanded:
+    :func:`rank_path`), and how errors name it (``where``; default the flag;
+    ``None``: by the text itself)."""
+    if isinstance(source, str):
+        text = source.lstrip()
+        if text.startswith("{") and not text.startswith("{rank}"):
+            return source, None
     path = Path(rank_path(source))
-    where = f"{CLI_FLAG}=@{path}"
+    where = where or f"{CLI_FLAG}=@{path}"
     try:
         # bounded: /dev/zero or a stray huge file must not fill the memory
         with path.open("rb") as f:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from vllm_ir._base.cache import invalidating
+from vllm_ir._base.cache import before_selection, invalidating
 from vllm_ir._base.platform import current_platform, platform_problem
 from vllm_ir._base.registration import RegistrationHandle, on_snapshot, record
 from vllm_ir._base.runtime import RUNTIME
@@ -71,6 +71,7 @@ __all__ = [
     "set_process_priority",
     "tuned_contributions",
     "user_priority",
+    "without_tuned_tables",
 ]
 
 Mode = Literal["eager", "compiled"]
@@ -424,26 +425,27 @@ def add_tuned_table(
     layer: str, source: str, table: Mapping[str, Sequence[str] | BucketedPriority]
 ) -> RegistrationHandle:
     """Set ``source``'s table (op -> providers or buckets) in the tuned ``layer``
-    (one of :data:`TUNED_LAYERS`), replacing what ``source`` had there; the
-    handle removes it. Undone with a provider's registrations if its load fails."""
+    (one of :data:`TUNED_LAYERS`), replacing what ``source`` had there. Within a
+    layer the table added last comes first. The handle removes the table (if it
+    is still the one there); undone with a provider's registrations if its load
+    fails."""
     if layer not in TUNED_LAYERS:
         raise ValueError(f"tuned layer must be one of {', '.join(TUNED_LAYERS)}, got {layer!r}")
     frozen = {
         op: _frozen(as_priority(spec, f"{layer} {source}: {op}")) for op, spec in table.items()
     }
-    previous = _store.tuned.get(layer, {}).get(source)
     # copy on write: a selection in another thread may be reading the tables
-    with invalidating():
-        _store.tuned = {**_store.tuned, layer: {**_store.tuned.get(layer, {}), source: frozen}}
+    with _store.tuned_lock, invalidating():
+        others = {s: t for s, t in _store.tuned.get(layer, {}).items() if s != source}
+        _store.tuned = {**_store.tuned, layer: {source: frozen, **others}}
 
     def undo() -> None:
-        sources = _store.tuned.get(layer, {})
-        if sources.get(source) is frozen:
-            kept = {s: t for s, t in sources.items() if s != source}
-            if previous is not None:
-                kept[source] = previous
-            with invalidating():
-                _store.tuned = {**_store.tuned, layer: kept}
+        with _store.tuned_lock:
+            sources = _store.tuned.get(layer, {})
+            if sources.get(source) is frozen:
+                kept = {s: t for s, t in sources.items() if s != source}
+                with invalidating():
+                    _store.tuned = {**_store.tuned, layer: kept}
 
     handle = RegistrationHandle(f"{layer} {source!r}", undo)
     record(handle)
@@ -455,12 +457,29 @@ def tuned_contributions(op_name: str, mode: Mode) -> list[tuple[str, PrioritySpe
     highest first (none under Inductor: see :data:`TUNED_LAYERS`)."""
     if mode != "eager":
         return []
+    tuned = _store.tuned  # one snapshot: replaced whole, never edited
     return [
         (f"{layer} {source}", table[op_name])
         for layer in TUNED_LAYERS
-        for source, table in sorted(_store.tuned.get(layer, {}).items())
+        for source, table in tuned.get(layer, {}).items()
         if op_name in table
     ]
+
+
+@contextlib.contextmanager
+def without_tuned_tables() -> Iterator[None]:
+    """The tuned layers set aside for the block: ``vllm-ir tune`` measures against
+    the defaults, not against the table it is producing. The tables a first
+    selection would load (``VLLM_IR_TUNING_FILE``, the local cache) are loaded
+    first, so they are set aside too."""
+    before_selection()
+    with _store.tuned_lock, invalidating():
+        saved, _store.tuned = _store.tuned, {}
+    try:
+        yield
+    finally:
+        with _store.tuned_lock, invalidating():
+            _store.tuned = saved
 
 
 def _short(value: object, limit: int = 80) -> str:

@@ -91,6 +91,9 @@ class Launcher:
     not part of the key; Triton's interpreter ignores them).
     """
 
+    __vllm_ir_caches__ = ("compiled", "_driver", "direct")
+    """Filled (or switched off) by the first launches: not part of an impl's code fingerprint."""
+
     def __init__(
         self,
         kernel: Any,

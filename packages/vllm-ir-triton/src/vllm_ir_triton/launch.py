@@ -63,6 +63,9 @@ __all__ = [
     "static_scaled_fp8_quant",
 ]
 
+__vllm_ir_caches__ = ("_CONFIGS",)
+"""Launch configurations computed on first use: not part of the impls' code fingerprint."""
+
 FP8 = torch.float8_e4m3fn
 
 MIN_SCALE = float(torch.tensor(1.0 / (torch.finfo(FP8).max * 512.0), dtype=torch.float32))

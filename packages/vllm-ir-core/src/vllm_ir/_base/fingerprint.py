@@ -15,15 +15,16 @@ hashes, from the impl on:
   tensors and arrays by their bytes;
 * Triton kernels (objects wrapping a Python function in ``fn``) by that function.
 
-A module's globals named in its ``__vllm_ir_caches__`` (a tuple of names) are
-left out: they cache a build or a loaded library (``_library = None`` until
-the first call builds it), not a choice of what to compute, and hashing them
+A module's globals named in its ``__vllm_ir_caches__`` (a tuple of names), and
+an object's attributes named in its class's, are left out: they cache a build
+or a loaded library (``_library = None`` until the first call builds it), or
+compiled launches, not a choice of what to compute, and hashing them
 would give one impl two fingerprints — before and after its first call — so
 an autotune record or a cached graph of the first process would never be
 found by the next one.
 
-torch, the standard library and built-ins are left out: torch's version is in
-Inductor's own key, and the standard library does not change under a process.
+torch, Triton, the standard library and built-ins are left out: their versions
+are in Inductor's own key, and the standard library does not change under a process.
 Their objects, vllm-ir's and Triton's are hashed by type and named
 attributes, not state (a logger, a lock, an ``IrOp`` hold handles and
 caches), except tensors and ``nn.Module`` objects. What cannot be hashed
@@ -62,12 +63,16 @@ __all__ = ["code_fingerprint"]
 
 logger = get_logger(__name__)
 
-_SKIPPED_ROOTS = frozenset({"torch", "builtins", "numpy", "sympy", "typing", "__future__"})
+_SKIPPED_ROOTS = frozenset(
+    {"torch", "triton", "builtins", "numpy", "sympy", "typing", "__future__"}
+)
+# triton: its version is in the stamps and in Inductor's key; by name, its functions
+# stay one value when its interpreter patches them in at the first kernel call
 # Instances of these packages' types (a logger, a lock, an IrOp) are hashed by
 # type and by the attributes the code names, not by their whole state: they
 # hold caches and handles, not values a trace depends on. Tensors, arrays and
 # nn.Modules are the exceptions: their values are read (and become constants).
-_OPAQUE_ROOTS = _SKIPPED_ROOTS | {"vllm_ir", "triton"}
+_OPAQUE_ROOTS = _SKIPPED_ROOTS | {"vllm_ir"}
 _LEAVES = (int, float, complex, bool, str, bytes, range, slice, enum.Enum, type(None))
 _TORCH_LEAVES = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)
 _MAX_VALUES = 100_000
@@ -194,7 +199,10 @@ class _Hasher:
 
     def _attributes(self, obj: object, names: frozenset[str]) -> None:
         """The attributes of ``obj`` the code names (``SCALER.apply``, ``helper.K``)."""
-        caches = _caches(vars(obj)) if isinstance(obj, types.ModuleType) else frozenset()
+        if isinstance(obj, types.ModuleType):
+            caches = _caches(vars(obj))
+        else:
+            caches = frozenset().union(*(_caches(vars(c)) for c in type(obj).__mro__))
         for name in sorted(names - caches):
             try:
                 attribute = inspect.getattr_static(obj, name)
@@ -213,6 +221,9 @@ class _Hasher:
             return
         self.value(cls, names)  # its code: the class's file, and the attributes named
         state = _state(obj)
+        caches = frozenset().union(*(_caches(vars(c)) for c in cls.__mro__))
+        if state is not None:
+            state = {k: v for k, v in state.items() if k not in caches}
         if state is None:
             raise _Unfingerprintable(
                 f"a {cls.__module__}.{cls.__qualname__} object, whose state is not visible "

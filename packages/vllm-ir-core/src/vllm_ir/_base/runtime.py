@@ -126,10 +126,13 @@ class PriorityStore:
     """Source (a provider or platform package) -> its ``PlatformDefaults``."""
     tuned: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Tuned layer (``vllm_ir.priority.TUNED_LAYERS``) -> source -> its table (op -> entry)."""
+    tuned_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while a tuned table is added or removed."""
     tuned_files_loaded: bool = False
     """Whether ``VLLM_IR_TUNING_FILE`` and the local tuning cache were read (once)."""
-    tuned_files_lock: threading.Lock = field(default_factory=threading.Lock)
-    """Held while they are read."""
+    tuned_files_lock: threading.RLock = field(default_factory=threading.RLock)
+    """Held while they are read (re-entered by a selection their loading makes)."""
+    tuned_files_loading: bool = False
     scope_lock: threading.Lock = field(default_factory=threading.Lock)
     """Held while a priority scope closes (its children refresh with it)."""
     intern_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -181,7 +184,8 @@ class Runtime:
         self.discovery.after_fork_in_child()
         self.priorities.scope_lock = threading.Lock()
         self.priorities.intern_lock = threading.Lock()
-        self.priorities.tuned_files_lock = threading.Lock()
+        self.priorities.tuned_files_lock = threading.RLock()
+        self.priorities.tuned_lock = threading.Lock()
         self.platforms.lock = threading.RLock()
         self.compiled_eager.lock = threading.Lock()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from vllm_ir_cli import UsageError
+from vllm_ir_cli.commands import UsageError
 
 from vllm_ir._op.op import IrOp, get_op
 
@@ -266,13 +266,25 @@ def checked_call(
     return call
 
 
+_TORCH_DEFAULT_THREADS: list[int] = []
+"""torch's own thread count, kept when the command line sets another before the command runs."""
+
+
+def set_threads_early(threads: int) -> None:
+    """``--threads``, set before the selection flags are read (a tuning file's stamps
+    are checked against the thread count); :func:`apply_threads` reports it."""
+    if threads > 0:
+        _TORCH_DEFAULT_THREADS.append(torch.get_num_threads())
+        torch.set_num_threads(threads)
+
+
 def apply_threads(threads: int) -> str:
     """Set torch's intra-op threads (``0``: keep torch's choice); returns a line saying so.
 
     Timings on a shared machine swing by orders of magnitude when every core
     is asked for; one thread gives steady figures, more threads show scaling.
     """
-    default = torch.get_num_threads()
+    default = _TORCH_DEFAULT_THREADS[0] if _TORCH_DEFAULT_THREADS else torch.get_num_threads()
     if threads > 0:
         torch.set_num_threads(threads)
     chosen = torch.get_num_threads()

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 
 from vllm_ir_cli.commands import COMMANDS
 
+from vllm_ir._cli.args import set_threads_early
 from vllm_ir.config import parse_ir_op_priority_args, parse_ir_pass_args
 
 __all__ = ["run"]
@@ -42,6 +43,7 @@ def _load_failures_not_logged(command: str) -> Iterator[None]:
 
 def run(args: argparse.Namespace, priority_flags: Sequence[str], pass_flags: Sequence[str]) -> int:
     """Validate the selection flags against the registry, then run ``args.command``."""
+    set_threads_early(getattr(args, "threads", 0))  # @FILE's stamps name a thread count
     with _load_failures_not_logged(args.command):
         config, rest = parse_ir_op_priority_args(priority_flags)
         passes, rest = parse_ir_pass_args([*rest, *pass_flags])

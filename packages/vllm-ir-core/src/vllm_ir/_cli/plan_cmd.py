@@ -71,6 +71,12 @@ def _read_tuned(path: str) -> dict[str, Any]:
             f"--tuned {path}: not a `vllm-ir tune --model` file (it has no _measurements); "
             "losing picks are judged against a whole-model sweep"
         )
+    ops = doc["_measurements"].get("ops")
+    if not isinstance(ops, dict) or not all(isinstance(b, dict) for b in ops.values()):
+        raise UsageError(
+            f"--tuned {path}: its _measurements.ops must map op names to size buckets "
+            "(what `vllm-ir tune --model` writes)"
+        )
     return doc
 
 
@@ -102,6 +108,8 @@ def _plans(args: argparse.Namespace) -> dict[str, Plan]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.margin < 1:
+        raise UsageError(f"--margin must be at least 0 and below 1, got {args.margin}")
     tuned = _read_tuned(args.tuned) if args.tuned else None
     out = writable_file("--json", args.json) if args.json else None
     plans = _plans(args)

@@ -46,6 +46,7 @@ from vllm_ir.compilation._autotune import (
     decide,
     measure,
 )
+from vllm_ir.priority import without_tuned_tables
 
 __all__ = [
     "explain_autotune",
@@ -244,6 +245,12 @@ def explain_autotune(op: IrOp, call: tuple[Any, ...], margin: float = DEFAULT_MA
 
 
 def run(args: argparse.Namespace) -> int:
+    # measured against the defaults, not against the tuning file or cache being produced
+    with without_tuned_tables():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     # a whole model, end to end (an empty --model is refused by the parser)
     if getattr(args, "model", None) is not None:
         from vllm_ir._cli import tune_model
@@ -268,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
     if args.runs < 1:
         raise UsageError(f"--runs must be at least 1, got {args.runs}")
     # everything checked before any measurement, as bench does
-    option, out = output_path(args.out, args.cache)
+    option, out = output_path(args.out, args.cache, kind="tune", replace=args.replace)
     device = parse_device(args.device)
     for op in ops:
         for shape in shapes.values():

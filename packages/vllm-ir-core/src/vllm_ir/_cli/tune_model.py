@@ -316,7 +316,7 @@ def _sweep(
             "combined": combined,
             "held_out": held_out,
             "table_vs_best": against_best,
-            "environment": environment(torch.device("cpu")),
+            "environment": environment(torch.device(_device_type(source))),
         },
     }
 
@@ -463,7 +463,7 @@ def _combined(
 def run(args: argparse.Namespace) -> int:
     tokens = parse_ints("--tokens", args.tokens)
     bounds = parse_ints("--buckets", args.buckets or "16,256")
-    option, out = output_path(args.out, args.cache)
+    option, out = output_path(args.out, args.cache, kind="tune --model", replace=args.replace)
     ops = [name.strip() for name in args.ops.split(",") if name.strip()]
     for name in ops:
         try:
@@ -486,10 +486,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--model {args.model}: it calls no IR op (or none of --ops); nothing to tune"
         )
-    doc = write_tuning(option, out, stamped(doc, "cpu"), replace=args.replace)
+    doc = write_tuning(option, out, stamped(doc, _device_type(source)), replace=args.replace)
     _print(doc)
     print(applying(option, out))
     return 0
+
+
+def _device_type(source: ModelSource) -> str:
+    """Where the model's parameters are (its steps run there): what the stamps name."""
+    parameters = getattr(source.model, "parameters", None)
+    first = next(iter(parameters()), None) if callable(parameters) else None
+    return first.device.type if isinstance(first, torch.Tensor) else "cpu"
 
 
 def _print(doc: dict[str, Any]) -> None:

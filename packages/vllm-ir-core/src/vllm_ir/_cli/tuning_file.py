@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import json
 import os
 from collections.abc import Iterator
@@ -38,23 +39,35 @@ __all__ = ["FORMAT", "OP_KEYED", "applying", "merge", "output_path", "stamped", 
 FORMAT = 2
 """The tuning-file format: 2 adds ``"format"`` and ``"stamps"`` (1: neither)."""
 
-OP_KEYED = (("ir_op_priority",), ("stamps",), ("measured",), ("_measurements", "ops"))
+OP_KEYED = (
+    ("ir_op_priority",),
+    ("stamps",),
+    ("measured",),
+    ("_measurements", "ops"),
+    ("_measurements", "table_vs_best"),
+)
 """The parts of a tuning document keyed by op name: merged op by op."""
 
 
-def output_path(out: str | None, cache: bool) -> tuple[str, Path]:
-    """The option and file ``tune`` writes: ``--out`` (``{rank}`` expanded), or
-    ``--cache``: the local tuning cache (its directory made if missing)."""
+def output_path(out: str | None, cache: bool, *, kind: str, replace: bool) -> tuple[str, Path]:
+    """The option and file ``tune`` (``kind``: ``"tune"`` or ``"tune --model"``)
+    writes: ``--out`` (``{rank}`` expanded), or ``--cache``: the local tuning cache
+    (its directory made if missing). Checked before any measurement: a file that
+    cannot be merged into is refused now, not after the sweep."""
     if cache == (out is not None):
         raise UsageError("give --out FILE or --cache (the local tuning cache), one of them")
     if out is not None:
-        return "--out", writable_file("--out", rank_path(out))
-    path = tuning_cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--cache: cannot create {path.parent}: {e.strerror}") from None
-    return "--cache", writable_file("--cache", str(path))
+        option, path = "--out", writable_file("--out", rank_path(out))
+    else:
+        option, path = "--cache", tuning_cache_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--cache: cannot create {path.parent}: {e.strerror}") from None
+        writable_file("--cache", str(path))
+    if not replace:
+        _read_existing(option, path, kind)
+    return option, path
 
 
 def applying(option: str, path: Path) -> str:
@@ -72,7 +85,7 @@ def stamped(doc: dict[str, Any], device_type: str) -> dict[str, Any]:
     return {"format": FORMAT, **doc, "stamps": stamps_of(doc["ir_op_priority"], device_type)}
 
 
-def _kind(doc: dict[str, Any]) -> str:
+def kind_of(doc: dict[str, Any]) -> str:
     return "tune --model" if "_measurements" in doc else "tune"
 
 
@@ -124,9 +137,9 @@ def _read_existing(option: str, target: Path, kind: str) -> dict[str, Any] | Non
             f"{option} {target}: not a tuning file, so there is nothing to merge into; "
             "give another path, or --replace to overwrite it"
         )
-    if _kind(old) != kind:
+    if kind_of(old) != kind:
         raise UsageError(
-            f"{option} {target}: written by `vllm-ir {_kind(old)}`, not `vllm-ir {kind}`; "
+            f"{option} {target}: written by `vllm-ir {kind_of(old)}`, not `vllm-ir {kind}`; "
             "give another path, or --replace to overwrite it"
         )
     return old
@@ -149,7 +162,7 @@ def _locked(option: str, target: Path) -> Iterator[None]:
 def _remove_killed_writers_temporaries(target: Path) -> list[Path]:
     """Call under the lock: every temporary file of ``target`` is a dead writer's."""
     removed = []
-    for tmp in target.parent.glob(f".{target.name}.*.tmp"):
+    for tmp in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
         with contextlib.suppress(OSError):
             tmp.unlink()
             removed.append(tmp)
@@ -162,7 +175,7 @@ def write_tuning(
     """Merge ``doc`` into ``target`` (or replace it) under its lock; returns what was written."""
     with _locked(option, target):
         _remove_killed_writers_temporaries(target)
-        old = None if replace else _read_existing(option, target, _kind(doc))
+        old = None if replace else _read_existing(option, target, kind_of(doc))
         written = doc if old is None else merge(old, doc)
         write_atomically(option, target, json.dumps(written, indent=2) + "\n")
     return written

@@ -58,11 +58,25 @@ def _cpu_model() -> str:
 
 
 def _device(device: torch.device) -> dict[str, str]:
+    """The device measured on; for a CPU also its vector ISA and the thread count
+    (a GPU kernel's time does not depend on the host's threads)."""
     if device.type == "cuda" and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(device)
-        return {"device": torch.cuda.get_device_name(device), "capability": f"{major}.{minor}"}
+        return {
+            "type": "cuda",
+            "device": torch.cuda.get_device_name(device),
+            "capability": f"{major}.{minor}",
+        }
+    xpu = getattr(torch, "xpu", None)
+    if device.type == "xpu" and xpu is not None and xpu.is_available():
+        return {"type": "xpu", "device": str(xpu.get_device_name(device))}
     isa = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")()
-    return {"device": f"{device.type}:{platform.machine()}:{_cpu_model()}", "isa": str(isa)}
+    return {
+        "type": device.type,
+        "device": f"{device.type}:{platform.machine()}:{_cpu_model()}",
+        "isa": str(isa),
+        "threads": str(torch.get_num_threads()),
+    }
 
 
 def environment(device: torch.device) -> dict[str, str]:
@@ -78,7 +92,6 @@ def environment(device: torch.device) -> dict[str, str]:
         "torch": torch.__version__,
         "triton": triton_version,
         "vllm_ir": __version__,
-        "threads": str(torch.get_num_threads()),
     }
 
 
@@ -146,9 +159,9 @@ def stamp_difference(stamp: Mapping[str, Any]) -> str | None:
     then = stamp.get("environment")
     if not isinstance(then, Mapping):
         return "the stamp has no environment"
-    device_type = str(then.get("device", "cpu")).split(":", 1)[0]
+    device_type = str(then.get("type") or str(then.get("device", "cpu")).split(":", 1)[0])
     if device_type not in ("cpu", "cuda", "xpu"):
-        device_type = "cuda"  # a GPU's name: compare with this machine's first GPU
+        device_type = "cuda"  # a GPU's name (a stamp without its type): this machine's GPU
     now = environment(torch.device(device_type))
     for key, value in then.items():
         if key in now and str(value) != now[key]:
@@ -172,17 +185,16 @@ def stamp_difference(stamp: Mapping[str, Any]) -> str | None:
 def drop_stale(
     priorities: Mapping[str, Any], stamps: object, where: str, accept_stale: bool
 ) -> dict[str, Any]:
-    """``priorities`` without the entries whose stamp differs from this process,
-    each skipped one with a warning line; all of them if ``accept_stale``
-    (each still named, as applied)."""
-    if not isinstance(stamps, Mapping):
-        return dict(priorities)
+    """``priorities`` without the entries whose stamp differs from this process (or
+    is missing or malformed), each skipped one with a warning line; all of them
+    if ``accept_stale`` (each still named, as applied)."""
     kept = {}
     for op_name, entry in priorities.items():
-        stamp = stamps.get(op_name)
-        difference = (
-            stamp_difference({**stamp, "op": op_name}) if isinstance(stamp, Mapping) else None
-        )
+        stamp = stamps.get(op_name) if isinstance(stamps, Mapping) else None
+        if isinstance(stamp, Mapping):
+            difference = stamp_difference({**stamp, "op": op_name})
+        else:
+            difference = "the file has no stamp for it"
         if difference is None:
             kept[op_name] = entry
         elif accept_stale:

@@ -35,6 +35,7 @@ True
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -283,14 +284,25 @@ def _measured_times(buckets: Any, tokens: int) -> dict[str, float]:
     if not isinstance(buckets, dict):
         return {}
     for bucket in buckets.values():
-        times = bucket.get("times_us", {}).get(str(tokens)) if isinstance(bucket, dict) else None
+        by_count = bucket.get("times_us") if isinstance(bucket, dict) else None
+        times = by_count.get(str(tokens)) if isinstance(by_count, dict) else None
         if isinstance(times, dict):
+            # a malformed time (not a positive finite number) judges nothing
             return {
                 p: float(v["median_us"])
                 for p, v in times.items()
-                if p != "default" and isinstance(v, dict) and "median_us" in v
+                if p != "default" and isinstance(v, dict) and _time(v.get("median_us"))
             }
     return {}
+
+
+def _time(value: object) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 @dataclass
