@@ -478,11 +478,11 @@ def load_tuning_file(
     >>> handle.remove()
     """
     path = Path(rank_path(path))
-    text, _where = _read_json_source(path, where=f"{layer} {path}")
+    text, where = _read_json_source(path, where=f"{layer} {path}")
     table = {}
     # per entry: an op or provider unknown here (a package not installed) drops
     # that entry, with a warning, not the file
-    entries = _parse_json(text, f"{layer} {path}", accept_stale=accept_stale)
+    entries = _parse_json(text, where, accept_stale=accept_stale)
     for op_name, entry in entries.items():
         try:
             table.update(IrOpPriorityConfig(**{op_name: entry}).to_dict())

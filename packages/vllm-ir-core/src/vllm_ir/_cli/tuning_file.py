@@ -159,14 +159,11 @@ def _locked(option: str, target: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _remove_killed_writers_temporaries(target: Path) -> list[Path]:
+def _remove_killed_writers_temporaries(target: Path) -> None:
     """Call under the lock: every temporary file of ``target`` is a dead writer's."""
-    removed = []
     for tmp in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # gone meanwhile
             tmp.unlink()
-            removed.append(tmp)
-    return removed
 
 
 def write_tuning(

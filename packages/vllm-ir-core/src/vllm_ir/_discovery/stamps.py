@@ -30,6 +30,7 @@ import torch
 from vllm_ir._base.fingerprint import code_fingerprint
 from vllm_ir._base.logger import get_logger
 from vllm_ir._op.op import IrOp
+from vllm_ir._selection.buckets import BucketedPriority, as_priority
 from vllm_ir._version import __version__
 
 __all__ = [
@@ -130,23 +131,18 @@ def op_stamp(op_name: str, providers: Iterable[str], device_type: str) -> dict[s
     }
 
 
-def _providers_in(entry: object) -> list[str]:
+def _providers_in(entry: object, op_name: str) -> tuple[str, ...]:
     """The provider names of an entry's JSON form (a list of names or of buckets)."""
-    if not isinstance(entry, list):
-        return []
-    names: list[str] = []
-    for item in entry:
-        if isinstance(item, str):
-            names.append(item)
-        elif isinstance(item, Mapping):
-            names += [p for p in item.get("priority", ()) if isinstance(p, str)]
-    return names
+    spec = as_priority(entry, op_name)
+    return spec.providers() if isinstance(spec, BucketedPriority) else spec
 
 
 def stamps_of(priorities: Mapping[str, Any], device_type: str) -> dict[str, dict[str, Any]]:
     """The ``"stamps"`` of a tuning file holding ``priorities`` (JSON entries) measured
     on ``device_type``: one per op."""
-    return {op: op_stamp(op, _providers_in(entry), device_type) for op, entry in priorities.items()}
+    return {
+        op: op_stamp(op, _providers_in(entry, op), device_type) for op, entry in priorities.items()
+    }
 
 
 def stamp_difference(stamp: Mapping[str, Any]) -> str | None:
