@@ -19,7 +19,12 @@ def test_discovered_through_its_entry_point() -> None:
     assert_discovered(PROVIDER, "vllm_ir_cpu:provider", vllm_ir_cpu.provider, PACKAGE)
 
 
-INPLACE = {"fused_add_rms_norm", "fused_add_rms_norm_static_fp8_quant", "rotary_embedding"}
+INPLACE = {
+    "fused_add_rms_norm",
+    "vllm_fused_add_rms_norm",
+    "fused_add_rms_norm_static_fp8_quant",
+    "rotary_embedding",
+}
 COMPILED_FIRST = {"static_scaled_fp8_quant": PROVIDER, "dynamic_per_token_fp8_quant": PROVIDER}
 """Ops whose compiled-mode default is not ``native`` (README "Default priorities")."""
 

@@ -27,6 +27,8 @@ PROVIDER = "cpu_c"
 OPS = (
     "rms_norm",
     "fused_add_rms_norm",
+    "vllm_rms_norm",
+    "vllm_fused_add_rms_norm",
     "silu_and_mul",
     "gelu_and_mul",
     "rotary_embedding",

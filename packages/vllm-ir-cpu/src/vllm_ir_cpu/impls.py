@@ -1,6 +1,9 @@
 """The ``cpu_c`` impls of the IR ops, and when they apply.
 
-Ops: ``rms_norm``, ``fused_add_rms_norm`` (in place), ``silu_and_mul``,
+Ops: ``rms_norm``, ``fused_add_rms_norm`` (in place), their vLLM numerics
+``vllm_rms_norm`` (the ``rms_norm`` kernel: equal for a weight of ``x``'s
+dtype, the only weight the norms accept) and ``vllm_fused_add_rms_norm`` (in
+place), ``silu_and_mul``,
 ``gelu_and_mul``, ``rotary_embedding`` (in place: into ``query`` and ``key``),
 ``static_scaled_fp8_quant``, ``dynamic_per_token_fp8_quant``,
 ``rms_norm_static_fp8_quant`` and ``fused_add_rms_norm_static_fp8_quant``
@@ -69,6 +72,7 @@ __all__ = [
     "rotary_embedding",
     "silu_and_mul",
     "static_scaled_fp8_quant",
+    "vllm_fused_add_rms_norm",
 ]
 
 __vllm_ir_caches__ = ("_built", "_warned_toolchain")
@@ -82,6 +86,7 @@ logger = get_logger("vllm_ir.cpu_c")
 _OPS = kernel_ops()
 _rms_norm_kernel = _OPS["rms_norm_functional"]
 _fused_add_rms_norm_kernel = _OPS["fused_add_rms_norm"]
+_vllm_fused_add_rms_norm_kernel = _OPS["vllm_fused_add_rms_norm"]
 _silu_and_mul_kernel = _OPS["silu_and_mul"]
 _gelu_and_mul_kernel = _OPS["gelu_and_mul"]
 _rotary_kernel = _OPS["rotary_embedding"]
@@ -119,6 +124,22 @@ fused_add_rms_norm = fused_add_in_place(
     _fused_add_rms_norm,
     module=__name__,
     doc="In place: the rounded sum goes into ``x_residual``, the normalized output into ``x``.",
+)
+
+
+def _vllm_fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: object
+) -> None:
+    if not _built:
+        _ensure_built()
+    _vllm_fused_add_rms_norm_kernel(x, x_residual, weight, epsilon)
+
+
+vllm_fused_add_rms_norm = fused_add_in_place(
+    _vllm_fused_add_rms_norm,
+    module=__name__,
+    name="vllm_fused_add_rms_norm",
+    doc="In place: the rounded sum goes into ``x_residual``, the normalized fp32 sum into ``x``.",
 )
 
 
@@ -281,6 +302,7 @@ def register_impls() -> None:
         supported=supported,
         supports_args=_norm_supported,
         batch_invariant=True,
+        vllm_fused_add_rms_norm=vllm_fused_add_rms_norm,
     )
     # each row (for rotary_embedding each (token, head) row) is computed alone,
     # elementwise or by the same code whatever the batch: batch invariant. In place

@@ -21,6 +21,8 @@ Ops (``Tensor(a!)``: written in place):
 * ``fused_add_rms_norm(Tensor(a!) x, Tensor(b!) x_residual, Tensor? weight,
   float epsilon) -> ()``: ``x_residual += x`` (rounded to the dtype), then
   ``x = rms_norm(x_residual)``.
+* ``vllm_fused_add_rms_norm(...)``: the same arguments; vLLM's numerics (the
+  fp32 sum is normalized, only ``x_residual`` is rounded).
 * ``silu_and_mul(Tensor x) -> Tensor``: ``silu(x[..., :d]) * x[..., d:]``.
 * ``gelu_and_mul(Tensor x, str approximate) -> Tensor``: ``gelu(x[..., :d],
   approximate) * x[..., d:]``.
@@ -57,6 +59,9 @@ SCHEMAS: dict[str, str] = {
     "rms_norm": "(Tensor(a!) out, Tensor x, Tensor? weight, float epsilon) -> ()",
     "rms_norm_functional": "(Tensor x, Tensor? weight, float epsilon) -> Tensor",
     "fused_add_rms_norm": (
+        "(Tensor(a!) x, Tensor(b!) x_residual, Tensor? weight, float epsilon) -> ()"
+    ),
+    "vllm_fused_add_rms_norm": (
         "(Tensor(a!) x, Tensor(b!) x_residual, Tensor? weight, float epsilon) -> ()"
     ),
     "silu_and_mul": "(Tensor x) -> Tensor",
@@ -144,6 +149,7 @@ _FAKES: dict[str, Callable[..., Any]] = {
     "rms_norm": _fake_rms_norm,
     "rms_norm_functional": _fake_rms_norm_functional,
     "fused_add_rms_norm": _fake_fused_add_rms_norm,
+    "vllm_fused_add_rms_norm": _fake_fused_add_rms_norm,
     "silu_and_mul": _fake_silu_and_mul,
     "gelu_and_mul": _fake_gelu_and_mul,
     "rotary_embedding": _fake_rotary_embedding,

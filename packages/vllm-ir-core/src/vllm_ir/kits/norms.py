@@ -9,7 +9,10 @@ kernel call. Here, for provider authors (``from vllm_ir.kits.norms import ...``)
 * :func:`fused_add_in_place`: the in-place ``fused_add_rms_norm`` impl, with
   the op's signature, over a kernel that writes both activations;
 * :func:`register_norm_impls`: the pair registered (``fused_add_rms_norm``
-  declared ``inplace``).
+  declared ``inplace``), and with a kernel of vLLM's numerics also
+  ``vllm_rms_norm`` (the ``rms_norm`` impl: the ops agree for a weight of
+  ``x``'s dtype, the only weight these predicates accept) and
+  ``vllm_fused_add_rms_norm``.
 
 >>> import torch
 >>> def kernel(x, x_residual, weight, epsilon, variance_size):
@@ -142,19 +145,29 @@ def register_norm_impls(
     *,
     supported: bool,
     supports_args: tuple[TensorCheck, TensorCheck],
+    vllm_fused_add_rms_norm: Callable[..., Any] | None = None,
     **flags: Any,
 ) -> None:
     """Register ``rms_norm`` and the in-place ``fused_add_rms_norm`` impls of ``provider``.
 
     ``supports_args`` is the pair :func:`norm_supports_args` returns; ``flags``
-    (``batch_invariant``, ``unsupported_reason``) go to both registrations.
+    (``batch_invariant``, ``unsupported_reason``) go to every registration.
+    With ``vllm_fused_add_rms_norm`` (in place, vLLM's numerics: the fp32 sum
+    normalized), ``vllm_rms_norm`` and ``vllm_fused_add_rms_norm`` are
+    registered too, under the same predicates.
     """
     from vllm_ir import ops
 
     rms_supports, fused_supports = supports_args
-    ops.rms_norm.register_impl(provider, supported=supported, supports_args=rms_supports, **flags)(
-        rms_norm
-    )
-    ops.fused_add_rms_norm.register_impl(
-        provider, supported=supported, supports_args=fused_supports, inplace=True, **flags
-    )(fused_add_rms_norm)
+    rms_ops, fused = [ops.rms_norm], [(ops.fused_add_rms_norm, fused_add_rms_norm)]
+    if vllm_fused_add_rms_norm is not None:
+        rms_ops.append(ops.vllm_rms_norm)
+        fused.append((ops.vllm_fused_add_rms_norm, vllm_fused_add_rms_norm))
+    for op in rms_ops:
+        op.register_impl(provider, supported=supported, supports_args=rms_supports, **flags)(
+            rms_norm
+        )
+    for op, fn in fused:
+        op.register_impl(
+            provider, supported=supported, supports_args=fused_supports, inplace=True, **flags
+        )(fn)

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from vllm_ir._op.op import IrOp, get_op
 from vllm_ir.ops.activation import gelu_and_mul, silu_and_mul
-from vllm_ir.ops.layernorm import fused_add_rms_norm, rms_norm
+from vllm_ir.ops.layernorm import (
+    fused_add_rms_norm,
+    rms_norm,
+    vllm_fused_add_rms_norm,
+    vllm_rms_norm,
+)
 from vllm_ir.ops.quant import (
     dynamic_per_token_fp8_quant,
     fused_add_rms_norm_static_fp8_quant,
@@ -27,6 +32,8 @@ __all__ = [
     "rotary_embedding",
     "silu_and_mul",
     "static_scaled_fp8_quant",
+    "vllm_fused_add_rms_norm",
+    "vllm_rms_norm",
 ]
 
 

@@ -11,6 +11,9 @@
 //     this equals ATen's `x.to(orig_dtype) * weight` bit for bit);
 //   * fused_add_rms_norm rounds x + x_residual to the input dtype, stores it
 //     into x_residual, and normalizes that rounded sum into x;
+//   * vllm_fused_add_rms_norm (vLLM's numerics) stores the same rounded sum
+//     into x_residual but normalizes the fp32 sum, kept per row in a buffer
+//     (for fp32 inputs the two are the same computation);
 //   * the *_static_fp8_quant variants quantize that normalized value, as
 //     rounded to the input dtype, to FP8 (common.h: quantize_store) into a new
 //     tensor; the fused-add one stores the rounded sum into x_residual and
@@ -109,6 +112,47 @@ inline float add_residual(const scalar_t* x, scalar_t* residual, int64_t n) {
     });
   }
   return lane_sum(acc0 + acc1);
+}
+
+// x_residual <- round(x + x_residual), sum <- the fp32 sums (unrounded);
+// returns the sum of squares of those fp32 sums. For 16-bit types only.
+template <typename scalar_t>
+inline float add_residual_fp32(const scalar_t* x, scalar_t* residual, float* sum, int64_t n) {
+  constexpr int64_t fV = fVec::size();
+  fVec acc0(0.0f), acc1(0.0f);
+  for_each_vec(x, n, [&](int64_t i, int64_t count, const fVec& x0, const fVec& x1) {
+    using bVec = Vectorized<scalar_t>;
+    auto [r0, r1] = at::vec::convert_to_float<scalar_t>(bVec::loadu(residual + i, count));
+    const fVec s0 = x0 + r0, s1 = x1 + r1;  // lanes past count: 0 + 0
+    at::vec::convert_from_float<scalar_t>(s0, s1).store(residual + i, count);
+    s0.store(sum + i, std::min<int64_t>(count, fV));
+    if (count > fV) s1.store(sum + i + fV, count - fV);
+    acc0 = at::vec::fmadd(s0, s0, acc0);
+    acc1 = at::vec::fmadd(s1, s1, acc1);
+  });
+  return lane_sum(acc0 + acc1);
+}
+
+// out <- round(round(sum * inv_rms) * weight), or round(sum * inv_rms) without
+// weight: `normalize` over fp32 values (vLLM's numerics for 16-bit types).
+template <typename scalar_t>
+inline void normalize_fp32_sum(
+    scalar_t* out, const float* sum, const float* weight, float inv_rms, int64_t n) {
+  const fVec scale(inv_rms);
+  constexpr int64_t fV = fVec::size();
+  for (int64_t i = 0; i < n; i += 2 * fV) {
+    const int64_t count = std::min<int64_t>(2 * fV, n - i);
+    const int64_t count_lo = std::min<int64_t>(count, fV);
+    const int64_t count_hi = std::max<int64_t>(count - fV, 0);
+    fVec a0 = fVec::loadu(sum + i, count_lo) * scale;
+    fVec a1 = fVec::loadu(sum + i + fV, count_hi) * scale;
+    if (weight != nullptr) {
+      auto [y0, y1] = round_to<scalar_t>(a0, a1);
+      a0 = y0 * fVec::loadu(weight + i, count_lo);
+      a1 = y1 * fVec::loadu(weight + i + fV, count_hi);
+    }
+    at::vec::convert_from_float<scalar_t>(a0, a1).store(out + i, count);
+  }
 }
 
 // out <- round(round(x * inv_rms) * weight), or round(x * inv_rms) without
@@ -227,6 +271,30 @@ void fused_add_rms_norm_rows(
   }
 }
 
+// vLLM's numerics: the fp32 sum is normalized (for fp32, fused_add_rms_norm_rows).
+template <typename scalar_t>
+void vllm_fused_add_rms_norm_rows(
+    scalar_t* x, int64_t x_stride, scalar_t* residual, int64_t residual_stride,
+    const float* weight, int64_t rows, int64_t hidden, float epsilon) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    fused_add_rms_norm_rows(x, x_stride, residual, residual_stride, weight, rows, hidden, epsilon);
+  } else {
+    const bool parallel = rows > 1 && rows * hidden >= kParallelMinElements;
+#pragma omp parallel if (parallel)
+    {
+      std::vector<float> sum(hidden);  // one row's fp32 sums, per thread
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        scalar_t* xr = x + r * x_stride;
+        scalar_t* rr = residual + r * residual_stride;
+        const float inv_rms =
+            inv_rms_of(add_residual_fp32(xr, rr, sum.data(), hidden), hidden, epsilon);
+        normalize_fp32_sum(xr, sum.data(), weight, inv_rms, hidden);
+      }
+    }
+  }
+}
+
 template <typename scalar_t>
 void rms_norm_quant_rows(
     fp8_t* q, const scalar_t* x, int64_t x_stride, const float* weight, int64_t rows,
@@ -318,10 +386,11 @@ at::Tensor rms_norm_functional(
   return out;
 }
 
-void fused_add_rms_norm(
+template <bool kVllmNumerics>
+void fused_add_rms_norm_impl(
     at::Tensor& x, at::Tensor& x_residual, const std::optional<at::Tensor>& weight,
     double epsilon) {
-  constexpr const char* op = "fused_add_rms_norm";
+  constexpr const char* op = kVllmNumerics ? "vllm_fused_add_rms_norm" : "fused_add_rms_norm";
   TORCH_CHECK(
       x.dim() >= 1, "vllm_ir_cpu::fused_add_rms_norm: x must have at least one dimension");
   check_tensor(op, "x", x, x);
@@ -338,12 +407,26 @@ void fused_add_rms_norm(
   const Rows rs = rows_of(x_residual);
   dispatch_weighted(op, x, w, [&](auto tag, const float* weight_f) {
     using scalar_t = decltype(tag);
-    fused_add_rms_norm_rows<scalar_t>(
+    const auto rows_fn = kVllmNumerics ? vllm_fused_add_rms_norm_rows<scalar_t>
+                                       : fused_add_rms_norm_rows<scalar_t>;
+    rows_fn(
         xs.tensor.data_ptr<scalar_t>(), xs.stride, rs.tensor.data_ptr<scalar_t>(), rs.stride,
         weight_f, rows, hidden, static_cast<float>(epsilon));
   });
   if (!xs.tensor.is_same(x)) x.copy_(xs.tensor);
   if (!rs.tensor.is_same(x_residual)) x_residual.copy_(rs.tensor);
+}
+
+void fused_add_rms_norm(
+    at::Tensor& x, at::Tensor& x_residual, const std::optional<at::Tensor>& weight,
+    double epsilon) {
+  fused_add_rms_norm_impl<false>(x, x_residual, weight, epsilon);
+}
+
+void vllm_fused_add_rms_norm(
+    at::Tensor& x, at::Tensor& x_residual, const std::optional<at::Tensor>& weight,
+    double epsilon) {
+  fused_add_rms_norm_impl<true>(x, x_residual, weight, epsilon);
 }
 
 // static_scaled_fp8_quant(rms_norm(x, weight, epsilon), scale) into a new
@@ -396,6 +479,7 @@ TORCH_LIBRARY_IMPL(vllm_ir_cpu, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("rms_norm_functional", &rms_norm_functional);
   m.impl("fused_add_rms_norm", &fused_add_rms_norm);
+  m.impl("vllm_fused_add_rms_norm", &vllm_fused_add_rms_norm);
   m.impl("rms_norm_static_fp8_quant", &rms_norm_static_fp8_quant);
   m.impl("fused_add_rms_norm_static_fp8_quant", &fused_add_rms_norm_static_fp8_quant);
 }
