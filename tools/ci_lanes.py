@@ -38,6 +38,7 @@ LOGS = ROOT / ".cache" / "ci"
 
 ORDER = (
     "tests(package='vllm-ir-core')",
+    "vllm_engine",
     "torch_matrix",
     "build",
     "tests(package='vllm-ir-cpu')",
@@ -56,7 +57,7 @@ TOGETHER = {"build": ("build", "integration")}
 TWO_WORKERS = ("tests(package='vllm-ir-core')",)
 """Jobs that keep one xdist worker per core while other lanes run."""
 
-EXTRA = ("vllm", "torch_matrix")
+EXTRA = ("vllm", "torch_matrix", "vllm_engine")
 """Not default sessions, run in CI all the same (``vllm`` installs vLLM's wheel;
 ``torch_matrix`` is one job per torch version): a name or a parametrized
 session's base name."""

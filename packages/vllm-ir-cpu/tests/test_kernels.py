@@ -141,7 +141,8 @@ def test_vllm_fused_add_rms_norm_normalizes_the_fp32_sum(kernels: Path) -> None:
     w = (torch.randint(1, 9, (64,), generator=gen) / 4).to(dtype)
     want_h, want_r = ir.ops.vllm_fused_add_rms_norm.native(x, r, w, EPS)
     seed_h, seed_r = ir.ops.fused_add_rms_norm.native(x, r, w, EPS)
-    assert torch.equal(want_r, seed_r) and not torch.equal(want_h, seed_h)  # the test can tell
+    assert torch.equal(want_r, seed_r)
+    assert not torch.equal(want_h, seed_h)  # the test can tell
     got_h, got_r = x.clone(), r.clone()
     OPS["vllm_fused_add_rms_norm"](got_h, got_r, w, EPS)
     assert torch.equal(got_r, want_r)

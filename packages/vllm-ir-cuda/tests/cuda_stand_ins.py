@@ -80,6 +80,7 @@ class StandInKernels:
         self.lib = Library(ops.NAMESPACE, "IMPL")
         self.lib.impl("rms_norm", self._rms_norm, "CPU")
         self.lib.impl("fused_add_rms_norm", self._fused_add_rms_norm, "CPU")
+        self.lib.impl("vllm_fused_add_rms_norm", self._vllm_fused_add_rms_norm, "CPU")
         self.lib.impl("silu_and_mul", self._silu_and_mul, "CPU")
         self.lib.impl("gelu_and_mul", self._gelu_and_mul, "CPU")
         self.lib.impl("rotary_embedding", self._rotary_embedding, "CPU")
@@ -100,6 +101,15 @@ class StandInKernels:
         _check_rows("fused_add_rms_norm", x, x_residual)
         x_residual.add_(x)  # rounded to the dtype, like the native x + x_residual
         x.copy_(ir.ops.rms_norm.native(x_residual, weight, epsilon))
+
+    def _vllm_fused_add_rms_norm(
+        self, x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float
+    ) -> None:
+        self.calls["vllm_fused_add_rms_norm"] += 1
+        _check_rows("vllm_fused_add_rms_norm", x, x_residual)
+        out, total = ir.ops.vllm_fused_add_rms_norm.native(x, x_residual, weight, epsilon)
+        x.copy_(out)
+        x_residual.copy_(total)
 
     def _silu_and_mul(self, out: Tensor, x: Tensor) -> None:
         self.calls["silu_and_mul"] += 1

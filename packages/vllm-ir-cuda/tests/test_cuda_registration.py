@@ -33,6 +33,20 @@ def test_impls_are_registered_with_their_flags() -> None:
     assert fused.supports_args is layernorm.fused_add_rms_norm_supports
 
 
+def test_vllm_numerics_are_registered() -> None:
+    """vLLM's numerics: vllm_rms_norm on the rms_norm kernel, the fused op on its own."""
+    rms, fused = (
+        ir.ops.vllm_rms_norm.impls[PROVIDER],
+        ir.ops.vllm_fused_add_rms_norm.impls[PROVIDER],
+    )
+    assert rms.impl_fn is layernorm.rms_norm
+    assert fused.impl_fn is layernorm.vllm_fused_add_rms_norm
+    assert fused.inplace
+    assert not rms.inplace
+    assert rms.supports_args is layernorm.rms_norm_supports
+    assert fused.supports_args is layernorm.fused_add_rms_norm_supports
+
+
 def test_supported_follows_the_hardware() -> None:
     expected = torch.cuda.is_available() and torch.version.cuda is not None
     expected = expected and torch.version.hip is None
@@ -62,7 +76,7 @@ def test_provider_spec() -> None:
     core = {op.name for op in ir.ops.__dict__.values() if isinstance(op, ir.IrOp)}
     # every core op, gelu_and_mul and rotary_embedding included, has a vllm_c impl
     assert set(defaults.eager) == set(defaults.compiled) == core
-    assert len(core) == 9
+    assert len(core) == 11
     assert all(v == ["vllm_c"] for v in defaults.eager.values())
     assert all(v == ["native"] for v in defaults.compiled.values())
 

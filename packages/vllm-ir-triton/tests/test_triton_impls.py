@@ -110,6 +110,29 @@ def test_loop_over_blocks(dtype: torch.dtype, batch_invariant: bool) -> None:
     _close((xs, rs), FUSED.native(x, r, w, EPS), FUSED, dtype, "fused loop")
 
 
+@pytest.mark.parametrize("max_block", [None, 32], ids=["one-pass", "two-pass"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_vllm_fused_add_rms_norm_normalizes_the_fp32_sum(provider: str, max_block: Any) -> None:
+    """vLLM's numerics bit for bit, on inputs where the seed op's rounded sum gives other
+    outputs: x on a grid of 1/8, residuals of a few 1/1024 (bf16 rounds the sums; their
+    squares sum exactly in fp32). Two passes recompute the fp32 sum, never re-read it."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randint(-4, 5, (16, 64), generator=g) / 8).to(torch.bfloat16).to(DEVICE)
+    r = (torch.randint(-3, 4, (16, 64), generator=g) / 1024).to(torch.bfloat16).to(DEVICE)
+    w = (torch.randint(1, 9, (64,), generator=g) / 4).to(torch.bfloat16).to(DEVICE)
+    want = ir.ops.vllm_fused_add_rms_norm.native(x, r, w, EPS)
+    assert not torch.equal(want[0], FUSED.native(x, r, w, EPS)[0])  # the test can tell
+    xs, rs = x.clone(), r.clone()
+    invariant = provider == BATCH_INVARIANT_PROVIDER
+    launch.vllm_fused_add_rms_norm_(xs, rs, w, EPS, batch_invariant=invariant, max_block=max_block)
+    assert torch.equal(xs, want[0])
+    assert torch.equal(rs, want[1])
+    with ir.ops.vllm_fused_add_rms_norm.set_priority([provider]):
+        got = ir.ops.vllm_fused_add_rms_norm(x, r, w, EPS)
+    assert torch.equal(got[0], want[0])
+    assert torch.equal(got[1], want[1])
+
+
 def test_launch_configs() -> None:
     fast = launch.launch_config(4096, 2, batch_invariant=False)
     assert fast == launch.LaunchConfig(block=4096, single_pass=True, num_warps=8)

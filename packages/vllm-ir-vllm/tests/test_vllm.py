@@ -8,7 +8,6 @@ import, see the noxfile); skipped where it is absent.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import subprocess
 import sys
@@ -36,7 +35,9 @@ from vllm_ir_vllm import layers
 
 VLLM = version("vllm")
 MARKER = "vllm_marker"
-OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul")
+OPS = ("vllm_rms_norm", "vllm_fused_add_rms_norm", "silu_and_mul")
+IrRMSNorm = layers.replacement(RMSNorm, layers.RMSNormRoute)
+IrSiluAndMul = layers.replacement(SiluAndMul, layers.SiluAndMulRoute)
 
 # -- coexistence --------------------------------------------------------------
 
@@ -92,8 +93,7 @@ def teardown() -> Iterator[None]:
     """Every test leaves no OOT class, priority or marker impl behind."""
     yield
     vllm_ir_vllm.unregister()
-    assert not set(layers.REPLACED) & set(op_registry_oot)
-    layers._declined.clear()
+    assert not set(layers.replacements().values()) & set(op_registry_oot.values())
 
 
 def test_general_plugins_load_the_plugin(monkeypatch: pytest.MonkeyPatch, teardown: None) -> None:
@@ -103,8 +103,13 @@ def test_general_plugins_load_the_plugin(monkeypatch: pytest.MonkeyPatch, teardo
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
     monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
     vllm.plugins.load_general_plugins()
-    assert op_registry_oot["RMSNorm"] is layers.IrRMSNorm
-    assert op_registry_oot["SiluAndMul"] is layers.IrSiluAndMul
+    assert op_registry_oot["RMSNorm"] is IrRMSNorm
+    assert op_registry_oot["SiluAndMul"] is IrSiluAndMul
+    # vLLM's in-tree layers (its default model implementation builds them) too
+    from vllm.model_executor.custom_op import op_registry_oot as in_tree_registry
+    from vllm.model_executor.layers.layernorm import RMSNorm as InTreeRMSNorm
+
+    assert in_tree_registry["RMSNorm"] is layers.replacement(InTreeRMSNorm, layers.RMSNormRoute)
     vllm_ir_vllm.register()  # vLLM may load a plugin twice: no duplicate error
 
 
@@ -183,13 +188,13 @@ def _assert_close(actual: torch.Tensor, expected: torch.Tensor, op: str) -> None
 def test_rms_norm_runs_the_prioritized_impl(marker: Marker, dtype: torch.dtype) -> None:
     with set_current_vllm_config(_config(["all"])), torch.inference_mode():
         norm = RMSNorm(96, eps=1e-5, dtype=dtype)
-        assert isinstance(norm, layers.IrRMSNorm)
+        assert isinstance(norm, IrRMSNorm)
         with torch.no_grad():
             norm.weight.copy_(1 + 0.1 * torch.randn(96))
         x = torch.randn(5, 96, dtype=dtype)
         assert norm.ir_provider(x) == MARKER
         _assert_close(norm(x), norm.forward_native(x), "rms_norm")
-    assert marker.calls["rms_norm"] == 1
+    assert marker.calls["vllm_rms_norm"] == 1
 
 
 def test_fused_add_in_fp32_runs_the_prioritized_impl(marker: Marker) -> None:
@@ -199,36 +204,37 @@ def test_fused_add_in_fp32_runs_the_prioritized_impl(marker: Marker) -> None:
         expected = norm.forward_native(x, residual)
         assert norm.ir_provider(x, residual) == MARKER
         out, new_residual = norm(x.clone(), residual.clone())  # donated: maybe_inplace
-    assert marker.calls["fused_add_rms_norm"] == 1
+    assert marker.calls["vllm_fused_add_rms_norm"] == 1
     _assert_close(out, expected[0], "fused_add_rms_norm")
     _assert_close(new_residual, expected[1], "fused_add_rms_norm")
 
 
-def test_fused_add_in_bf16_declines_with_a_logged_reason(
-    marker: Marker, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+def test_fused_add_in_bf16_runs_the_impl_with_vllms_numerics(
+    marker: Marker, weight_dtype: torch.dtype
 ) -> None:
+    """bf16, and a weight of another dtype: vLLM normalizes the fp32 sum and multiplies in
+    the weight's dtype, and so does ``vllm_fused_add_rms_norm``: bit for bit."""
     with set_current_vllm_config(_config(["all"])), torch.inference_mode():
-        norm = RMSNorm(64, dtype=torch.bfloat16)
+        norm = RMSNorm(64, dtype=weight_dtype)
+        with torch.no_grad():
+            norm.weight.copy_(1 + 0.1 * torch.randn(64))
         x = torch.randn(3, 64, dtype=torch.bfloat16)
         residual = torch.randn(3, 64, dtype=torch.bfloat16)
-        with caplog.at_level(logging.WARNING, logger="vllm_ir.vllm"):
-            out, new_residual = norm(x, residual)
-            norm(x, residual)
-        expected = norm.forward_native(x, residual)
-        provider = norm.ir_provider(x, residual)
-    assert marker.calls["fused_add_rms_norm"] == 0
-    assert provider.startswith("vllm native (fused_add_rms_norm: x is torch.bfloat16")
-    # vLLM's own numerics, bit for bit, and the reason logged once
+        expected = norm.forward_native(x.clone(), residual.clone())
+        assert norm.ir_provider(x, residual) == MARKER
+        out, new_residual = norm(x, residual)
+        plain = norm(x)
+    assert marker.calls["vllm_fused_add_rms_norm"] == marker.calls["vllm_rms_norm"] == 1
     assert torch.equal(out, expected[0])
     assert torch.equal(new_residual, expected[1])
-    reasons = [r.getMessage() for r in caplog.records if "fp32 sum" in r.getMessage()]
-    assert len(reasons) == 1
+    assert torch.equal(plain, norm.forward_native(x))
 
 
 def test_silu_and_mul_runs_the_prioritized_impl(marker: Marker) -> None:
     with set_current_vllm_config(_config(["all"])), torch.inference_mode():
         act = SiluAndMul()
-        assert isinstance(act, layers.IrSiluAndMul)
+        assert isinstance(act, IrSiluAndMul)
         x = torch.randn(4, 2, 64, dtype=torch.bfloat16)
         assert act.ir_provider(x) == MARKER
         _assert_close(act(x), act.forward_native(x), "silu_and_mul")
@@ -242,7 +248,7 @@ def test_a_disabled_custom_op_runs_vllm_native(marker: Marker) -> None:
         assert norm.ir_provider(x) == "vllm native (custom op rms_norm disabled)"
         norm(x)
         act(x)
-    assert marker.calls["rms_norm"] == 0
+    assert marker.calls["vllm_rms_norm"] == 0
     assert marker.calls["silu_and_mul"] == 1
 
 
@@ -251,22 +257,22 @@ def test_unregister_restores_vllm(marker: Marker) -> None:
     with set_current_vllm_config(_config(["all"])):
         assert type(RMSNorm(8)) is RMSNorm
         assert type(SiluAndMul()) is SiluAndMul
-    assert ir.ops.rms_norm.get_priority()[0] != MARKER
+    assert ir.ops.vllm_rms_norm.get_priority()[0] != MARKER
 
 
 def test_compiled_layers_keep_the_selection(marker: Marker) -> None:
-    """Dynamo traces ``forward_oot`` whole (no graph break, declines included); the
-    IR op is one node that runs the prioritized impl (aot_eager: no Inductor codegen)."""
+    """Dynamo traces ``forward_oot`` whole (no graph break); the IR op is one node that
+    runs the prioritized impl (aot_eager: no Inductor codegen)."""
     with set_current_vllm_config(_config(["all"])), torch.inference_mode():
         norm = RMSNorm(64, dtype=torch.float32)
         compiled = torch.compile(norm, backend="aot_eager", fullgraph=True)
         x = torch.randn(4, 64)
         _assert_close(compiled(x), norm.forward_native(x), "rms_norm")
-        assert marker.calls["rms_norm"] == 1
+        assert marker.calls["vllm_rms_norm"] == 1
         x16 = x.bfloat16()
-        out, _ = compiled(x16, x16.clone())  # declined (bf16 sum): vLLM's numerics
+        out, _ = compiled(x16, x16.clone())  # bf16 sum: vLLM's numerics, through the op
         assert torch.equal(out, norm.forward_native(x16, x16.clone())[0])
-    assert marker.calls["fused_add_rms_norm"] == 0
+    assert marker.calls["vllm_fused_add_rms_norm"] == 1
 
 
 # -- vLLM 0.34: hw_agnostic.resolve() and its subclass check ---------------------
@@ -286,16 +292,16 @@ def test_resolve_builds_the_plugin_layers(monkeypatch: pytest.MonkeyPatch, marke
     norm_cls = resolve("layernorm", "RMSNorm")
     act_cls = resolve("activation", "SiluAndMul")
     assert (norm_cls, act_cls) == (RMSNorm, SiluAndMul)
-    assert issubclass(layers.IrRMSNorm, norm_cls)
-    assert issubclass(layers.IrSiluAndMul, act_cls)
+    assert issubclass(IrRMSNorm, norm_cls)
+    assert issubclass(IrSiluAndMul, act_cls)
     with set_current_vllm_config(_config(["all"])), torch.inference_mode():
         norm, act = norm_cls(64, dtype=torch.float32), act_cls()
-        assert type(norm) is layers.IrRMSNorm
-        assert type(act) is layers.IrSiluAndMul
+        assert type(norm) is IrRMSNorm
+        assert type(act) is IrSiluAndMul
         x = torch.randn(3, 64)
         _assert_close(norm(x), norm.forward_native(x), "rms_norm")
         _assert_close(act(x), act.forward_native(x), "silu_and_mul")
-    assert marker.calls["rms_norm"] == marker.calls["silu_and_mul"] == 1
+    assert marker.calls["vllm_rms_norm"] == marker.calls["silu_and_mul"] == 1
 
     # the check is live in this vLLM: an override that does not derive from
     # the hardware-agnostic layer is refused where the layer is built
@@ -308,11 +314,13 @@ def test_resolve_builds_the_plugin_layers(monkeypatch: pytest.MonkeyPatch, marke
         with set_current_vllm_config(_config(["all"])), pytest.raises(TypeError, match="derive"):
             act_cls()
     finally:
-        op_registry_oot["SiluAndMul"] = layers.IrSiluAndMul  # for unregister()
+        op_registry_oot["SiluAndMul"] = IrSiluAndMul  # for unregister()
 
     # without VLLM_USE_HW_AGNOSTIC vLLM builds its in-tree layers, which the
-    # plugin leaves alone
+    # plugin replaces by their own subclasses
     monkeypatch.delenv("VLLM_USE_HW_AGNOSTIC")
     in_tree = resolve("layernorm", "RMSNorm")
     assert in_tree.__module__ == "vllm.model_executor.layers.layernorm"
-    assert not issubclass(layers.IrRMSNorm, in_tree)
+    assert not issubclass(IrRMSNorm, in_tree)
+    with set_current_vllm_config(_config(["all"])):
+        assert type(in_tree(8)) is layers.replacement(in_tree, layers.RMSNormRoute)

@@ -28,8 +28,9 @@ PROVIDER = "vllm_c"
 API_VERSION = 1
 """The vllm-ir provider API this package was written against."""
 
-_OPS = tuple(SCHEMAS)
-"""The IR ops the kernels implement: one kernel op of the same name each."""
+_OPS = (*SCHEMAS, "vllm_rms_norm")
+"""The IR ops the kernels implement: one kernel op of the same name each, and
+``vllm_rms_norm`` on the ``rms_norm`` kernel."""
 
 
 def _register() -> None:

@@ -14,6 +14,10 @@ SCHEMAS = {
         "fused_add_rms_norm(Tensor(a!) x, Tensor(b!) x_residual, Tensor? weight, "
         "float epsilon) -> ()"
     ),
+    "vllm_fused_add_rms_norm": (
+        "vllm_fused_add_rms_norm(Tensor(a!) x, Tensor(b!) x_residual, Tensor? weight, "
+        "float epsilon) -> ()"
+    ),
     "silu_and_mul": "silu_and_mul(Tensor(a!) out, Tensor x) -> ()",
     "gelu_and_mul": "gelu_and_mul(Tensor(a!) out, Tensor x, str approximate) -> ()",
     "rotary_embedding": (

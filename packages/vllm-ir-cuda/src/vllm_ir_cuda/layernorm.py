@@ -1,4 +1,5 @@
-"""The ``vllm_c`` impls of ``rms_norm`` and ``fused_add_rms_norm``.
+"""The ``vllm_c`` impls of ``rms_norm``, ``fused_add_rms_norm`` and their vLLM numerics
+(``vllm_rms_norm`` on the ``rms_norm`` kernel, ``vllm_fused_add_rms_norm``).
 
 Each impl has the op's native signature and maps it onto a kernel op of
 :mod:`vllm_ir_cuda.ops`. The kernels read rows that are contiguous in their
@@ -12,6 +13,7 @@ dispatch cache keys on): never at sizes, strides or values.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -22,6 +24,7 @@ from vllm_ir_cuda import ops
 __all__ = [
     "fused_add_rms_norm",
     "fused_add_rms_norm_supports",
+    "vllm_fused_add_rms_norm",
     "platform_supported",
     "register_kernels",
     "rms_norm",
@@ -31,6 +34,7 @@ __all__ = [
 
 _rms_norm_kernel = ops.rms_norm
 _fused_add_rms_norm_kernel = ops.fused_add_rms_norm
+_vllm_fused_add_rms_norm_kernel = ops.vllm_fused_add_rms_norm
 
 
 def rms_norm(
@@ -46,18 +50,30 @@ def rms_norm(
     return out
 
 
-def _fused_add_rms_norm(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: object
+def _fused_add_rows(
+    kernel: Any, x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float
 ) -> None:
     if weight is not None and not weight.is_contiguous():
         weight = weight.contiguous()
     if x.stride(-1) == 1 and x_residual.stride(-1) == 1:
-        _fused_add_rms_norm_kernel(x, x_residual, weight, epsilon)
+        kernel(x, x_residual, weight, epsilon)
     else:
         x_rows, residual_rows = x.contiguous(), x_residual.contiguous()
-        _fused_add_rms_norm_kernel(x_rows, residual_rows, weight, epsilon)
+        kernel(x_rows, residual_rows, weight, epsilon)
         x.copy_(x_rows)
         x_residual.copy_(residual_rows)
+
+
+def _fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: object
+) -> None:
+    _fused_add_rows(_fused_add_rms_norm_kernel, x, x_residual, weight, epsilon)
+
+
+def _vllm_fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: object
+) -> None:
+    _fused_add_rows(_vllm_fused_add_rms_norm_kernel, x, x_residual, weight, epsilon)
 
 
 fused_add_rms_norm = fused_add_in_place(
@@ -66,6 +82,16 @@ fused_add_rms_norm = fused_add_in_place(
     doc="""In place: ``x_residual += x`` (rounded to the dtype), then ``x = rms_norm(x_residual)``.
 
 Returns ``(x, x_residual)``, the activations it wrote.
+""",
+)
+
+
+vllm_fused_add_rms_norm = fused_add_in_place(
+    _vllm_fused_add_rms_norm,
+    module=__name__,
+    name="vllm_fused_add_rms_norm",
+    doc="""In place, vLLM's numerics: ``x_residual += x`` (rounded), ``x`` = the RMSNorm of
+the float32 sum. Returns ``(x, x_residual)``.
 """,
 )
 
@@ -106,5 +132,6 @@ def register_kernels(provider: str = "vllm_c") -> None:
         fused_add_rms_norm,
         supported=supported,
         supports_args=(rms_norm_supports, fused_add_rms_norm_supports),
+        vllm_fused_add_rms_norm=vllm_fused_add_rms_norm,
         batch_invariant=True,
     )

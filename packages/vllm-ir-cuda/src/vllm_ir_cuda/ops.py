@@ -75,6 +75,13 @@ def _fused_add_rms_norm_fake(
     _check("fused_add_rms_norm", x, {"x_residual": x_residual, "weight": weight})
 
 
+@torch.library.register_fake(f"{NAMESPACE}::vllm_fused_add_rms_norm", lib=_lib)
+def _vllm_fused_add_rms_norm_fake(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float
+) -> None:
+    _check("vllm_fused_add_rms_norm", x, {"x_residual": x_residual, "weight": weight})
+
+
 def _check_fp8(op: str, x: Tensor, out: Tensor, scales: dict[str, Tensor | None]) -> None:
     """The binding's checks of an FP8 output and float32 scales, at trace time."""
     if out.dtype != torch.float8_e4m3fn:
@@ -201,6 +208,12 @@ rms_norm: torch._ops.OpOverload = torch.ops.vllm_ir_cuda.rms_norm.default
 fused_add_rms_norm: torch._ops.OpOverload = torch.ops.vllm_ir_cuda.fused_add_rms_norm.default
 """``fused_add_rms_norm(x, x_residual, weight, epsilon)``: in place, the sum into
 ``x_residual``, its normalization into ``x``."""
+
+vllm_fused_add_rms_norm: torch._ops.OpOverload = (
+    torch.ops.vllm_ir_cuda.vllm_fused_add_rms_norm.default
+)
+"""In place, vLLM's numerics: ``x_residual = x + x_residual`` (rounded), ``x`` = the
+RMSNorm of the float32 sum."""
 
 silu_and_mul: torch._ops.OpOverload = torch.ops.vllm_ir_cuda.silu_and_mul.default
 """``silu_and_mul(out, x)``: writes ``silu(x[..., :d]) * x[..., d:]`` into ``out``."""

@@ -52,7 +52,7 @@ comes first and Triton is the portable fallback before ``native``."""
 API_VERSION = 1
 """The vllm-ir provider API this package was written against."""
 
-_OPS = ("rms_norm", "fused_add_rms_norm")
+_OPS = ("rms_norm", "fused_add_rms_norm", "vllm_rms_norm", "vllm_fused_add_rms_norm")
 """Ops implemented by both providers."""
 
 _TRITON_ONLY_OPS = (

@@ -1,6 +1,8 @@
 """The ``triton`` and ``triton_batch_invariant`` impls of the IR ops, and when they apply.
 
-Both providers implement ``rms_norm`` and (in place) ``fused_add_rms_norm``;
+Both providers implement ``rms_norm`` and (in place) ``fused_add_rms_norm``, and
+vLLM's numerics of the two, ``vllm_rms_norm`` (the ``rms_norm`` kernel) and (in
+place) ``vllm_fused_add_rms_norm`` (the float32 sum normalized);
 ``triton`` also implements ``silu_and_mul``, ``gelu_and_mul``,
 ``rotary_embedding`` (in place, into ``query`` and ``key``), ``static_scaled_fp8_quant``,
 ``dynamic_per_token_fp8_quant``, ``rms_norm_static_fp8_quant`` and (writing
@@ -62,6 +64,8 @@ __all__ = [
     "DTYPES",
     "dynamic_per_token_fp8_quant",
     "fused_add_rms_norm",
+    "vllm_fused_add_rms_norm",
+    "vllm_fused_add_rms_norm_batch_invariant",
     "fused_add_rms_norm_batch_invariant",
     "fused_add_rms_norm_static_fp8_quant",
     "quant_supports_args_for",
@@ -85,6 +89,7 @@ _is_compiling = torch.compiler.is_compiling
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 _rms_norm_op = library.rms_norm
 _fused_add_rms_norm_op = library.fused_add_rms_norm_
+_vllm_fused_add_rms_norm_op = library.vllm_fused_add_rms_norm_
 _silu_and_mul_op = library.silu_and_mul
 _gelu_and_mul_op = library.gelu_and_mul
 _rotary_op = library.rotary_embedding_
@@ -152,13 +157,18 @@ def _fused_add_rms_norm(
     epsilon: float,
     variance_size: int | None,
     batch_invariant: bool,
+    vllm: bool = False,
 ) -> tuple[Tensor, Tensor]:
+    """``fused_add_rms_norm``, or with ``vllm`` ``vllm_fused_add_rms_norm`` (vLLM's numerics)."""
     if variance_size is not None or not _weight_fits(x, weight) or not _same_shape(x, x_residual):
-        return ir.ops.fused_add_rms_norm.native(x, x_residual, weight, epsilon, variance_size)
+        op = ir.ops.vllm_fused_add_rms_norm if vllm else ir.ops.fused_add_rms_norm
+        return op.native(x, x_residual, weight, epsilon, variance_size)  # type: ignore[no-any-return]
     if _plain_eager(x):
-        launch.fused_add_rms_norm_(x, x_residual, weight, epsilon, batch_invariant=batch_invariant)
+        direct = launch.vllm_fused_add_rms_norm_ if vllm else launch.fused_add_rms_norm_
+        direct(x, x_residual, weight, epsilon, batch_invariant=batch_invariant)
     else:
-        _fused_add_rms_norm_op(x, x_residual, weight, epsilon, batch_invariant)
+        traced = _vllm_fused_add_rms_norm_op if vllm else _fused_add_rms_norm_op
+        traced(x, x_residual, weight, epsilon, batch_invariant)
     return x, x_residual
 
 
@@ -178,6 +188,28 @@ def fused_add_rms_norm(
 ) -> tuple[Tensor, Tensor]:
     """``triton``, in place: the rounded sum into ``x_residual``, the result into ``x``."""
     return _fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size, False)
+
+
+def vllm_fused_add_rms_norm(
+    x: Tensor,
+    x_residual: Tensor,
+    weight: Tensor | None,
+    epsilon: float,
+    variance_size: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``triton``, in place, vLLM's numerics: the float32 sum normalized into ``x``."""
+    return _fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size, False, vllm=True)
+
+
+def vllm_fused_add_rms_norm_batch_invariant(
+    x: Tensor,
+    x_residual: Tensor,
+    weight: Tensor | None,
+    epsilon: float,
+    variance_size: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``triton_batch_invariant``, in place, vLLM's numerics, the fixed configuration."""
+    return _fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size, True, vllm=True)
 
 
 def rms_norm_batch_invariant(
@@ -376,21 +408,23 @@ def register_impls() -> None:
     supported = reason is None
     norm_supports = supports_args_for(support.device_types())
     variants = (
-        (PROVIDER, rms_norm, fused_add_rms_norm, False),
+        (PROVIDER, rms_norm, fused_add_rms_norm, vllm_fused_add_rms_norm, False),
         (
             BATCH_INVARIANT_PROVIDER,
             rms_norm_batch_invariant,
             fused_add_rms_norm_batch_invariant,
+            vllm_fused_add_rms_norm_batch_invariant,
             True,
         ),
     )
-    for provider, rms_fn, fused_fn, invariant in variants:
+    for provider, rms_fn, fused_fn, vllm_fused_fn, invariant in variants:
         register_norm_impls(
             provider,
             rms_fn,
             fused_fn,
             supported=supported,
             supports_args=norm_supports,
+            vllm_fused_add_rms_norm=vllm_fused_fn,
             batch_invariant=invariant,
         )
     quant_supports = quant_supports_args_for(support.device_types())

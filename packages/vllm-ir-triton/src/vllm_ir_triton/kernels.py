@@ -56,6 +56,7 @@ __all__ = [
     "INTERPRETED",
     "dynamic_per_token_fp8_quant_kernel",
     "fused_add_rms_norm_kernel",
+    "vllm_fused_add_rms_norm_kernel",
     "gelu_and_mul_kernel",
     "rms_norm_kernel",
     "rotary_embedding_kernel",
@@ -302,6 +303,67 @@ def fused_add_rms_norm_kernel(
         BLOCK,
         SINGLE_PASS,
     )
+
+
+@triton.jit
+def vllm_fused_add_rms_norm_kernel(
+    x_ptr,
+    x_row_stride,
+    x_col_stride,
+    r_ptr,
+    r_row_stride,
+    r_col_stride,
+    w_ptr,
+    w_stride,
+    q_ptr,
+    q_row_stride,
+    q_col_stride,
+    scale_ptr,
+    n_cols,
+    epsilon,
+    HAS_WEIGHT: tl.constexpr,
+    QUANT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+):
+    """In place, vLLM's numerics: ``r[row] = x[row] + r[row]`` (rounded), ``x[row]`` = the
+    RMSNorm of the float32 sum. The arguments are ``fused_add_rms_norm_kernel``'s
+    (``q_ptr``, ``scale_ptr`` and ``QUANT`` unused). Over two passes the second reads
+    ``x`` and ``r`` again before it writes either column: the float32 sum is recomputed,
+    never re-read rounded."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    r_row = r_ptr + row * r_row_stride
+    dtype = x_ptr.dtype.element_ty
+    cols = tl.arange(0, BLOCK)
+    if SINGLE_PASS:
+        mask = cols < n_cols
+        total = _load_f32(x_row, cols, x_col_stride, mask) + _load_f32(
+            r_row, cols, r_col_stride, mask
+        )
+        tl.store(r_row + cols * r_col_stride, _round_to(total, dtype), mask=mask)
+        rstd = _rstd(tl.sum(total * total, axis=0), n_cols, epsilon)
+        out = _scaled(total * rstd, w_ptr, w_stride, cols, mask, HAS_WEIGHT, dtype)
+        tl.store(x_row + cols * x_col_stride, out, mask=mask)
+    else:
+        squares = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            c = start + cols
+            mask = c < n_cols
+            total = _load_f32(x_row, c, x_col_stride, mask) + _load_f32(
+                r_row, c, r_col_stride, mask
+            )
+            squares += total * total
+        rstd = _rstd(tl.sum(squares, axis=0), n_cols, epsilon)
+        for start in range(0, n_cols, BLOCK):
+            c = start + cols
+            mask = c < n_cols
+            total = _load_f32(x_row, c, x_col_stride, mask) + _load_f32(
+                r_row, c, r_col_stride, mask
+            )
+            tl.store(r_row + c * r_col_stride, _round_to(total, dtype), mask=mask)
+            out = _scaled(total * rstd, w_ptr, w_stride, c, mask, HAS_WEIGHT, dtype)
+            tl.store(x_row + c * x_col_stride, out, mask=mask)
 
 
 SILU: tl.constexpr = tl.constexpr(0)

@@ -43,6 +43,7 @@ from vllm_ir_triton.kernels import (
     rotary_embedding_kernel,
     silu_and_mul_kernel,
     static_scaled_fp8_quant_kernel,
+    vllm_fused_add_rms_norm_kernel,
 )
 
 __all__ = [
@@ -127,6 +128,7 @@ def _launch_config(
 
 _rms_norm = Launcher(rms_norm_kernel, interpreted=INTERPRETED)
 _fused_add_rms_norm = Launcher(fused_add_rms_norm_kernel, interpreted=INTERPRETED)
+_vllm_fused_add_rms_norm = Launcher(vllm_fused_add_rms_norm_kernel, interpreted=INTERPRETED)
 _silu_and_mul = Launcher(silu_and_mul_kernel, interpreted=INTERPRETED)
 _gelu_and_mul = Launcher(gelu_and_mul_kernel, interpreted=INTERPRETED)
 # No FMA contraction: native rounds each product to the dtype before the add; an FMA
@@ -311,6 +313,20 @@ def fused_add_rms_norm_(
     _fused_add(x, x_residual, weight, epsilon, None, batch_invariant, max_block)
 
 
+def vllm_fused_add_rms_norm_(
+    x: Tensor,
+    x_residual: Tensor,
+    weight: Tensor | None,
+    epsilon: float,
+    *,
+    batch_invariant: bool = False,
+    max_block: int | None = None,
+) -> None:
+    """In place, vLLM's numerics: ``x_residual += x`` (rounded), ``x`` = the RMSNorm of
+    the float32 sum (``vllm_fused_add_rms_norm``)."""
+    _fused_add(x, x_residual, weight, epsilon, None, batch_invariant, max_block, vllm=True)
+
+
 def fused_add_rms_norm_static_fp8_quant_(
     x: Tensor,
     x_residual: Tensor,
@@ -337,8 +353,10 @@ def _fused_add(
     batch_invariant: bool,
     max_block: int | None,
     scale: Tensor | None = None,
+    vllm: bool = False,
 ) -> None:
     op = "fused_add_rms_norm_" if q is None else "fused_add_rms_norm_static_fp8_quant_"
+    op = f"vllm_{op}" if vllm else op
     if x_residual.shape != x.shape or x_residual.device != x.device:
         raise ValueError(
             f"{op}: x_residual {tuple(x_residual.shape)} on {x_residual.device} "
@@ -357,7 +375,7 @@ def _fused_add(
         r_rows = x_residual.contiguous().view(-1, hidden)
     q_rows = _fp8_rows(q) if q is not None else x_rows
     _launch_norm(
-        _fused_add_rms_norm,
+        _vllm_fused_add_rms_norm if vllm else _fused_add_rms_norm,
         (x_rows, r_rows),
         weight,
         q_rows,

@@ -11,6 +11,8 @@ FakeTensors (tracing never launches a kernel):
   float epsilon, bool batch_invariant) -> ()``: in place, the rounded sum into
   ``x_residual``, its normalization into ``x``. The schema says which
   arguments it writes, which is what clone elimination reads.
+* ``vllm_fused_add_rms_norm_(...)``: the same arguments, vLLM's numerics (the
+  float32 sum normalized).
 * ``silu_and_mul(Tensor x) -> Tensor``: a new contiguous tensor of half the
   last dimension.
 * ``gelu_and_mul(Tensor x, str approximate) -> Tensor``: likewise, GELU.
@@ -43,6 +45,7 @@ __all__ = [
     "fused_add_rms_norm_",
     "fused_add_rms_norm_static_fp8_quant_",
     "rms_norm",
+    "vllm_fused_add_rms_norm_",
     "rms_norm_static_fp8_quant",
     "silu_and_mul",
     "gelu_and_mul",
@@ -76,6 +79,21 @@ def fused_add_rms_norm_(
 
 @fused_add_rms_norm_.register_fake
 def _fused_add_rms_norm_fake(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, batch_invariant: bool
+) -> None:
+    return None
+
+
+@torch.library.custom_op(f"{NAMESPACE}::vllm_fused_add_rms_norm_", mutates_args=("x", "x_residual"))
+def vllm_fused_add_rms_norm_(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, batch_invariant: bool
+) -> None:
+    """In place: ``x_residual += x`` (rounded), ``x`` = the RMSNorm of the float32 sum."""
+    launch.vllm_fused_add_rms_norm_(x, x_residual, weight, epsilon, batch_invariant=batch_invariant)
+
+
+@vllm_fused_add_rms_norm_.register_fake
+def _vllm_fused_add_rms_norm_fake(
     x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, batch_invariant: bool
 ) -> None:
     return None

@@ -1,11 +1,13 @@
-"""vllm-ir inside vLLM: vLLM's hardware-agnostic layers run through vllm-ir selection.
+"""vllm-ir inside vLLM: vLLM's RMSNorm and SiluAndMul layers run through vllm-ir selection.
 
 vLLM loads :func:`register` through the ``vllm.general_plugins`` entry point
 in every process. It applies the ``VLLM_IR_*`` priorities
-(:mod:`vllm_ir_vllm.settings`) and replaces ``RMSNorm`` and ``SiluAndMul``
-from ``vllm.model_executor.hw_agnostic.layers`` with classes that call
-``vllm_ir.ops`` (:mod:`vllm_ir_vllm.layers`). :func:`unregister` undoes both.
-Importing this package does not import vLLM.
+(:mod:`vllm_ir_vllm.settings`) and replaces vLLM's ``RMSNorm`` and
+``SiluAndMul`` (in-tree and hardware-agnostic) and the Transformers backend's
+``TPAwareRMSNorm`` with classes that call ``vllm_ir.ops``
+(:mod:`vllm_ir_vllm.layers`). :func:`unregister` undoes both.
+:func:`vllm_ir_vllm.report.layer_report` says, for a built model, which layers
+run which impl. Importing this package does not import vLLM.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ def register() -> None:
         raise SystemExit(f"vllm-ir-vllm: {e}") from None
     try:
         from vllm_ir_vllm import layers
-    except ImportError as e:  # vLLM < 0.33: no hardware-agnostic layers
-        logger.warning("vllm-ir-vllm: this vLLM has no hardware-agnostic layers (%s)", e)
+    except ImportError as e:  # no vLLM, or one without CustomOp layers
+        logger.warning("vllm-ir-vllm: this vLLM's layers cannot be replaced (%s)", e)
         return
     if config is not None:
         handle = config.apply()

@@ -318,9 +318,10 @@ void rms_norm_cuda(at::Tensor& out, const at::Tensor& x, const std::optional<at:
   });
 }
 
-void fused_add_rms_norm_cuda(at::Tensor& x, at::Tensor& x_residual,
+template <bool kVllmNumerics>
+void fused_add_rms_norm_rows(at::Tensor& x, at::Tensor& x_residual,
                              const std::optional<at::Tensor>& weight, double epsilon) {
-  constexpr const char* op = "fused_add_rms_norm";
+  constexpr const char* op = kVllmNumerics ? "vllm_fused_add_rms_norm" : "fused_add_rms_norm";
   check_norm_args(op, x, "x_residual", x_residual, weight);
   at::assert_no_internal_overlap(x);
   at::assert_no_overlap(x, x_residual);
@@ -333,11 +334,12 @@ void fused_add_rms_norm_cuda(at::Tensor& x, at::Tensor& x_residual,
 
   at::Tensor x_rows = as_rows(x);
   at::Tensor residual_rows = as_rows(x_residual);
-  check_launch(op, vllm_ir_cuda::fused_add_rms_norm(
-                       x_rows.mutable_data_ptr(), *row_stride(x_rows),
-                       residual_rows.mutable_data_ptr(), *row_stride(residual_rows),
-                       weight_ptr(weight), e.rows, e.hidden, static_cast<float>(epsilon),
-                       kernel_dtype(x.scalar_type()), stream));
+  constexpr auto kernel =
+      kVllmNumerics ? vllm_ir_cuda::vllm_fused_add_rms_norm : vllm_ir_cuda::fused_add_rms_norm;
+  check_launch(op, kernel(x_rows.mutable_data_ptr(), *row_stride(x_rows),
+                          residual_rows.mutable_data_ptr(), *row_stride(residual_rows),
+                          weight_ptr(weight), e.rows, e.hidden, static_cast<float>(epsilon),
+                          kernel_dtype(x.scalar_type()), stream));
   if (!x_rows.is_same(x)) {
     x.copy_(x_rows);
   }
@@ -534,7 +536,8 @@ void fused_add_rms_norm_static_fp8_quant_cuda(at::Tensor& out, const at::Tensor&
 
 TORCH_LIBRARY_IMPL(vllm_ir_cuda, CUDA, m) {
   m.impl("rms_norm", &rms_norm_cuda);
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm_cuda);
+  m.impl("fused_add_rms_norm", &fused_add_rms_norm_rows<false>);
+  m.impl("vllm_fused_add_rms_norm", &fused_add_rms_norm_rows<true>);
   m.impl("silu_and_mul", &silu_and_mul_cuda);
   m.impl("gelu_and_mul", &gelu_and_mul_cuda);
   m.impl("rotary_embedding", &rotary_embedding_cuda);

@@ -46,6 +46,14 @@ cudaError_t fused_add_rms_norm(void* x, int64_t x_row_stride, void* residual,
                                int64_t residual_row_stride, const void* weight, int64_t rows,
                                int64_t hidden, float epsilon, DType dtype, cudaStream_t stream);
 
+// In place, vLLM's numerics, for r < rows:
+//   residual[r, :] = x[r, :] + residual[r, :]   (rounded to the dtype)
+//   x[r, :]        = rms_norm of the fp32 sum   (the sum before that rounding)
+cudaError_t vllm_fused_add_rms_norm(void* x, int64_t x_row_stride, void* residual,
+                                    int64_t residual_row_stride, const void* weight,
+                                    int64_t rows, int64_t hidden, float epsilon, DType dtype,
+                                    cudaStream_t stream);
+
 // out[r, :] = fp8(rms_norm(x[r, :]) / *scale): the value rms_norm stores,
 // divided by the float32 scale (a device pointer, one element), clamped to
 // +-448 and rounded to float8_e4m3fn bits (uint8 `out`, rows of `hidden` bytes

@@ -12,6 +12,11 @@
 // The block size depends only on the row length and the dtype, never on the
 // number of rows, so a row's result does not depend on the batch it is in.
 //
+// vllm_fused_add_rms_norm_kernel is vLLM's numerics: it stores the same rounded
+// sum but normalizes the fp32 sum, kept in registers (cached rows) or recomputed
+// from x and the old residual in the second pass (long rows: the first pass then
+// stores nothing, so both inputs are still there to read).
+//
 // With QUANT, the normalized row (the value the plain kernel would store) is
 // quantized to FP8 with a static scale (fp8.cuh) into a separate uint8 output
 // instead: rms_norm_static_fp8_quant and fused_add_rms_norm_static_fp8_quant.
@@ -179,6 +184,88 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// The fp32 sums of x and residual's vector i (rounded into residual when STORE).
+template <typename T, int VEC, bool STORE>
+__device__ __forceinline__ void fp32_sums(const T* x_row, T* residual_row, int i,
+                                          float (&s)[VEC]) {
+  const Vec<T, VEC> a = load_vec<T, VEC>(x_row + i * VEC);
+  const Vec<T, VEC> r = load_vec<T, VEC>(residual_row + i * VEC);
+  Vec<T, VEC> rounded;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    s[j] = to_float(a.data[j]) + to_float(r.data[j]);
+    rounded.data[j] = from_float<T>(s[j]);
+  }
+  if constexpr (STORE) {
+    store_vec(residual_row + i * VEC, rounded);
+  }
+}
+
+// normalize() of fp32 values: round(round(s * inv_rms) * weight).
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> normalize_fp32(const float (&s)[VEC], float inv_rms,
+                                                      const T* __restrict__ weight, int offset) {
+  Vec<T, VEC> out;
+  if (weight != nullptr) {
+    const Vec<T, VEC> w = load_vec<T, VEC>(weight + offset);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const T y = from_float<T>(s[j] * inv_rms);
+      out.data[j] = from_float<T>(to_float(y) * to_float(w.data[j]));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      out.data[j] = from_float<T>(s[j] * inv_rms);
+    }
+  }
+  return out;
+}
+
+// In place, vLLM's numerics: residual = round(x + residual), x = rms_norm of the fp32 sum.
+template <typename T, int VEC, int CACHE>
+__global__ void __launch_bounds__(kMaxThreads)
+    vllm_fused_add_rms_norm_kernel(T* x, int64_t x_stride, T* residual, int64_t residual_stride,
+                                   const T* __restrict__ weight, int hidden, float epsilon) {
+  const int64_t row = blockIdx.x;
+  T* x_row = x + row * x_stride;
+  T* residual_row = residual + row * residual_stride;
+  const int num_vecs = hidden / VEC;
+  float sum_sq = 0.0f;
+  if constexpr (CACHE > 0) {
+    float cached[CACHE][VEC];
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < num_vecs) {
+        fp32_sums<T, VEC, true>(x_row, residual_row, i, cached[k]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum_sq += cached[k][j] * cached[k][j];
+      }
+    }
+    const float inv_rms = inverse_rms(sum_sq, hidden, epsilon);
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < num_vecs) {
+        store_vec(x_row + i * VEC, normalize_fp32<T, VEC>(cached[k], inv_rms, weight, i * VEC));
+      }
+    }
+  } else {
+    float s[VEC];
+    for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
+      fp32_sums<T, VEC, false>(x_row, residual_row, i, s);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum_sq += s[j] * s[j];
+    }
+    const float inv_rms = inverse_rms(sum_sq, hidden, epsilon);
+    for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
+      fp32_sums<T, VEC, true>(x_row, residual_row, i, s);  // this thread's own elements
+      store_vec(x_row + i * VEC, normalize_fp32<T, VEC>(s, inv_rms, weight, i * VEC));
+    }
+  }
+}
+
 // -- launch planning (host) ----------------------------------------------
 
 struct LaunchPlan {
@@ -286,7 +373,60 @@ cudaError_t rms_norm_dispatch(void* out, int64_t out_row_stride, const void* x,
   });
 }
 
+template <typename T, int VEC>
+void launch_vllm_fused(const LaunchPlan& p, T* x, int64_t x_stride, T* residual,
+                       int64_t residual_stride, const T* weight, int64_t rows, int hidden,
+                       float epsilon, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(rows));
+  const dim3 block(p.threads);
+#define VLLM_IR_VLLM_FUSED(CACHE)                                                          \
+  vllm_fused_add_rms_norm_kernel<T, VEC, CACHE><<<grid, block, 0, stream>>>(              \
+      x, x_stride, residual, residual_stride, weight, hidden, epsilon)
+  if constexpr (VEC > 1) {
+    switch (p.cache) {
+      case 1:
+        VLLM_IR_VLLM_FUSED(1);
+        return;
+      case 2:
+        VLLM_IR_VLLM_FUSED(2);
+        return;
+      case 4:
+        VLLM_IR_VLLM_FUSED(4);
+        return;
+      default:
+        break;
+    }
+  }
+  VLLM_IR_VLLM_FUSED(0);
+#undef VLLM_IR_VLLM_FUSED
+}
+
 }  // namespace
+
+cudaError_t vllm_fused_add_rms_norm(void* x, int64_t x_row_stride, void* residual,
+                                    int64_t residual_row_stride, const void* weight,
+                                    int64_t rows, int64_t hidden, float epsilon, DType dtype,
+                                    cudaStream_t stream) {
+  return dispatch_rows(rows, hidden, dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = kVecWidth<T>;
+    const bool vectorized =
+        can_vectorize<T>(hidden, x, x_row_stride, residual, residual_row_stride, weight);
+    const LaunchPlan p = plan(vectorized ? hidden / kVec : hidden, vectorized);
+    auto* xs = static_cast<T*>(x);
+    auto* rs = static_cast<T*>(residual);
+    const auto* w = static_cast<const T*>(weight);
+    const int h = static_cast<int>(hidden);
+    if (vectorized) {
+      launch_vllm_fused<T, kVec>(p, xs, x_row_stride, rs, residual_row_stride, w, rows, h,
+                                 epsilon, stream);
+    } else {
+      launch_vllm_fused<T, 1>(p, xs, x_row_stride, rs, residual_row_stride, w, rows, h, epsilon,
+                              stream);
+    }
+    return cudaGetLastError();
+  });
+}
 
 cudaError_t rms_norm(void* out, int64_t out_row_stride, const void* x, int64_t x_row_stride,
                      const void* weight, int64_t rows, int64_t hidden, float epsilon,

@@ -1,0 +1,91 @@
+"""Which of a built vLLM model's layers run through vllm-ir, and on which impl.
+
+:func:`layer_report` walks a model vLLM built (``LLM.apply_model(layer_report)``
+hands it the model) and returns one row per layer class and impl: every vLLM
+``CustomOp`` layer, the ones the plugin replaced with the provider each call form
+selects, the others with why they stay vLLM's. :func:`format_report` prints the
+rows as a table.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vllm_ir_vllm.layers import LEFT_ALONE, RMSNormRoute, _Routed, replacements
+
+__all__ = ["LayerRow", "format_report", "layer_report"]
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """Layers of one class that run the same impl."""
+
+    layer: str
+    """vLLM's class, qualified (the class the plugin replaced, for replaced layers)."""
+    count: int
+    impl: str
+    """The provider each call form selects, or ``vllm (...)`` and why."""
+
+
+def _is_custom_op(module: nn.Module) -> bool:
+    return any(
+        c.__name__ == "CustomOp" and c.__module__.startswith("vllm.") for c in type(module).__mro__
+    )
+
+
+def _vllm_class(module: nn.Module) -> type:
+    cls = type(module)
+    return cls.__bases__[1] if isinstance(module, _Routed) else cls  # (route, vLLM's class)
+
+
+def _impl(module: nn.Module, dtype: torch.dtype, replaced: set[type]) -> str:
+    if not isinstance(module, _Routed):
+        if type(module) in replaced:
+            return "vllm (built while the vllm-ir plugin was not registered)"
+        name = type(module).__name__
+        reason = LEFT_ALONE.get(name, "not a layer vllm-ir replaces")
+        return f"vllm ({reason})"
+    example = module.ir_example(dtype)  # type: ignore[attr-defined]
+    if isinstance(module, RMSNormRoute):
+        plain = module.ir_provider(*example)
+        fused = module.ir_provider(*example, example[0].clone())
+        return plain if fused == plain else f"{plain} (with residual: {fused})"
+    return str(module.ir_provider(*example))  # type: ignore[attr-defined]
+
+
+def layer_report(model: nn.Module, dtype: torch.dtype | None = None) -> list[LayerRow]:
+    """One row per vLLM layer class and impl in ``model``, most numerous first.
+
+    ``dtype`` is the activations' (default: the model's first floating parameter's).
+    Selection follows the current priorities and vLLM's current config (whether
+    it enables each custom op): call it where the model runs, under its
+    ``VllmConfig`` (``LLM.apply_model`` does both).
+    """
+    if dtype is None:
+        floats = (p.dtype for p in model.parameters() if p.is_floating_point())
+        dtype = next(floats, torch.get_default_dtype())
+    replaced = {cls.__bases__[1] for cls in replacements().values()}
+    counts: Counter[tuple[str, str]] = Counter()
+    for module in model.modules():
+        if _is_custom_op(module):
+            cls = _vllm_class(module)
+            counts[f"{cls.__module__}.{cls.__qualname__}", _impl(module, dtype, replaced)] += 1
+    rows = [LayerRow(layer, n, impl) for (layer, impl), n in counts.items()]
+    return sorted(rows, key=lambda r: (-r.count, r.layer))
+
+
+def format_report(rows: list[LayerRow]) -> str:
+    """The rows as a Markdown table (layer class, count, impl).
+
+    >>> print(format_report([LayerRow("vllm.x.RMSNorm", 5, "cpu_c")]))
+    | layer class | count | impl |
+    |---|---|---|
+    | `vllm.x.RMSNorm` | 5 | cpu_c |
+    """
+    lines = ["| layer class | count | impl |", "|---|---|---|"]
+    lines += [f"| `{r.layer}` | {r.count} | {r.impl} |" for r in rows]
+    return "\n".join(lines)
