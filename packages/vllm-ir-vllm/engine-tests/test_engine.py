@@ -197,3 +197,41 @@ def test_a_bad_setting_stops_the_engine_with_one_line(models: dict[str, str]) ->
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("vllm-ir-vllm: VLLM_IR_PRIORITY_RMS_NORM"), result.stderr[-3000:]
     assert "no_such_kernel" in last
+
+
+def _first(entries: list[dict[str, Any]]) -> str:
+    """The provider a 1-token call runs under a tuned entry: its first bucket's first."""
+    return str(entries[0]["priority"][0])
+
+
+def test_tune_serve_with_the_file(models: dict[str, str], tmp_path: Path) -> None:
+    """The loop of docs/vllm.md: ``vllm-ir tune --model vllm_ir_vllm.tune_model:layers``
+    sizes vLLM's layers from the model's config and writes the file the plugin reads from
+    ``VLLM_IR_PRIORITY_FILE``; the engine serves with it and each layer runs its choice."""
+    import torch
+
+    tuned = tmp_path / "tuned.json"
+    env = {**os.environ, "VLLM_IR_VLLM_MODEL": models["llama"]}
+    threads = str(torch.get_num_threads())  # what the engine's process runs on
+    tune = [sys.executable, "-m", "vllm_ir_cli", "tune", "--model"]
+    tune += ["vllm_ir_vllm.tune_model:layers", "--tokens", "1,8", "--rounds", "3"]
+    tune += ["--threads", threads, "--out", str(tuned)]
+    done = subprocess.run(tune, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    table = json.loads(tuned.read_text())["ir_op_priority"]
+    assert set(table) == {
+        "vllm_rms_norm",
+        "vllm_fused_add_rms_norm",
+        "silu_and_mul",
+        "rotary_embedding",
+    }
+    runs = [{"dtype": "float32", "mode": "eager", "impl": "auto", "plugin": True}]
+    (served,) = _engines(models["llama"], runs, VLLM_IR_PRIORITY_FILE=str(tuned))
+    routed = _routed(served)
+    plain, fused = _first(table["vllm_rms_norm"]), _first(table["vllm_fused_add_rms_norm"])
+    norm = plain if plain == fused else f"{plain} (with residual: {fused})"
+    assert routed["vllm.model_executor.layers.layernorm.RMSNorm"] == norm
+    assert routed["vllm.model_executor.layers.activation.SiluAndMul"] == _first(
+        table["silu_and_mul"]
+    )
+    assert routed[ROPE] == _first(table["rotary_embedding"])

@@ -343,7 +343,7 @@ def register_layers() -> list[str]:
         # register_oot names the class after the key; the in-tree name keeps
         # custom_ops=["+rms_norm"] / ["-silu_and_mul"] meaning what they mean
         if "name" in vars(cls):
-            del cls.name
+            delattr(cls, "name")
         done.append(vllm_name)
     if done:
         for name, reason in LEFT_ALONE.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,12 +50,13 @@ def _impl(module: nn.Module, dtype: torch.dtype, replaced: set[type]) -> str:
         name = type(module).__name__
         reason = LEFT_ALONE.get(name, "not a layer vllm-ir replaces")
         return f"vllm ({reason})"
-    example = module.ir_example(dtype)  # type: ignore[attr-defined]
+    routed: Any = module  # a route's methods, which nn.Module's typing hides
+    example = routed.ir_example(dtype)
     if isinstance(module, RMSNormRoute):
-        plain = module.ir_provider(*example)
-        fused = module.ir_provider(*example, example[0].clone())
-        return plain if fused == plain else f"{plain} (with residual: {fused})"
-    return str(module.ir_provider(*example))  # type: ignore[attr-defined]
+        plain = routed.ir_provider(*example)
+        fused = routed.ir_provider(*example, example[0].clone())
+        return str(plain) if fused == plain else f"{plain} (with residual: {fused})"
+    return str(routed.ir_provider(*example))
 
 
 def layer_report(model: nn.Module, dtype: torch.dtype | None = None) -> list[LayerRow]:
