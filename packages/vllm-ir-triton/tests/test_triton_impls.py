@@ -124,7 +124,9 @@ def test_vllm_fused_add_rms_norm_normalizes_the_fp32_sum(provider: str, max_bloc
     assert not torch.equal(want[0], FUSED.native(x, r, w, EPS)[0])  # the test can tell
     xs, rs = x.clone(), r.clone()
     invariant = provider == BATCH_INVARIANT_PROVIDER
-    launch.vllm_fused_add_rms_norm_(xs, rs, w, EPS, batch_invariant=invariant, max_block=max_block)
+    launch.fused_add_rms_norm_(
+        xs, rs, w, EPS, batch_invariant=invariant, max_block=max_block, vllm=True
+    )
     assert torch.equal(xs, want[0])
     assert torch.equal(rs, want[1])
     with ir.ops.vllm_fused_add_rms_norm.set_priority([provider]):

@@ -50,6 +50,8 @@ provider (``native`` at the latest):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import vllm_ir as ir
 from torch import Tensor
@@ -112,31 +114,26 @@ def rms_norm(
     return _rms_norm_kernel(x, weight, epsilon)
 
 
-def _fused_add_rms_norm(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: object
-) -> None:
-    if not _built:
-        _ensure_built()
-    _fused_add_rms_norm_kernel(x, x_residual, weight, epsilon)
+def _in_place(kernel: torch._ops.OpOverload) -> Callable[..., None]:
+    """The call ``fused_add_in_place`` wraps: the library built first, then ``kernel``."""
+
+    def call(
+        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: object
+    ) -> None:
+        if not _built:
+            _ensure_built()
+        kernel(x, x_residual, weight, epsilon)
+
+    return call
 
 
 fused_add_rms_norm = fused_add_in_place(
-    _fused_add_rms_norm,
+    _in_place(_fused_add_rms_norm_kernel),
     module=__name__,
     doc="In place: the rounded sum goes into ``x_residual``, the normalized output into ``x``.",
 )
-
-
-def _vllm_fused_add_rms_norm(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: object
-) -> None:
-    if not _built:
-        _ensure_built()
-    _vllm_fused_add_rms_norm_kernel(x, x_residual, weight, epsilon)
-
-
 vllm_fused_add_rms_norm = fused_add_in_place(
-    _vllm_fused_add_rms_norm,
+    _in_place(_vllm_fused_add_rms_norm_kernel),
     module=__name__,
     name="vllm_fused_add_rms_norm",
     doc="In place: the rounded sum goes into ``x_residual``, the normalized fp32 sum into ``x``.",

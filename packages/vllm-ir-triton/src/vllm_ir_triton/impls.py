@@ -164,8 +164,9 @@ def _fused_add_rms_norm(
         op = ir.ops.vllm_fused_add_rms_norm if vllm else ir.ops.fused_add_rms_norm
         return op.native(x, x_residual, weight, epsilon, variance_size)  # type: ignore[no-any-return]
     if _plain_eager(x):
-        direct = launch.vllm_fused_add_rms_norm_ if vllm else launch.fused_add_rms_norm_
-        direct(x, x_residual, weight, epsilon, batch_invariant=batch_invariant)
+        launch.fused_add_rms_norm_(
+            x, x_residual, weight, epsilon, batch_invariant=batch_invariant, vllm=vllm
+        )
     else:
         traced = _vllm_fused_add_rms_norm_op if vllm else _fused_add_rms_norm_op
         traced(x, x_residual, weight, epsilon, batch_invariant)

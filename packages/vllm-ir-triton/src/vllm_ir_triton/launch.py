@@ -305,26 +305,15 @@ def fused_add_rms_norm_(
     *,
     batch_invariant: bool = False,
     max_block: int | None = None,
+    vllm: bool = False,
 ) -> None:
     """In place: ``x_residual += x`` (rounded to the dtype), then ``x = rms_norm(x_residual)``.
 
-    ``x`` and ``x_residual`` must have the same shape (the caller checks).
+    ``x`` and ``x_residual`` must have the same shape (the caller checks). With
+    ``vllm``, vLLM's numerics (``vllm_fused_add_rms_norm``): ``x`` gets the RMSNorm of
+    the float32 sum, not of the rounded one.
     """
-    _fused_add(x, x_residual, weight, epsilon, None, batch_invariant, max_block)
-
-
-def vllm_fused_add_rms_norm_(
-    x: Tensor,
-    x_residual: Tensor,
-    weight: Tensor | None,
-    epsilon: float,
-    *,
-    batch_invariant: bool = False,
-    max_block: int | None = None,
-) -> None:
-    """In place, vLLM's numerics: ``x_residual += x`` (rounded), ``x`` = the RMSNorm of
-    the float32 sum (``vllm_fused_add_rms_norm``)."""
-    _fused_add(x, x_residual, weight, epsilon, None, batch_invariant, max_block, vllm=True)
+    _fused_add(x, x_residual, weight, epsilon, None, batch_invariant, max_block, vllm=vllm)
 
 
 def fused_add_rms_norm_static_fp8_quant_(

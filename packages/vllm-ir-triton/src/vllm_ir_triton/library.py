@@ -89,7 +89,9 @@ def vllm_fused_add_rms_norm_(
     x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, batch_invariant: bool
 ) -> None:
     """In place: ``x_residual += x`` (rounded), ``x`` = the RMSNorm of the float32 sum."""
-    launch.vllm_fused_add_rms_norm_(x, x_residual, weight, epsilon, batch_invariant=batch_invariant)
+    launch.fused_add_rms_norm_(
+        x, x_residual, weight, epsilon, batch_invariant=batch_invariant, vllm=True
+    )
 
 
 @vllm_fused_add_rms_norm_.register_fake
