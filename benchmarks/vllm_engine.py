@@ -12,7 +12,8 @@ Per process: a tiny Llama-shaped model of random weights (made once, ``--hidden`
 ``--repeats`` timed ones of ``--prompts`` prompts x ``--tokens`` new tokens
 (greedy); the median output tokens/s. Reported per dtype: each setting's median
 over rounds and its ratio to ``off``. Needs the ``vllm_engine`` session's
-environment (vLLM's CPU engine, the project's wheels).
+environment (vLLM's CPU engine, the project's wheels); without vLLM it says so
+and exits 0, writing nothing (``nox -s bench`` runs every script).
 
     python benchmarks/vllm_engine.py [--rounds 2] [--out benchmarks/results/vllm_engine.json]
 """
@@ -20,6 +21,7 @@ environment (vLLM's CPU engine, the project's wheels).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -97,6 +99,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "DTYPE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if importlib.util.find_spec("vllm") is None:
+        print("vllm_engine: vLLM is not installed (nox -s vllm_engine's venv has it): skipped")
+        return 0
     if args.one:  # a child: one engine, one number
         rate = measure(args.one[0], args.one[1], args.prompts, args.tokens, args.repeats)
         print(f"TOKENS-PER-S {rate}")

@@ -275,6 +275,37 @@ def test_compiled_layers_keep_the_selection(marker: Marker) -> None:
     assert marker.calls["vllm_fused_add_rms_norm"] == 1
 
 
+def test_in_tree_layers_run_through_vllm_ir(marker: Marker) -> None:
+    """vLLM's in-tree layers (what its own model implementations build) are the plugin's:
+    RMSNorm and SiluAndMul on their ops, RotaryEmbedding (fp32) on rotary_embedding with
+    vLLM's native numbers, and a bf16 RoPE call runs what vLLM runs, saying why."""
+    from vllm.model_executor.layers.activation import SiluAndMul as InTreeSiluAndMul
+    from vllm.model_executor.layers.layernorm import RMSNorm as InTreeRMSNorm
+    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+    with set_current_vllm_config(_config(["all"])), torch.inference_mode():
+        norm, act = InTreeRMSNorm(64), InTreeSiluAndMul()
+        rope = RotaryEmbedding(32, 32, 128, 10000.0, True, torch.float32)
+        assert isinstance(norm, layers.RMSNormRoute)
+        assert isinstance(act, layers.SiluAndMulRoute)
+        assert isinstance(rope, layers.RotaryEmbeddingRoute)
+        x = torch.randn(3, 64)
+        _assert_close(norm(x), norm.forward_native(x), "rms_norm")
+        _assert_close(act(x), act.forward_native(x), "silu_and_mul")
+        positions = torch.tensor([0, 5, 77])
+        q, k = torch.randn(3, 4 * 32), torch.randn(3, 2 * 32)
+        got = rope(positions, q.clone(), k.clone())
+        want = rope.forward_native(positions, q.clone(), k.clone())
+        for a, b in zip(got, want, strict=True):
+            _assert_close(a, b, "rotary_embedding")
+        assert not rope.ir_provider(positions, q, k).startswith("vllm")
+        q16 = q.bfloat16()
+        assert rope.ir_provider(positions, q16, k.bfloat16()).startswith(
+            "vllm (rotary_embedding: query is torch.bfloat16"
+        )
+    assert marker.calls["vllm_rms_norm"] == marker.calls["silu_and_mul"] == 1
+
+
 # -- vLLM 0.34: hw_agnostic.resolve() and its subclass check ---------------------
 
 
