@@ -58,16 +58,13 @@ def test_dispatch_selects_vllm_c_on_cuda() -> None:
         assert RMS.selected_impl(x.double(), None, 1e-6).provider == "native"
 
 
+_NORM_OPS = ("rms_norm", "fused_add_rms_norm", "vllm_rms_norm", "vllm_fused_add_rms_norm")
 _KIT = [
     (op, check, dtype)
-    for op in ("rms_norm", "fused_add_rms_norm")
+    for op in _NORM_OPS
     for check in ("correctness", "supports_args", "mutation", "opcheck")
     for dtype in ops.DTYPES
-] + [
-    (op, "compiled", dtype)
-    for op in ("rms_norm", "fused_add_rms_norm")
-    for dtype in (torch.float32, torch.bfloat16)
-]
+] + [(op, "compiled", dtype) for op in _NORM_OPS for dtype in (torch.float32, torch.bfloat16)]
 
 
 @pytest.mark.parametrize(
@@ -118,6 +115,10 @@ def test_kernels_match_native(rows: int, hidden: int, dtype: torch.dtype) -> Non
         got = layernorm.fused_add_rms_norm(x.clone(), r.clone(), weight, 1e-6)
         _close(got, want, dtype)
         assert torch.equal(got[1], x + r)  # the stored sum is rounded exactly like torch's
+        want = ir.ops.vllm_fused_add_rms_norm.native(x, r, weight, 1e-6)
+        got = layernorm.vllm_fused_add_rms_norm(x.clone(), r.clone(), weight, 1e-6)
+        _close(got, want, dtype)  # every launch path: cached fp32 sums, or recomputed
+        assert torch.equal(got[1], x + r)
 
 
 def _misaligned(t: torch.Tensor) -> torch.Tensor:
