@@ -74,9 +74,10 @@ def test_provider_spec() -> None:
     assert defaults.platform == "cuda"
     assert defaults.rank == 100
     core = {op.name for op in ir.ops.__dict__.values() if isinstance(op, ir.IrOp)}
-    # every core op, gelu_and_mul and rotary_embedding included, has a vllm_c impl
-    assert set(defaults.eager) == set(defaults.compiled) == core
-    assert len(core) == 11
+    # every core op, gelu_and_mul and rotary_embedding included, has a vllm_c impl, but
+    # rotary_embedding_fp32 (the rounding of vLLM's CPU RoPE kernel: no CUDA kernel yet)
+    assert set(defaults.eager) == set(defaults.compiled) == core - {"rotary_embedding_fp32"}
+    assert len(core) == 12
     assert all(v == ["vllm_c"] for v in defaults.eager.values())
     assert all(v == ["native"] for v in defaults.compiled.values())
 

@@ -299,10 +299,18 @@ def test_in_tree_layers_run_through_vllm_ir(marker: Marker) -> None:
         for a, b in zip(got, want, strict=True):
             _assert_close(a, b, "rotary_embedding")
         assert not rope.ir_provider(positions, q, k).startswith("vllm")
-        q16 = q.bfloat16()
-        assert rope.ir_provider(positions, q16, k.bfloat16()).startswith(
-            "vllm (rotary_embedding: query is torch.bfloat16"
-        )
+        # bf16 on CPU: rotary_embedding_fp32, what vLLM's CPU kernel computes
+        rope16 = RotaryEmbedding(32, 32, 128, 10000.0, True, torch.bfloat16)
+        q16, k16 = q.bfloat16(), k.bfloat16()
+        assert not rope16.ir_provider(positions, q16, k16).startswith("vllm")
+        got16 = rope16(positions, q16.clone(), k16.clone())
+        cos, sin = rope16.cos_sin_cache[positions].chunk(2, dim=-1)
+        for out, x in zip(got16, (q16, k16), strict=True):
+            xs = x.view(3, -1, 32).float()
+            c, s = cos.float().unsqueeze(1), sin.float().unsqueeze(1)
+            x1, x2 = xs[..., :16], xs[..., 16:]
+            want = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).bfloat16()
+            assert torch.equal(out.view(3, -1, 32), want)  # fp32, rounded once
     assert marker.calls["vllm_rms_norm"] == marker.calls["silu_and_mul"] == 1
 
 

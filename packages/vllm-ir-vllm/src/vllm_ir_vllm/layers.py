@@ -144,41 +144,43 @@ class SiluAndMulRoute(_Routed):
 
 
 class RotaryEmbeddingRoute(_Routed):
-    """vLLM's ``RotaryEmbedding``: ``rotary_embedding`` on the cos/sin its cache holds.
+    """vLLM's ``RotaryEmbedding``: RoPE on the cos/sin its cache holds, with vLLM's rounding.
 
-    The op computes vLLM's ``forward_native`` (``x1 * cos - x2 * sin``, each
-    product rounded to the query's dtype). vLLM's platform kernels for the layer
-    (``forward_cpu``, ``forward_cuda``), which vLLM runs when the op is enabled,
-    round otherwise in 16-bit dtypes, and greedy tokens change: so only fp32
-    calls run the op; the others, and a call without ``key``, run what vLLM
-    would run, with the reason logged once. Out of place: vLLM's callers use the
-    returned tensors.
+    With the op enabled vLLM runs its platform kernel. For fp32 queries that is
+    ``rotary_embedding`` (vLLM's ``forward_native`` numerics). In bf16 and fp16,
+    vLLM's CPU kernel computes in fp32 and rounds once: ``rotary_embedding_fp32``.
+    A 16-bit call on another device (whose kernel's rounding no vllm-ir op
+    declares) and a call without ``key`` run what vLLM would run, with the
+    reason logged once. Out of place: vLLM's callers use the returned tensors.
     """
 
     head_size: int
     is_neox_style: bool
 
     @staticmethod
-    def _mismatch(query: torch.Tensor, key: torch.Tensor | None) -> str | None:
+    def _op(query: torch.Tensor, key: torch.Tensor | None) -> tuple[ir.IrOp | None, str]:
+        """The op with the numerics vLLM's own forward has here, or None and why not."""
         if key is None:
-            return "rotary_embedding: a call without key"
-        if query.dtype != torch.float32:
-            return (
-                f"rotary_embedding: query is {query.dtype}; vLLM's kernels for this layer round "
-                "otherwise than the op (each product rounded to the dtype) there"
-            )
-        return None
+            return None, "rotary_embedding: a call without key"
+        if query.dtype == torch.float32:
+            return ir.ops.rotary_embedding, ""
+        if query.device.type == "cpu":
+            return ir.ops.rotary_embedding_fp32, ""
+        return None, (
+            f"rotary_embedding: query is {query.dtype} on {query.device.type}; no vllm-ir op "
+            "declares the rounding of vLLM's kernel for this layer there"
+        )
 
     def forward_oot(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        reason = self._mismatch(query, key)
-        if reason is not None:
+        op, reason = self._op(query, key)
+        if op is None:
             _decline(reason)
             return self._vllm_forward(positions, query, key)  # type: ignore[no-any-return]
         assert key is not None
         q, k, cos, sin = self._arguments(positions, query, key)
-        q, k = ir.ops.rotary_embedding(q, k, cos, sin, self.is_neox_style)
+        q, k = op(q, k, cos, sin, self.is_neox_style)
         return q.reshape(query.shape), k.reshape(key.shape)
 
     def _arguments(
@@ -215,12 +217,12 @@ class RotaryEmbeddingRoute(_Routed):
         """Which kernel a call with these arguments runs: a provider, or vLLM's native."""
         if not self.routes_to_ir():
             return "vllm native (custom op rotary_embedding disabled)"
-        reason = self._mismatch(query, key)
-        if reason is not None:
+        op, reason = self._op(query, key)
+        if op is None:
             return f"vllm ({reason})"
         assert key is not None
         q, k, cos, sin = self._arguments(positions, query, key)
-        return ir.ops.rotary_embedding.selected_impl(q, k, cos, sin, self.is_neox_style).provider
+        return op.selected_impl(q, k, cos, sin, self.is_neox_style).provider
 
     def ir_example(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         device = self.cos_sin_cache.device  # type: ignore[attr-defined]

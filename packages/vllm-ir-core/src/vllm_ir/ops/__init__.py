@@ -20,7 +20,7 @@ from vllm_ir.ops.quant import (
     rms_norm_static_fp8_quant,
     static_scaled_fp8_quant,
 )
-from vllm_ir.ops.rotary import rotary_embedding
+from vllm_ir.ops.rotary import rotary_embedding, rotary_embedding_fp32
 
 __all__ = [
     "dynamic_per_token_fp8_quant",
@@ -30,6 +30,7 @@ __all__ = [
     "rms_norm",
     "rms_norm_static_fp8_quant",
     "rotary_embedding",
+    "rotary_embedding_fp32",
     "silu_and_mul",
     "static_scaled_fp8_quant",
     "vllm_fused_add_rms_norm",

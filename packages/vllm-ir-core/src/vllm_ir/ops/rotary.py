@@ -33,7 +33,7 @@ from torch import Tensor
 from vllm_ir._op.op import register_op
 from vllm_ir._schema.samples import SampleInput
 
-__all__ = ["cos_sin_from_cache", "rotary_embedding"]
+__all__ = ["cos_sin_from_cache", "rotary_embedding", "rotary_embedding_fp32"]
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, is_neox: bool) -> Tensor:
@@ -64,6 +64,21 @@ def rotary_embedding(
     cos = cos.unsqueeze(-2)  # broadcast over the heads
     sin = sin.unsqueeze(-2)
     return _rotate(query, cos, sin, is_neox), _rotate(key, cos, sin, is_neox)
+
+
+@register_op(activations=["query", "key"], allow_inplace=True, feature_dims=2)
+def rotary_embedding_fp32(
+    query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
+) -> tuple[Tensor, Tensor]:
+    """RoPE computed in fp32 and rounded once to each input's dtype: ``rotary_embedding``'s
+    arguments, the rounding of vLLM's CPU kernel for its RoPE layer.
+
+    For fp32 inputs it equals ``rotary_embedding``; in bf16 and fp16 each output
+    element is one rounding of ``x * cos + rotate(x) * sin`` computed in fp32, where
+    ``rotary_embedding`` rounds each product and the sum.
+    """
+    q, k = rotary_embedding.native(query.float(), key.float(), cos.float(), sin.float(), is_neox)
+    return q.to(query.dtype), k.to(key.dtype)
 
 
 def cos_sin_from_cache(
@@ -130,3 +145,10 @@ def _rotary_embedding_inputs(dtype: torch.dtype, device: torch.device) -> Iterat
     yield SampleInput(
         (rand(3, 2, 22), rand(3, 1, 22), *tables((3,), 18, False), False), "3x2x22-rot18-gptj"
     )
+
+
+@rotary_embedding_fp32.register_input_generator
+def _rotary_embedding_fp32_inputs(
+    dtype: torch.dtype, device: torch.device
+) -> Iterator[SampleInput]:
+    yield from _rotary_embedding_inputs(dtype, device)

@@ -18,7 +18,13 @@ from vllm_ir.provider import API_VERSION, ProviderSpec
 __all__ = ["CALLS", "OPS", "PROVIDER", "provider"]
 
 PROVIDER = "marker"
-OPS = ("vllm_rms_norm", "vllm_fused_add_rms_norm", "silu_and_mul", "rotary_embedding")
+OPS = (
+    "vllm_rms_norm",
+    "vllm_fused_add_rms_norm",
+    "silu_and_mul",
+    "rotary_embedding",
+    "rotary_embedding_fp32",
+)
 """The ops the vLLM plugin's layers call."""
 
 CALLS: Counter[str] = Counter()
