@@ -1,4 +1,4 @@
-"""vLLM's norm and activation layers, run through vllm-ir ops (imports vLLM).
+"""vLLM's norm, activation and RoPE layers, run through vllm-ir ops (imports vLLM).
 
 vLLM builds a layer through ``CustomOp.__new__``, which looks the class name up
 in its out-of-tree registry (``op_registry_oot``). For each layer of
@@ -16,7 +16,9 @@ from the layer it replaces.
 ``RMSNorm`` runs ``vllm_rms_norm`` and ``vllm_fused_add_rms_norm``, the ops with
 vLLM's numerics (the weight multiplied in its own dtype, the fp32 sum
 normalized), so tokens do not change; ``SiluAndMul`` runs ``silu_and_mul`` (the
-same expression in both).
+same expression in both); ``RotaryEmbedding`` and its cache-only subclasses run
+``rotary_embedding`` or ``rotary_embedding_fp32``, whichever rounds as vLLM's
+kernel does (:class:`RotaryEmbeddingRoute`).
 
 vLLM calls ``forward_oot`` only on out-of-tree *platforms*; these classes run it
 on every platform whenever vLLM enables the op (``custom_ops``: ``all``, the
