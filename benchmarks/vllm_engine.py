@@ -1,26 +1,41 @@
 """vLLM's CPU engine with the vllm-ir plugin off and on: output tokens per second.
 
-Settings, each in its own process (a fresh engine: vLLM builds a model's layers
-once), alternating round by round so that other load hits every setting alike:
+Settings, compared side by side in each process:
 
-* ``off``: vLLM alone (``VLLM_PLUGINS=``);
+* ``off``: vLLM alone (an engine built while the plugin is unregistered);
 * ``native``: the plugin, every op it calls with ``native`` first;
 * ``cpu_c``: the plugin, ``cpu_c`` first (the CPU platform's eager default).
 
-Per process: a tiny Llama-shaped model of random weights (made once, ``--hidden``,
-``--layers``), ``vllm.LLM`` in eager mode, one untimed ``generate``, then
-``--repeats`` timed ones of ``--prompts`` prompts x ``--tokens`` new tokens
-(greedy); the median output tokens/s. Reported per dtype: each setting's median
-over rounds and its ratio to ``off``. Needs the ``vllm_engine`` session's
-environment (vLLM's CPU engine, the project's wheels); without vLLM it says so
-and exits 0, writing nothing (``nox -s bench`` runs every script).
+Each process (``--processes``, fresh engines each) builds a tiny Llama-shaped
+model's engine twice, with the plugin and without it (which first alternates
+from process to process: on this machine the engine built second ran its
+matmuls 5-7 % faster, whichever it was), and then runs
+``--rounds`` rounds: one timed ``generate`` of ``--prompts`` prompts x
+``--tokens`` new tokens (greedy, eager mode) per setting, in an order that
+alternates round by round, so that load on the machine hits every setting
+alike. ``native`` and ``cpu_c`` share the plugin's engine: only the op
+priorities differ (``IrOp.set_priority`` around the call). Reported per dtype:
 
-    python benchmarks/vllm_engine.py [--rounds 2] [--out benchmarks/results/vllm_engine.json]
+* ``tokens_per_s``: each setting's median over all rounds, its ratio to
+  ``off``'s median, and the median of the per-round ratios (``paired``: the
+  same round's ``off`` divides; steadier on a shared machine);
+* ``layers``: per replaced layer class, its calls and milliseconds per
+  ``generate`` and microseconds per call, from one extra ``generate`` per
+  setting with forward hooks on those layers only (the hooks' own cost is in
+  every setting alike).
+
+Needs the ``vllm_engine`` session's environment (vLLM's CPU engine, the
+project's wheels); without vLLM it says so and exits 0, writing nothing
+(``nox -s bench`` runs every script).
+
+    python benchmarks/vllm_engine.py [--processes 4] [--rounds 6] \\
+        [--out benchmarks/results/vllm_engine.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -30,15 +45,26 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-OPS = ("vllm_rms_norm", "vllm_fused_add_rms_norm", "silu_and_mul", "rotary_embedding")
-SETTINGS: dict[str, dict[str, str]] = {
-    "off": {"VLLM_PLUGINS": ""},
-    "native": {f"VLLM_IR_PRIORITY_{op.upper()}": "native" for op in OPS},
-    "cpu_c": {f"VLLM_IR_PRIORITY_{op.upper()}": "cpu_c,native" for op in OPS},
+OPS = (
+    "vllm_rms_norm",
+    "vllm_fused_add_rms_norm",
+    "silu_and_mul",
+    "rotary_embedding",
+    "rotary_embedding_fp32",
+)
+SETTINGS: dict[str, list[str] | None] = {
+    "off": None,
+    "native": ["native"],
+    "cpu_c": ["cpu_c", "native"],
 }
+"""Setting -> the priority of every op the plugin calls (None: the plugin's off)."""
+LAYERS = ("RMSNorm", "SiluAndMul", "RotaryEmbedding")
+"""The layer classes timed (vLLM's, or the plugin's ``Ir``-prefixed replacements)."""
 
 
 def make_model(path: Path, hidden: int, layers: int) -> None:
@@ -58,95 +84,143 @@ def make_model(path: Path, hidden: int, layers: int) -> None:
     transformers.LlamaForCausalLM(config).save_pretrained(path)
 
 
-def measure(model: str, dtype: str, prompts: int, tokens: int, repeats: int) -> float:
-    """Output tokens/s of this process's engine: the median of ``repeats`` generates."""
+@contextlib.contextmanager
+def _priority(names: list[str] | None) -> Iterator[None]:
+    import vllm_ir as ir
+
+    with contextlib.ExitStack() as stack:
+        for op in OPS if names else ():
+            stack.enter_context(getattr(ir.ops, op).set_priority(names))
+        yield
+
+
+def _hook_layers(model: Any, times: dict[str, list[float]]) -> list[Any]:
+    """Forward hooks timing every layer of ``LAYERS``; returns their handles."""
+    handles: list[Any] = []
+    for module in model.modules():
+        name = type(module).__name__.removeprefix("Ir")
+        if name not in LAYERS:
+            continue
+        started: list[float] = []
+
+        def pre(mod: Any, args: Any, started: list[float] = started) -> None:
+            started.append(time.perf_counter())
+
+        def post(
+            mod: Any, args: Any, out: Any, started: list[float] = started, name: str = name
+        ) -> None:
+            times[name].append(time.perf_counter() - started.pop())
+
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    return handles
+
+
+def measure(model: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One process: both engines, ``args.rounds`` alternating rounds, one hooked round."""
+    import vllm_ir_vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.plugins import load_general_plugins
 
-    llm = LLM(
-        model,
-        dtype=dtype,
-        enforce_eager=True,
-        skip_tokenizer_init=True,
-        seed=0,
-        max_model_len=256,
-        max_num_seqs=prompts,
-    )
+    def engine() -> Any:
+        return LLM(
+            model,
+            dtype=dtype,
+            enforce_eager=True,
+            skip_tokenizer_init=True,
+            seed=0,
+            max_model_len=256,
+            max_num_seqs=args.prompts,
+        )
+
+    load_general_plugins()  # the plugin registers (its vllm.general_plugins entry point)
+    if args.off_first:
+        vllm_ir_vllm.unregister()
+        off = engine()
+        vllm_ir_vllm.register()
+        on = engine()
+    else:
+        on = engine()
+        vllm_ir_vllm.unregister()
+        off = engine()
+    engines = {name: off if names is None else on for name, names in SETTINGS.items()}
     batch = [
         TokensPrompt(prompt_token_ids=[(7 * i + j) % 2000 + 1 for j in range(16)])
-        for i in range(prompts)
+        for i in range(args.prompts)
     ]
-    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, detokenize=False)
-    llm.generate(batch, params, use_tqdm=False)
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        outputs = llm.generate(batch, params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
-        rates.append(sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed)
-    return statistics.median(rates)
+    params = SamplingParams(
+        max_tokens=args.tokens, temperature=0.0, ignore_eos=True, detokenize=False
+    )
+
+    def generate(name: str) -> float:
+        with _priority(SETTINGS[name]):
+            start = time.perf_counter()
+            outputs = engines[name].generate(batch, params, use_tqdm=False)
+            elapsed = time.perf_counter() - start
+        return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+
+    for name in SETTINGS:  # warm-up: first calls build kernels, select, fill caches
+        generate(name)
+    rates: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    for r in range(args.rounds):
+        order = list(SETTINGS) if r % 2 == 0 else list(SETTINGS)[::-1]
+        for name in order:
+            rates[name].append(generate(name))
+    layers: dict[str, dict[str, list[float]]] = {}
+    for name in SETTINGS:
+        times: dict[str, list[float]] = defaultdict(list)
+        handles = engines[name].apply_model(lambda m, times=times: _hook_layers(m, times))[0]
+        generate(name)
+        for h in handles:
+            h.remove()
+        layers[name] = dict(times)
+    return {"rates": rates, "layers": layers}
+
+
+def _layer_table(samples: list[dict[str, list[float]]]) -> dict[str, Any]:
+    """Per layer class: calls and ms per generate, µs per call (medians over processes)."""
+    table = {}
+    for name in LAYERS:
+        per_process = [s[name] for s in samples if name in s]
+        if not per_process:
+            continue
+        ms = statistics.median(sum(t) * 1e3 for t in per_process)
+        calls = statistics.median(len(t) for t in per_process)
+        table[name] = {
+            "calls": calls,
+            "ms_per_generate": ms,
+            "us_per_call": ms * 1e3 / calls,
+        }
+    return table
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "DTYPE"), help=argparse.SUPPRESS)
+    parser.add_argument("--off-first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if importlib.util.find_spec("vllm") is None:
         print("vllm_engine: vLLM is not installed (nox -s vllm_engine's venv has it): skipped")
         return 0
-    if args.one:  # a child: one engine, one number
-        rate = measure(args.one[0], args.one[1], args.prompts, args.tokens, args.repeats)
-        print(f"TOKENS-PER-S {rate}")
+    if args.one:  # a child: one process's engines and rounds
+        print("RESULT " + json.dumps(measure(args.one[0], args.one[1], args)))
         return 0
     env = {
         **os.environ,
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine runs in the child's own thread
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
     env = {k: v for k, v in env.items() if not k.startswith("VLLM_IR_PRIORITY")}
-    with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp) / "model"
-        make_model(model, args.hidden, args.layers)
-        samples: dict[str, dict[str, list[float]]] = {}
-        for dtype in args.dtypes.split(","):
-            samples[dtype] = {name: [] for name in SETTINGS}
-            for r in range(args.rounds):
-                order = list(SETTINGS) if r % 2 == 0 else list(SETTINGS)[::-1]
-                for name in order:
-                    child = [
-                        sys.executable,
-                        __file__,
-                        "--one",
-                        str(model),
-                        dtype,
-                        "--prompts",
-                        str(args.prompts),
-                        "--tokens",
-                        str(args.tokens),
-                        "--repeats",
-                        str(args.repeats),
-                    ]
-                    done = subprocess.run(
-                        child,
-                        env={**env, **SETTINGS[name]},
-                        capture_output=True,
-                        text=True,
-                        check=False,
-                    )
-                    rate = [ln for ln in done.stdout.splitlines() if ln.startswith("TOKENS-PER-S")]
-                    if done.returncode != 0 or not rate:
-                        sys.exit(f"{name} {dtype}: {done.stderr[-2000:]}")
-                    samples[dtype][name].append(float(rate[0].split()[1]))
-                    print(dtype, name, samples[dtype][name][-1], flush=True)
+    env.pop("VLLM_PLUGINS", None)
     report: dict[str, Any] = {
         "benchmark": "vllm_engine",
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
@@ -156,20 +230,46 @@ def main() -> int:
             "prompts": args.prompts,
             "new_tokens": args.tokens,
         },
-        "rounds": args.rounds,
+        "processes": args.processes,
+        "rounds_per_process": args.rounds,
         "tokens_per_s": {},
+        "layers": {},
     }
-    for dtype, by_setting in samples.items():
-        off = statistics.median(by_setting["off"])
-        report["tokens_per_s"][dtype] = {
-            name: {
-                "median": statistics.median(v),
-                "samples": v,
-                "vs_off": statistics.median(v) / off,
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "model"
+        make_model(model, args.hidden, args.layers)
+        for dtype in args.dtypes.split(","):
+            results = []
+            for p in range(args.processes):
+                child = [sys.executable, __file__, "--one", str(model), dtype]
+                child += ["--off-first"] if p % 2 else []
+                for flag in ("prompts", "tokens", "rounds"):
+                    child += [f"--{flag}", str(getattr(args, flag))]
+                done = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
+                line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+                if done.returncode != 0 or not line:
+                    sys.exit(f"{dtype}: {done.stderr[-2000:]}")
+                results.append(json.loads(line[0].removeprefix("RESULT ")))
+                print(
+                    dtype, {k: round(statistics.median(v)) for k, v in results[-1]["rates"].items()}
+                )
+            rates = {name: [x for r in results for x in r["rates"][name]] for name in SETTINGS}
+            off = statistics.median(rates["off"])
+            report["tokens_per_s"][dtype] = {
+                name: {
+                    "median": statistics.median(v),
+                    "vs_off": statistics.median(v) / off,
+                    "paired_vs_off": statistics.median(
+                        a / b for a, b in zip(v, rates["off"], strict=True)
+                    ),
+                    "samples": v,
+                }
+                for name, v in rates.items()
             }
-            for name, v in by_setting.items()
-        }
-    print(json.dumps(report["tokens_per_s"], indent=1))
+            report["layers"][dtype] = {
+                name: _layer_table([r["layers"][name] for r in results]) for name in SETTINGS
+            }
+    print(json.dumps({k: report[k] for k in ("tokens_per_s", "layers")}, indent=1))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0

@@ -1,4 +1,4 @@
-"""gelu_and_mul and rotary_embedding on cpu_c: conformance, exactness, the in-place contract."""
+"""gelu_and_mul and both RoPE ops on cpu_c: conformance, exactness, the in-place contract."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ pytestmark = on_cpu_platform
 
 GELU = ir.ops.gelu_and_mul
 ROPE = ir.ops.rotary_embedding
-OPS = [GELU, ROPE]
+ROPE_FP32 = ir.ops.rotary_embedding_fp32
+OPS = [GELU, ROPE, ROPE_FP32]
 KERNELS = kernel_ops()
 
 
@@ -34,12 +35,14 @@ def _results(op: ir.IrOp, sample: ir.SampleInput) -> dict[str, object]:
     return got
 
 
+@pytest.mark.parametrize("op", [ROPE, ROPE_FP32], ids=lambda op: op.name)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_rotary_is_bit_exact_in_every_dtype(kernels: Path, dtype: torch.dtype) -> None:
-    # each product and the sum rounded as native's separate kernels round: no FMA
-    for sample in ROPE.sample_inputs(dtype):
-        want = ROPE.native(*sample.clone().args)
-        for how, got in _results(ROPE, sample).items():
+def test_rotary_is_bit_exact_in_every_dtype(kernels: Path, op: ir.IrOp, dtype: torch.dtype) -> None:
+    # each product and the sum rounded as native's separate kernels round (for
+    # rotary_embedding_fp32: in fp32, then once to the dtype): no FMA
+    for sample in op.sample_inputs(dtype):
+        want = op.native(*sample.clone().args)
+        for how, got in _results(op, sample).items():
             for g, w in zip(got, want, strict=True):  # type: ignore[call-overload]
                 assert torch.equal(g, w), f"{sample.name} {how}"
 
@@ -98,7 +101,7 @@ def test_opcheck_kernels(kernels: Path, dtype: torch.dtype) -> None:
     for sample in GELU.sample_inputs(dtype):
         torch.library.opcheck(KERNELS["gelu_and_mul"], sample.clone().args)
     for sample in ROPE.sample_inputs(dtype):
-        for name in ("rotary_embedding", "rotary_embedding_functional"):
+        for name in ("rotary_embedding", "rotary_embedding_functional", "rotary_embedding_fp32"):
             torch.library.opcheck(KERNELS[name], sample.clone().args)
 
 

@@ -24,6 +24,7 @@ INPLACE = {
     "vllm_fused_add_rms_norm",
     "fused_add_rms_norm_static_fp8_quant",
     "rotary_embedding",
+    "rotary_embedding_fp32",
 }
 COMPILED_FIRST = {"static_scaled_fp8_quant": PROVIDER, "dynamic_per_token_fp8_quant": PROVIDER}
 """Ops whose compiled-mode default is not ``native`` (README "Default priorities")."""

@@ -260,6 +260,22 @@ def test_unregister_restores_vllm(marker: Marker) -> None:
     assert ir.ops.vllm_rms_norm.get_priority()[0] != MARKER
 
 
+def test_register_and_unregister_forget_vllms_shared_ropes(teardown: None) -> None:
+    """vLLM's ``get_rope`` hands later models the RoPE module it cached: after
+    ``register`` or ``unregister`` that cache is emptied, so a model built next
+    gets a RoPE module of the class then registered."""
+    from vllm.model_executor.layers import rotary_embedding
+
+    vllm_ir_vllm.unregister()
+    cached = rotary_embedding._ROPE_DICT
+    cached[("built", "before")] = object()
+    vllm_ir_vllm.register()
+    assert not cached
+    cached[("built", "while registered")] = object()
+    vllm_ir_vllm.unregister()
+    assert not cached
+
+
 def test_compiled_layers_keep_the_selection(marker: Marker) -> None:
     """Dynamo traces ``forward_oot`` whole (no graph break); the IR op is one node that
     runs the prioritized impl (aot_eager: no Inductor codegen)."""

@@ -32,6 +32,7 @@ OPS = (
     "silu_and_mul",
     "gelu_and_mul",
     "rotary_embedding",
+    "rotary_embedding_fp32",
     "static_scaled_fp8_quant",
     "dynamic_per_token_fp8_quant",
     "rms_norm_static_fp8_quant",

@@ -4,7 +4,8 @@ Ops: ``rms_norm``, ``fused_add_rms_norm`` (in place), their vLLM numerics
 ``vllm_rms_norm`` (the ``rms_norm`` kernel: equal for a weight of ``x``'s
 dtype, the only weight the norms accept) and ``vllm_fused_add_rms_norm`` (in
 place), ``silu_and_mul``,
-``gelu_and_mul``, ``rotary_embedding`` (in place: into ``query`` and ``key``),
+``gelu_and_mul``, ``rotary_embedding`` and ``rotary_embedding_fp32`` (in place:
+into ``query`` and ``key``),
 ``static_scaled_fp8_quant``, ``dynamic_per_token_fp8_quant``,
 ``rms_norm_static_fp8_quant`` and ``fused_add_rms_norm_static_fp8_quant``
 (in place: the new residual goes into ``x_residual``; the FP8 output is new).
@@ -38,12 +39,13 @@ provider (``native`` at the latest):
   kernel keeps its own check);
 * for ``gelu_and_mul``: an ``approximate`` other than ``"none"`` and
   ``"tanh"`` (native raises on it); an odd last dimension as for ``silu_and_mul``;
-* for ``rotary_embedding``: tensors of different dtypes (native promotes),
-  a ``query`` or ``key`` of rank below 2, or ``cos``/``sin`` of rank 0, of
-  different ranks, or of more dims than ``query[..., 0]`` (native would
-  broadcast the output over them). An odd or too large ``rotary_dim``
-  (``cos.size(-1)``) is an error in the kernel, as it is in native but for
-  an odd one in neox style, which native computes and no model uses;
+* for ``rotary_embedding`` and ``rotary_embedding_fp32``: tensors of
+  different dtypes (native promotes), a ``query`` or ``key`` of rank below 2,
+  or ``cos``/``sin`` of rank 0, of different ranks, or of more dims than
+  ``query[..., 0]`` (native would broadcast the output over them). An odd
+  or too large ``rotary_dim`` (``cos.size(-1)``) is an error in the kernel,
+  as it is in native but for an odd one in neox style, which native computes
+  and no model uses;
 * any call, when this machine has no C++ compiler or ninja and the library
   is not loaded yet (logged once).
 """
@@ -72,6 +74,7 @@ __all__ = [
     "rms_norm",
     "rms_norm_static_fp8_quant",
     "rotary_embedding",
+    "rotary_embedding_fp32",
     "silu_and_mul",
     "static_scaled_fp8_quant",
     "vllm_fused_add_rms_norm",
@@ -92,6 +95,7 @@ _vllm_fused_add_rms_norm_kernel = _OPS["vllm_fused_add_rms_norm"]
 _silu_and_mul_kernel = _OPS["silu_and_mul"]
 _gelu_and_mul_kernel = _OPS["gelu_and_mul"]
 _rotary_kernel = _OPS["rotary_embedding"]
+_rotary_fp32_kernel = _OPS["rotary_embedding_fp32"]
 _static_quant_kernel = _OPS["static_scaled_fp8_quant"]
 _dynamic_quant_kernel = _OPS["dynamic_per_token_fp8_quant"]
 _rms_norm_quant_kernel = _OPS["rms_norm_static_fp8_quant"]
@@ -161,6 +165,16 @@ def rotary_embedding(
     if not _built:
         _ensure_built()
     _rotary_kernel(query, key, cos, sin, is_neox)
+    return query, key
+
+
+def rotary_embedding_fp32(
+    query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
+) -> tuple[Tensor, Tensor]:
+    # In place, as rotary_embedding; each output rounded once from fp32.
+    if not _built:
+        _ensure_built()
+    _rotary_fp32_kernel(query, key, cos, sin, is_neox)
     return query, key
 
 
@@ -322,6 +336,7 @@ def register_impls() -> None:
             False,
         ),
         (ir.ops.rotary_embedding, rotary_embedding, _rotary_supported, True),
+        (ir.ops.rotary_embedding_fp32, rotary_embedding_fp32, _rotary_supported, True),
         (
             ir.ops.fused_add_rms_norm_static_fp8_quant,
             fused_add_rms_norm_static_fp8_quant,

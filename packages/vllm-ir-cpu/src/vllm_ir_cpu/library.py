@@ -30,6 +30,8 @@ Ops (``Tensor(a!)``: written in place):
   bool is_neox) -> ()``: RoPE of ``query`` and ``key`` in place;
   ``rotary_embedding_functional(...) -> (Tensor, Tensor)``: the same into new
   contiguous tensors.
+* ``rotary_embedding_fp32(...)``: ``rotary_embedding``'s arguments, in place;
+  each output computed in fp32 and rounded to the dtype once.
 * ``static_scaled_fp8_quant(Tensor x, Tensor scale) -> Tensor``: FP8
   (``float8_e4m3fn``) of ``x / scale``.
 * ``dynamic_per_token_fp8_quant(Tensor x, Tensor? scale_ub) -> (Tensor, Tensor)``:
@@ -71,6 +73,9 @@ SCHEMAS: dict[str, str] = {
     ),
     "rotary_embedding_functional": (
         "(Tensor query, Tensor key, Tensor cos, Tensor sin, bool is_neox) -> (Tensor, Tensor)"
+    ),
+    "rotary_embedding_fp32": (
+        "(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, bool is_neox) -> ()"
     ),
     "static_scaled_fp8_quant": "(Tensor x, Tensor scale) -> Tensor",
     "dynamic_per_token_fp8_quant": "(Tensor x, Tensor? scale_ub) -> (Tensor, Tensor)",
@@ -154,6 +159,7 @@ _FAKES: dict[str, Callable[..., Any]] = {
     "gelu_and_mul": _fake_gelu_and_mul,
     "rotary_embedding": _fake_rotary_embedding,
     "rotary_embedding_functional": _fake_rotary_embedding_functional,
+    "rotary_embedding_fp32": _fake_rotary_embedding,
     "static_scaled_fp8_quant": _fake_static_scaled_fp8_quant,
     "dynamic_per_token_fp8_quant": _fake_dynamic_per_token_fp8_quant,
     "rms_norm_static_fp8_quant": _fake_rms_norm_static_fp8_quant,

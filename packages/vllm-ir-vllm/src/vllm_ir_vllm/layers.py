@@ -192,26 +192,27 @@ class RotaryEmbeddingRoute(_Routed):
         positions = positions.flatten()
         if torch.compiler.is_compiling():  # Inductor fuses the gather and the halves
             cos, sin = cos_sin_from_cache(cache, positions, self.is_neox_style)
-        else:
-            cos_table, sin_table = self._tables(cache)
-            cos, sin = cos_table[positions], sin_table[positions]
+        else:  # one gather of both tables, (tokens, 2, rotary_dim); cos and sin are views
+            cos, sin = self._table(cache).index_select(0, positions).unbind(1)
         tokens = positions.shape[0]
         q = query.view(tokens, -1, self.head_size)
         return q, key.view(tokens, -1, self.head_size), cos, sin
 
-    _ir_tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    _ir_table: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def _tables(self, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cache``'s cos and sin at every position, halves laid out as the op takes them.
+    def _table(self, cache: torch.Tensor) -> torch.Tensor:
+        """``cache``'s cos and sin at every position, ``(positions, 2, rotary_dim)``:
+        halves laid out as the op takes them.
 
         Built once per cache tensor (twice the cache's memory): gathering rows of
-        two tables is one call each, where splitting and duplicating the gathered
-        cache on every call cost 3 to 5 times vLLM's own kernel at decode sizes.
+        one table is one call, where splitting and duplicating the gathered cache
+        on every call cost 3 to 5 times vLLM's own kernel at decode sizes.
         """
-        if self._ir_tables is None or self._ir_tables[0] is not cache:
+        if self._ir_table is None or self._ir_table[0] is not cache:
             every = torch.arange(cache.shape[0], device=cache.device)
-            self._ir_tables = (cache, *cos_sin_from_cache(cache, every, self.is_neox_style))
-        return self._ir_tables[1], self._ir_tables[2]
+            cos, sin = cos_sin_from_cache(cache, every, self.is_neox_style)
+            self._ir_table = (cache, torch.stack((cos, sin), dim=1))
+        return self._ir_table[1]
 
     def ir_provider(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None
@@ -367,6 +368,7 @@ def register_layers() -> list[str]:
         if "name" in vars(cls):
             delattr(cls, "name")
         done.append(vllm_name)
+    _forget_shared_ropes(done)
     if done:
         for name, reason in LEFT_ALONE.items():
             logger.info("vllm-ir leaves vLLM's %s to vLLM: %s", name, reason)
@@ -382,4 +384,24 @@ def unregister_layers() -> list[str]:
         if registry.get(name) is cls:
             del registry[name]
             removed.append(vllm_name)
+    _forget_shared_ropes(removed)
     return removed
+
+
+def _forget_shared_ropes(changed: list[str]) -> None:
+    """Empty vLLM's cache of built RoPE modules when their class changed.
+
+    ``get_rope`` hands every model built later the module it cached for the same
+    arguments: without this, a model built after ``register`` (or ``unregister``)
+    would share a RoPE module of the class before it. Models built already keep
+    theirs.
+    """
+    if not any(".rotary_embedding." in name for name in changed):
+        return
+    try:
+        from vllm.model_executor.layers import rotary_embedding
+    except ImportError:
+        return
+    cache = getattr(rotary_embedding, "_ROPE_DICT", None)
+    if isinstance(cache, dict):
+        cache.clear()

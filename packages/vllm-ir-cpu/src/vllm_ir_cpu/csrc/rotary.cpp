@@ -23,6 +23,10 @@
 //
 // rotary_embedding writes query and key in place; rotary_embedding_functional
 // writes new contiguous tensors (the same row code, reading one, writing the other).
+//
+// rotary_embedding_fp32 (in place) is the op of that name in rotary.py: the
+// same rotation with each fp32 product and the fp32 sum kept, rounded to the
+// dtype once (kOnce below); for fp32 tensors it is rotary_embedding.
 
 #include "common.h"
 
@@ -38,17 +42,19 @@ namespace {
 
 constexpr const char* kOp = "rotary_embedding";
 
-// Offsets of every row (all dims but the last) of a tensor, through its strides.
-class RowOffsets {
+// Offsets of every token (all dims but the last two: heads, head_size) of a
+// tensor, through its strides. Computed once per token, not per (token, head)
+// row: the divisions cost more than the rotation at decode sizes.
+class TokenOffsets {
  public:
-  RowOffsets(at::IntArrayRef sizes, at::IntArrayRef strides)
-      : sizes_(sizes.begin(), sizes.end() - 1), strides_(strides.begin(), strides.end() - 1) {}
+  TokenOffsets(at::IntArrayRef sizes, at::IntArrayRef strides)
+      : sizes_(sizes.begin(), sizes.end() - 2), strides_(strides.begin(), strides.end() - 2) {}
 
-  int64_t operator()(int64_t row) const {
+  int64_t operator()(int64_t token) const {
     int64_t offset = 0;
     for (int64_t d = static_cast<int64_t>(sizes_.size()) - 1; d >= 0; --d) {
-      offset += (row % sizes_[d]) * strides_[d];
-      row /= sizes_[d];
+      offset += (token % sizes_[d]) * strides_[d];
+      token /= sizes_[d];
     }
     return offset;
   }
@@ -82,28 +88,34 @@ inline fVec opaque(const fVec& v) {
 #endif
 }
 
-template <typename scalar_t>
+// kOnce: the fp32 value kept (rounded to the dtype once, on the store).
+template <typename scalar_t, bool kOnce = false>
 inline float rounded(float v) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
+  if constexpr (kOnce || std::is_same_v<scalar_t, float>) {
     return opaque(v);
   } else {
     return static_cast<float>(static_cast<scalar_t>(v));
   }
 }
 
-// Two fp32 halves (lo, hi) of a vector of scalar_t: round(round(a * c) -+ round(b * s)).
-template <typename scalar_t>
+// Two fp32 halves (lo, hi) of a vector of scalar_t: round(round(a * c) -+ round(b * s)),
+// or with kOnce the fp32 a * c -+ b * s (the store rounds it once).
+template <typename scalar_t, bool kOnce>
 inline std::tuple<fVec, fVec> rotate_lanes(
     const std::tuple<fVec, fVec>& a, const std::tuple<fVec, fVec>& c,
     const std::tuple<fVec, fVec>& b, const std::tuple<fVec, fVec>& s, bool minus) {
-  auto [ac0, ac1] = round_to<scalar_t>(std::get<0>(a) * std::get<0>(c), std::get<1>(a) * std::get<1>(c));
-  auto [bs0, bs1] = round_to<scalar_t>(std::get<0>(b) * std::get<0>(s), std::get<1>(b) * std::get<1>(s));
+  fVec ac0 = opaque(std::get<0>(a) * std::get<0>(c)), ac1 = opaque(std::get<1>(a) * std::get<1>(c));
+  fVec bs0 = opaque(std::get<0>(b) * std::get<0>(s)), bs1 = opaque(std::get<1>(b) * std::get<1>(s));
+  if constexpr (!kOnce) {
+    std::tie(ac0, ac1) = round_to<scalar_t>(ac0, ac1);
+    std::tie(bs0, bs1) = round_to<scalar_t>(bs0, bs1);
+  }
   if (minus) return {ac0 - bs0, ac1 - bs1};
   return {ac0 + bs0, ac1 + bs1};
 }
 
 // out[0:rot] <- neox rotation of x[0:rot]; x and out may be the same row.
-template <typename scalar_t>
+template <typename scalar_t, bool kOnce>
 inline void neox_row(
     scalar_t* out, const scalar_t* x, const scalar_t* cos, const scalar_t* sin, int64_t half) {
   int64_t i = 0;
@@ -127,18 +139,18 @@ inline void neox_row(
       const auto s1 = at::vec::convert_to_float<scalar_t>(bVec::loadu(sin + i));
       const auto c2 = at::vec::convert_to_float<scalar_t>(bVec::loadu(cos + half + i));
       const auto s2 = at::vec::convert_to_float<scalar_t>(bVec::loadu(sin + half + i));
-      auto [o1a, o1b] = rotate_lanes<scalar_t>(x1, c1, x2, s1, true);
-      auto [o2a, o2b] = rotate_lanes<scalar_t>(x2, c2, x1, s2, false);
+      auto [o1a, o1b] = rotate_lanes<scalar_t, kOnce>(x1, c1, x2, s1, true);
+      auto [o2a, o2b] = rotate_lanes<scalar_t, kOnce>(x2, c2, x1, s2, false);
       at::vec::convert_from_float<scalar_t>(o1a, o1b).store(out + i);
       at::vec::convert_from_float<scalar_t>(o2a, o2b).store(out + half + i);
     }
   }
   for (; i < half; ++i) {
     const float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[half + i]);
-    const float o1 = rounded<scalar_t>(x1 * static_cast<float>(cos[i])) -
-        rounded<scalar_t>(x2 * static_cast<float>(sin[i]));
-    const float o2 = rounded<scalar_t>(x2 * static_cast<float>(cos[half + i])) +
-        rounded<scalar_t>(x1 * static_cast<float>(sin[half + i]));
+    const float o1 = rounded<scalar_t, kOnce>(x1 * static_cast<float>(cos[i])) -
+        rounded<scalar_t, kOnce>(x2 * static_cast<float>(sin[i]));
+    const float o2 = rounded<scalar_t, kOnce>(x2 * static_cast<float>(cos[half + i])) +
+        rounded<scalar_t, kOnce>(x1 * static_cast<float>(sin[half + i]));
     out[i] = static_cast<scalar_t>(o1);
     out[half + i] = static_cast<scalar_t>(o2);
   }
@@ -146,15 +158,15 @@ inline void neox_row(
 
 // out[0:rot] <- gptj (interleaved pairs) rotation of x[0:rot]; a scalar loop
 // the compiler vectorizes as it can (pairs need lane shuffles at::vec lacks).
-template <typename scalar_t>
+template <typename scalar_t, bool kOnce>
 inline void gptj_row(
     scalar_t* out, const scalar_t* x, const scalar_t* cos, const scalar_t* sin, int64_t rot) {
   for (int64_t i = 0; i < rot; i += 2) {
     const float x0 = static_cast<float>(x[i]), x1 = static_cast<float>(x[i + 1]);
-    const float o0 = rounded<scalar_t>(x0 * static_cast<float>(cos[i])) -
-        rounded<scalar_t>(x1 * static_cast<float>(sin[i]));
-    const float o1 = rounded<scalar_t>(x1 * static_cast<float>(cos[i + 1])) +
-        rounded<scalar_t>(x0 * static_cast<float>(sin[i + 1]));
+    const float o0 = rounded<scalar_t, kOnce>(x0 * static_cast<float>(cos[i])) -
+        rounded<scalar_t, kOnce>(x1 * static_cast<float>(sin[i]));
+    const float o1 = rounded<scalar_t, kOnce>(x1 * static_cast<float>(cos[i + 1])) +
+        rounded<scalar_t, kOnce>(x0 * static_cast<float>(sin[i + 1]));
     out[i] = static_cast<scalar_t>(o0);
     out[i + 1] = static_cast<scalar_t>(o1);
   }
@@ -172,6 +184,7 @@ void check_operand(const char* name, const at::Tensor& t, const at::Tensor& quer
 }
 
 // Rotate every row of `src` into `dst` (same shape; may be the same tensor).
+template <bool kOnce>
 void rotate(
     const at::Tensor& dst, const at::Tensor& src_in, const at::Tensor& cos_in,
     const at::Tensor& sin_in, bool is_neox, const char* name) {
@@ -194,9 +207,13 @@ void rotate(
   const at::Tensor src = last_dim_contiguous(src_in);
   // head_size 0 (and so rot 0): nothing to rotate, and no rows to count by dividing
   if (head_size == 0 || src.numel() == 0) return;
+  const int64_t heads = src.size(-2);
   const int64_t rows = src.numel() / head_size;
-  const RowOffsets src_at(src.sizes(), src.strides()), dst_at(dst.sizes(), dst.strides());
-  const RowOffsets cos_at(cos.sizes(), cos.strides()), sin_at(sin.sizes(), sin.strides());
+  const int64_t tokens = rows / heads;  // rows > 0: heads > 0
+  const TokenOffsets src_at(src.sizes(), src.strides()), dst_at(dst.sizes(), dst.strides());
+  const TokenOffsets cos_at(cos.sizes(), cos.strides()), sin_at(sin.sizes(), sin.strides());
+  const int64_t src_h = src.stride(-2), dst_h = dst.stride(-2);
+  const int64_t cos_h = cos.stride(-2), sin_h = sin.stride(-2);  // 0 unless cos has heads
   const bool same = dst.data_ptr() == src.data_ptr() && dst.strides() == src.strides();
   dispatch_dtype(kOp, src.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
@@ -204,17 +221,23 @@ void rotate(
     scalar_t* out = dst.data_ptr<scalar_t>();
     const scalar_t* c = cos.const_data_ptr<scalar_t>();
     const scalar_t* s = sin.const_data_ptr<scalar_t>();
-#pragma omp parallel for schedule(static) if (run_parallel(rows, rows * head_size))
-    for (int64_t r = 0; r < rows; ++r) {
-      const scalar_t* xr = x + src_at(r);
-      scalar_t* orow = out + dst_at(r);
-      if (is_neox) {
-        neox_row(orow, xr, c + cos_at(r), s + sin_at(r), rot / 2);
-      } else {
-        gptj_row(orow, xr, c + cos_at(r), s + sin_at(r), rot);
-      }
-      if (!same) {
-        for (int64_t i = rot; i < head_size; ++i) orow[i] = xr[i];
+#pragma omp parallel for schedule(static) if (run_parallel(tokens, rows * head_size))
+    for (int64_t t = 0; t < tokens; ++t) {
+      const scalar_t* xt = x + src_at(t);
+      scalar_t* ot = out + dst_at(t);
+      const scalar_t* ct = c + cos_at(t);
+      const scalar_t* st = s + sin_at(t);
+      for (int64_t h = 0; h < heads; ++h) {
+        const scalar_t* xr = xt + h * src_h;
+        scalar_t* orow = ot + h * dst_h;
+        if (is_neox) {
+          neox_row<scalar_t, kOnce>(orow, xr, ct + h * cos_h, st + h * sin_h, rot / 2);
+        } else {
+          gptj_row<scalar_t, kOnce>(orow, xr, ct + h * cos_h, st + h * sin_h, rot);
+        }
+        if (!same) {
+          for (int64_t i = rot; i < head_size; ++i) orow[i] = xr[i];
+        }
       }
     }
   });
@@ -228,19 +251,32 @@ void check_all(
   check_operand("sin", sin, query);
 }
 
-void rotary_embedding(
+template <bool kOnce>
+void rotate_in_place(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin,
     bool is_neox) {
   check_all(query, key, cos, sin);
   for (const auto& [t, name] : {std::pair{&query, "query"}, std::pair{&key, "key"}}) {
     if (t->size(-1) <= 1 || t->stride(-1) == 1) {
-      rotate(*t, *t, cos, sin, is_neox, name);
+      rotate<kOnce>(*t, *t, cos, sin, is_neox, name);
     } else {  // a strided last dim: rotate a contiguous copy, then write it back
       at::Tensor copy = t->contiguous();
-      rotate(copy, copy, cos, sin, is_neox, name);
+      rotate<kOnce>(copy, copy, cos, sin, is_neox, name);
       t->copy_(copy);
     }
   }
+}
+
+void rotary_embedding(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin,
+    bool is_neox) {
+  rotate_in_place<false>(query, key, cos, sin, is_neox);
+}
+
+void rotary_embedding_fp32(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin,
+    bool is_neox) {
+  rotate_in_place<true>(query, key, cos, sin, is_neox);
 }
 
 std::tuple<at::Tensor, at::Tensor> rotary_embedding_functional(
@@ -249,8 +285,8 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding_functional(
   check_all(query, key, cos, sin);
   at::Tensor q_out = at::empty(query.sizes(), query.options());
   at::Tensor k_out = at::empty(key.sizes(), key.options());
-  rotate(q_out, query, cos, sin, is_neox, "query");
-  rotate(k_out, key, cos, sin, is_neox, "key");
+  rotate<false>(q_out, query, cos, sin, is_neox, "query");
+  rotate<false>(k_out, key, cos, sin, is_neox, "key");
   return {q_out, k_out};
 }
 
@@ -259,6 +295,7 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding_functional(
 TORCH_LIBRARY_IMPL(vllm_ir_cpu, CPU, m) {
   m.impl("rotary_embedding", &rotary_embedding);
   m.impl("rotary_embedding_functional", &rotary_embedding_functional);
+  m.impl("rotary_embedding_fp32", &rotary_embedding_fp32);
 }
 
 }  // namespace vllm_ir_cpu
