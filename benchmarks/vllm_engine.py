@@ -50,13 +50,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-OPS = (
-    "vllm_rms_norm",
-    "vllm_fused_add_rms_norm",
-    "silu_and_mul",
-    "rotary_embedding",
-    "rotary_embedding_fp32",
-)
 SETTINGS: dict[str, list[str] | None] = {
     "off": None,
     "native": ["native"],
@@ -87,6 +80,7 @@ def make_model(path: Path, hidden: int, layers: int) -> None:
 @contextlib.contextmanager
 def _priority(names: list[str] | None) -> Iterator[None]:
     import vllm_ir as ir
+    from vllm_ir_vllm import OPS
 
     with contextlib.ExitStack() as stack:
         for op in OPS if names else ():

@@ -53,6 +53,7 @@ provider (``native`` at the latest):
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import vllm_ir as ir
@@ -158,24 +159,30 @@ def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     return _gelu_and_mul_kernel(x, approximate)
 
 
-def rotary_embedding(
-    query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
-) -> tuple[Tensor, Tensor]:
-    # In place: the rotated channels are written into query and key.
-    if not _built:
-        _ensure_built()
-    _rotary_kernel(query, key, cos, sin, is_neox)
-    return query, key
+def _rotary_in_place(kernel: torch._ops.OpOverload, name: str, doc: str) -> Callable[..., Any]:
+    """A RoPE impl: the library built first, then ``kernel`` into ``query`` and ``key``."""
+
+    def impl(
+        query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
+    ) -> tuple[Tensor, Tensor]:
+        if not _built:
+            _ensure_built()
+        kernel(query, key, cos, sin, is_neox)
+        return query, key
+
+    impl.__name__ = impl.__qualname__ = name
+    impl.__doc__ = doc
+    return impl
 
 
-def rotary_embedding_fp32(
-    query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
-) -> tuple[Tensor, Tensor]:
-    # In place, as rotary_embedding; each output rounded once from fp32.
-    if not _built:
-        _ensure_built()
-    _rotary_fp32_kernel(query, key, cos, sin, is_neox)
-    return query, key
+rotary_embedding = _rotary_in_place(
+    _rotary_kernel, "rotary_embedding", "In place: the rotated channels go into query and key."
+)
+rotary_embedding_fp32 = _rotary_in_place(
+    _rotary_fp32_kernel,
+    "rotary_embedding_fp32",
+    "In place, as rotary_embedding; each output rounded once from fp32.",
+)
 
 
 def static_scaled_fp8_quant(x: Tensor, scale: Tensor) -> Tensor:

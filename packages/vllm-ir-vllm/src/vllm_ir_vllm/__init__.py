@@ -17,7 +17,16 @@ from vllm_ir.provider import RegistrationHandle, get_logger
 from vllm_ir_vllm._version import __version__
 from vllm_ir_vllm.settings import priority_config
 
-__all__ = ["__version__", "register", "unregister"]
+__all__ = ["OPS", "__version__", "register", "unregister"]
+
+OPS = (
+    "vllm_rms_norm",
+    "vllm_fused_add_rms_norm",
+    "silu_and_mul",
+    "rotary_embedding",
+    "rotary_embedding_fp32",
+)
+"""The IR ops the replaced layers call (:mod:`vllm_ir_vllm.layers`)."""
 
 logger = get_logger("vllm_ir.vllm")
 

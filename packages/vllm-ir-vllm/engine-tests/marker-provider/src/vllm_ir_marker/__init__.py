@@ -14,19 +14,11 @@ from typing import Any
 
 import vllm_ir as ir
 from vllm_ir.provider import API_VERSION, ProviderSpec
+from vllm_ir_vllm import OPS
 
 __all__ = ["CALLS", "OPS", "PROVIDER", "provider"]
 
 PROVIDER = "marker"
-OPS = (
-    "vllm_rms_norm",
-    "vllm_fused_add_rms_norm",
-    "silu_and_mul",
-    "rotary_embedding",
-    "rotary_embedding_fp32",
-)
-"""The ops the vLLM plugin's layers call."""
-
 CALLS: Counter[str] = Counter()
 """Op name -> calls of its marker impl in this process."""
 
