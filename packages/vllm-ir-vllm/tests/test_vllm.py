@@ -327,6 +327,12 @@ def test_in_tree_layers_run_through_vllm_ir(marker: Marker) -> None:
             x1, x2 = xs[..., :16], xs[..., 16:]
             want = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).bfloat16()
             assert torch.equal(out.view(3, -1, 32), want)  # fp32, rounded once
+        # the cos/sin table is built once, also where the query's dtype is not the
+        # cache's: vLLM keeps the cache it converts (the table is rebuilt per cache)
+        rope(positions, q16.clone(), k16.clone())
+        table = rope._ir_table
+        rope(positions, q16.clone(), k16.clone())
+        assert rope._ir_table is table
     assert marker.calls["vllm_rms_norm"] == marker.calls["silu_and_mul"] == 1
 
 
