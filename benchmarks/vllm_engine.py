@@ -3,22 +3,30 @@
 Settings, compared side by side in each process:
 
 * ``off``: vLLM alone (an engine built while the plugin is unregistered);
+* ``off_native_rope``: vLLM alone with its RoPE layer on ``forward_native``
+  (``custom_ops=["all", "-rotary_embedding"]``): every layer the plugin
+  replaces then runs torch ops, as with ``native`` first (vLLM 0.32's CPU
+  engine runs its norms and ``SiluAndMul`` as torch ops already; its RoPE is
+  a C++ kernel). ``native`` against this setting is the plugin's own cost;
 * ``native``: the plugin, every op it calls with ``native`` first;
 * ``cpu_c``: the plugin, ``cpu_c`` first (the CPU platform's eager default).
 
 Each process (``--processes``, fresh engines each) builds a tiny Llama-shaped
-model's engine twice, with the plugin and without it (which first alternates
-from process to process: on this machine the engine built second ran its
-matmuls 5-7 % faster, whichever it was), and then runs
-``--rounds`` rounds: one timed ``generate`` of ``--prompts`` prompts x
-``--tokens`` new tokens (greedy, eager mode) per setting, in an order that
-alternates round by round, so that load on the machine hits every setting
-alike. ``native`` and ``cpu_c`` share the plugin's engine: only the op
-priorities differ (``IrOp.set_priority`` around the call). Reported per dtype:
+model's engine three times: with the plugin, without it, and without it with
+vLLM's native RoPE (the order rotates from process to process: on this
+machine an engine built later ran its matmuls 5-7 % faster, whichever it
+was), and then runs ``--rounds`` rounds: one timed ``generate`` of
+``--prompts`` prompts x ``--tokens`` new tokens (greedy, eager mode) per
+setting, in an order that alternates round by round, so that load on the
+machine hits every setting alike. ``native`` and ``cpu_c`` share the
+plugin's engine: only the op priorities differ (``IrOp.set_priority`` around
+the call). Reported per dtype:
 
 * ``tokens_per_s``: each setting's median over all rounds, its ratio to
-  ``off``'s median, and the median of the per-round ratios (``paired``: the
-  same round's ``off`` divides; steadier on a shared machine);
+  ``off``'s median, and ``paired``: per process the median of each round's
+  ratio to the same round's ``off``, then the geometric mean over processes
+  (steadier on a shared machine; with a multiple of three processes every
+  engine is built first, second and third equally often);
 * ``layers``: per replaced layer class, its calls and milliseconds per
   ``generate`` and microseconds per call, from one extra ``generate`` per
   setting with forward hooks on those layers only (the hooks' own cost is in
@@ -28,7 +36,7 @@ Needs the ``vllm_engine`` session's environment (vLLM's CPU engine, the
 project's wheels); without vLLM it says so and exits 0, writing nothing
 (``nox -s bench`` runs every script).
 
-    python benchmarks/vllm_engine.py [--processes 4] [--rounds 6] \\
+    python benchmarks/vllm_engine.py [--processes 3] [--rounds 6] \\
         [--out benchmarks/results/vllm_engine.json]
 """
 
@@ -50,12 +58,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-SETTINGS: dict[str, list[str] | None] = {
+ENGINES: dict[str, list[str] | None] = {
+    "on": None,
     "off": None,
-    "native": ["native"],
-    "cpu_c": ["cpu_c", "native"],
+    "off_native_rope": ["all", "-rotary_embedding"],
 }
-"""Setting -> the priority of every op the plugin calls (None: the plugin's off)."""
+"""Engine -> its ``custom_ops`` (None: vLLM's default); only ``on`` has the plugin."""
+SETTINGS: dict[str, tuple[str, list[str] | None]] = {
+    "off": ("off", None),
+    "off_native_rope": ("off_native_rope", None),
+    "native": ("on", ["native"]),
+    "cpu_c": ("on", ["cpu_c", "native"]),
+}
+"""Setting -> (its engine, the priority of every op the plugin calls)."""
 LAYERS = ("RMSNorm", "SiluAndMul", "RotaryEmbedding")
 """The layer classes timed (vLLM's, or the plugin's ``Ir``-prefixed replacements)."""
 
@@ -110,13 +125,22 @@ def _hook_layers(model: Any, times: dict[str, list[float]]) -> list[Any]:
 
 
 def measure(model: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One process: both engines, ``args.rounds`` alternating rounds, one hooked round."""
+    """One process: the three engines, ``args.rounds`` alternating rounds, one hooked round."""
     import vllm_ir_vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.model_executor.layers import rotary_embedding
     from vllm.plugins import load_general_plugins
 
-    def engine() -> Any:
+    def engine(name: str) -> Any:
+        if name == "on":
+            vllm_ir_vllm.register()
+        else:
+            vllm_ir_vllm.unregister()
+        # vLLM hands a model the RoPE module an earlier one built with the same
+        # arguments, its custom-op choice included: each engine builds its own
+        rotary_embedding._ROPE_DICT.clear()
+        custom_ops = ENGINES[name]
         return LLM(
             model,
             dtype=dtype,
@@ -125,19 +149,13 @@ def measure(model: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
             seed=0,
             max_model_len=256,
             max_num_seqs=args.prompts,
+            **({} if custom_ops is None else {"compilation_config": {"custom_ops": custom_ops}}),
         )
 
-    load_general_plugins()  # the plugin registers (its vllm.general_plugins entry point)
-    if args.off_first:
-        vllm_ir_vllm.unregister()
-        off = engine()
-        vllm_ir_vllm.register()
-        on = engine()
-    else:
-        on = engine()
-        vllm_ir_vllm.unregister()
-        off = engine()
-    engines = {name: off if names is None else on for name, names in SETTINGS.items()}
+    load_general_plugins()  # the plugin's vllm.general_plugins entry point, as vLLM runs it
+    order = list(ENGINES)[args.rotate :] + list(ENGINES)[: args.rotate]
+    built = {name: engine(name) for name in order}
+    engines = {name: built[engine_name] for name, (engine_name, _) in SETTINGS.items()}
     batch = [
         TokensPrompt(prompt_token_ids=[(7 * i + j) % 2000 + 1 for j in range(16)])
         for i in range(args.prompts)
@@ -147,7 +165,7 @@ def measure(model: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     )
 
     def generate(name: str) -> float:
-        with _priority(SETTINGS[name]):
+        with _priority(SETTINGS[name][1]):
             start = time.perf_counter()
             outputs = engines[name].generate(batch, params, use_tqdm=False)
             elapsed = time.perf_counter() - start
@@ -171,6 +189,16 @@ def measure(model: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"rates": rates, "layers": layers}
 
 
+def _paired(results: list[dict[str, Any]], name: str) -> float:
+    """``name``'s speed relative to ``off``: per process, the median of each round's
+    ratio; then their geometric mean, in which every build position counts alike."""
+    per_process = [
+        statistics.median(a / b for a, b in zip(r["rates"][name], r["rates"]["off"], strict=True))
+        for r in results
+    ]
+    return statistics.geometric_mean(per_process)
+
+
 def _layer_table(samples: list[dict[str, list[float]]]) -> dict[str, Any]:
     """Per layer class: calls and ms per generate, µs per call (medians over processes)."""
     table = {}
@@ -192,14 +220,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "DTYPE"), help=argparse.SUPPRESS)
-    parser.add_argument("--off-first", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rotate", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if importlib.util.find_spec("vllm") is None:
         print("vllm_engine: vLLM is not installed (nox -s vllm_engine's venv has it): skipped")
@@ -236,7 +264,7 @@ def main() -> int:
             results = []
             for p in range(args.processes):
                 child = [sys.executable, __file__, "--one", str(model), dtype]
-                child += ["--off-first"] if p % 2 else []
+                child += ["--rotate", str(p % len(ENGINES))]
                 for flag in ("prompts", "tokens", "rounds"):
                     child += [f"--{flag}", str(getattr(args, flag))]
                 done = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
@@ -253,9 +281,7 @@ def main() -> int:
                 name: {
                     "median": statistics.median(v),
                     "vs_off": statistics.median(v) / off,
-                    "paired_vs_off": statistics.median(
-                        a / b for a, b in zip(v, rates["off"], strict=True)
-                    ),
+                    "paired_vs_off": _paired(results, name),
                     "samples": v,
                 }
                 for name, v in rates.items()
