@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import random
 import weakref
 from collections.abc import Callable
 
@@ -10,6 +11,7 @@ import conftest
 import pytest
 import torch
 import vllm_ir as ir
+from vllm_ir._schema.layout import apart
 
 
 def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,6 +147,49 @@ def test_separate_donations_still_reuse_memory(weighted_op: ir.IrOp) -> None:
     with weighted_op.set_priority(["raw_kernel"]):
         out, total = weighted_op.maybe_inplace(x, other, w)
     assert (out.data_ptr(), total.data_ptr()) == (x.data_ptr(), other.data_ptr())
+
+
+def test_column_views_of_one_buffer_are_donated_together(weighted_op: ir.IrOp) -> None:
+    # vLLM's q and k: columns of one qkv tensor, one storage, no byte in common
+    buf = torch.randn(4, 16)
+    x, other, w = buf[:, :8], buf[:, 8:], torch.randn(8)
+    want = weighted_op.native(x.clone(), other.clone(), w)
+    with weighted_op.set_priority(["raw_kernel"]):
+        out, total = weighted_op.maybe_inplace(x, other, w)
+    assert (out.data_ptr(), total.data_ptr()) == (x.data_ptr(), other.data_ptr())
+    for g, e in zip((out, total), want, strict=True):
+        torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_apart_proves_only_what_holds(seed: int) -> None:
+    """Random views (sizes, strides, offsets, dtypes) of one storage: every pair
+    ``apart`` calls apart has no byte in common, counted byte by byte."""
+    rng = random.Random(seed)
+    memory = torch.empty(160, dtype=torch.uint8)
+    dtypes = (torch.uint8, torch.int16, torch.float32, torch.float64)
+
+    def view() -> tuple[torch.Tensor, set[int]]:
+        dtype = rng.choice(dtypes)
+        item = torch.empty((), dtype=dtype).element_size()
+        elements = memory.numel() // item
+        while True:
+            size = [rng.randint(1, 4) for _ in range(rng.randint(1, 3))]
+            stride = [rng.randint(0, 12) for _ in size]
+            offset = rng.randint(0, elements - 1)
+            if offset + sum(st * (sz - 1) for st, sz in zip(stride, size, strict=True)) < elements:
+                break
+        t = memory.view(dtype).as_strided(size, stride, offset)
+        index = torch.arange(elements).as_strided(size, stride, offset)
+        return t, {e * item + i for e in index.flatten().tolist() for i in range(item)}
+
+    proven = 0
+    for _ in range(3000):
+        (a, bytes_a), (b, bytes_b) = view(), view()
+        if apart(a, b):
+            proven += 1
+            assert not bytes_a & bytes_b, (a.shape, a.stride(), a.storage_offset(), b.dtype)
+    assert proven > 500  # the check proves a share of them, not none
 
 
 def test_donating_a_tensor_autograd_saved_fails_its_backward(weighted_op: ir.IrOp) -> None:

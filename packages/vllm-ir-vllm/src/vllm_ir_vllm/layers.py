@@ -153,7 +153,8 @@ class RotaryEmbeddingRoute(_Routed):
     vLLM's CPU kernel computes in fp32 and rounds once: ``rotary_embedding_fp32``.
     A 16-bit call on another device (whose kernel's rounding no vllm-ir op
     declares) and a call without ``key`` run what vLLM would run, with the
-    reason logged once. Out of place: vLLM's callers use the returned tensors.
+    reason logged once. ``maybe_inplace``: an in-place impl writes ``query`` and
+    ``key``, as vLLM's own kernels do (its callers use the returned tensors).
     """
 
     head_size: int
@@ -182,7 +183,7 @@ class RotaryEmbeddingRoute(_Routed):
             return self._vllm_forward(positions, query, key)  # type: ignore[no-any-return]
         assert key is not None
         q, k, cos, sin = self._arguments(positions, query, key)
-        q, k = op(q, k, cos, sin, self.is_neox_style)
+        q, k = op.maybe_inplace(q, k, cos, sin, self.is_neox_style)
         return q.reshape(query.shape), k.reshape(key.shape)
 
     def _arguments(

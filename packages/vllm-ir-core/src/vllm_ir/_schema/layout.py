@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch import SymInt, Tensor
 
-__all__ = ["contiguous", "may_overlap_itself", "rows_flatten_free"]
+__all__ = ["apart", "contiguous", "may_overlap_itself", "rows_flatten_free"]
 
 
 def _known(condition: object) -> bool:
@@ -101,3 +101,52 @@ def may_overlap_itself(t: Tensor) -> bool:
             return True
         reach += (size - 1) * stride
     return False
+
+
+def _byte_layout(t: Tensor) -> tuple[int, int, int, int]:
+    """``(start, end, period, width)`` in bytes of a tensor of non-negative strides.
+
+    Its bytes lie in ``[start, end)``, and each in some ``[start + i * period,
+    start + i * period + width)``: ``i`` steps its largest-stride dimension
+    (``period`` 0 when no dimension has two elements), ``width`` spans the others.
+    """
+    item = t.element_size()
+    dims = [(int(st) * item, int(sz)) for sz, st in zip(t.shape, t.stride(), strict=True) if sz > 1]
+    span = sum(st * (sz - 1) for st, sz in dims)
+    begin = t.storage_offset() * item
+    if not dims:
+        return begin, begin + item, 0, item
+    period, size = max(dims)
+    return begin, begin + span + item, period, span - period * (size - 1) + item
+
+
+def apart(a: Tensor, b: Tensor) -> bool:
+    """``a`` and ``b`` share no byte of memory, proven from their sizes, strides
+    and offsets (two views of one storage; eager tensors, plain sizes).
+
+    Conservative: ``True`` proves it; ``False`` means the layouts do not. Proven
+    when their byte ranges do not meet, or when both are rows of one period (the
+    stride of each one's largest-stride dimension) whose windows within a period
+    do not meet: the query and key columns of one ``qkv`` tensor.
+
+    >>> import torch
+    >>> qkv = torch.empty(8, 1536)
+    >>> q, k, v = qkv.split([1024, 256, 256], dim=-1)
+    >>> apart(q, k), apart(q, qkv), apart(qkv[:, :1025], k)
+    (True, False, False)
+    """
+    if a.numel() == 0 or b.numel() == 0:
+        return True
+    if any(st < 0 for t in (a, b) for st in t.stride()):
+        return False
+    start_a, end_a, period_a, width_a = _byte_layout(a)
+    start_b, end_b, period_b, width_b = _byte_layout(b)
+    if end_a <= start_b or end_b <= start_a:
+        return True
+    period = period_a or period_b  # one element is a row of any period
+    if period == 0 or period_a not in (0, period) or period_b not in (0, period):
+        return False
+    if width_a > period or width_b > period:
+        return False
+    gap = (start_b - start_a) % period  # where b's window starts within a's period
+    return gap >= width_a and gap + width_b <= period

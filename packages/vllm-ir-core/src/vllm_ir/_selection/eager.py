@@ -11,8 +11,9 @@ once.**
 
 Donation (``maybe_inplace`` with an inplace impl) happens only when it cannot
 change the result: an activation whose elements overlap in memory (rows from
-``expand``, overlapping strides) or that shares storage with another tensor
-argument runs on copies instead, as the default overload does; after an
+``expand``, overlapping strides) or that may share memory with another tensor
+argument (views of one storage whose layouts do not prove them apart) runs on
+copies instead, as the default overload does; after an
 impl wrote a donated activation its version counter is bumped, so autograd
 refuses a backward that saved it, as after any in-place op.
 
@@ -39,7 +40,7 @@ from vllm_ir._base import torch_wrap
 from vllm_ir._base.cache import generation, holds, register_cache, settled_generation
 from vllm_ir._base.runtime import RUNTIME
 from vllm_ir._schema.impl import IrOpImpl
-from vllm_ir._schema.layout import may_overlap_itself
+from vllm_ir._schema.layout import apart, may_overlap_itself
 from vllm_ir._selection.compiled_eager import compiled_fn_for
 from vllm_ir._selection.hotpath import _FORWARD_AD, make_eager_call
 from vllm_ir._selection.selector import Selector, store_if_cacheable
@@ -342,11 +343,13 @@ def _tensors(value: Any) -> tuple[torch.Tensor, ...]:
 
 
 def _shares_memory(a: torch.Tensor, b: Any) -> bool:
-    """Whether ``b`` (a tensor, or a list of them) shares storage with ``a``
-    (conservative: views of one storage that do not overlap count too)."""
+    """Whether ``b`` (a tensor, or a list of them) may share memory with ``a``:
+    views of one storage, unless their layouts prove them apart
+    (:func:`~vllm_ir._schema.layout.apart`: the query and key columns of one
+    ``qkv`` tensor are donated together)."""
     if isinstance(b, torch.Tensor):
-        return _is_alias_of(a, b)  # type: ignore[no-any-return]
-    return any(_is_alias_of(a, t) for t in _tensors(b))
+        return _is_alias_of(a, b) and not apart(a, b)  # type: ignore[no-any-return]
+    return any(_is_alias_of(a, t) and not apart(a, t) for t in _tensors(b))
 
 
 def _has_nested(args: tuple[Any, ...]) -> bool:
