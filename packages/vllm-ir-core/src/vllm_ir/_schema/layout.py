@@ -113,7 +113,7 @@ def _byte_layout(t: Tensor) -> tuple[int, int, int, int]:
     item = t.element_size()
     dims = [(int(st) * item, int(sz)) for sz, st in zip(t.shape, t.stride(), strict=True) if sz > 1]
     span = sum(st * (sz - 1) for st, sz in dims)
-    begin = t.storage_offset() * item
+    begin = int(t.storage_offset()) * item
     if not dims:
         return begin, begin + item, 0, item
     period, size = max(dims)
