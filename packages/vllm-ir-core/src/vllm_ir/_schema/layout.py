@@ -14,6 +14,7 @@ densely ask :func:`contiguous`.
 
 from __future__ import annotations
 
+import torch
 from torch import SymInt, Tensor
 
 __all__ = ["apart", "contiguous", "may_overlap_itself", "rows_flatten_free"]
@@ -135,6 +136,8 @@ def apart(a: Tensor, b: Tensor) -> bool:
     >>> apart(q, k), apart(q, qkv), apart(qkv[:, :1025], k)
     (True, False, False)
     """
+    if a.layout != torch.strided or b.layout != torch.strided:
+        return False
     if a.numel() == 0 or b.numel() == 0:
         return True
     if any(st < 0 for t in (a, b) for st in t.stride()):
