@@ -163,15 +163,25 @@ def test_gelu_unknown_approximate_is_natives_error(kernels: Path) -> None:
 
 @pytest.mark.parametrize(
     ("cos_width", "message"),
-    [(7, "rotary_dim .* must be even"), (10, "at most head_size 8, got 10")],
+    [(7, "rotary_dim .* must be even"), (10, "rotary_dim .* at most head_size 8, got 10")],
+)
+@pytest.mark.parametrize(
+    ("kernel", "op"),
+    [
+        ("rotary_embedding_functional", "rotary_embedding"),
+        ("rotary_embedding", "rotary_embedding"),
+        ("rotary_embedding_fp32", "rotary_embedding_fp32"),
+    ],
 )
 def test_rotary_kernel_errors_say_what_is_wrong(
-    kernels: Path, cos_width: int, message: str
+    kernels: Path, cos_width: int, message: str, kernel: str, op: str
 ) -> None:
     q, k = torch.randn(3, 2, 8), torch.randn(3, 1, 8)
     cos = torch.randn(3, cos_width)
-    with pytest.raises(RuntimeError, match=message):
-        KERNELS["rotary_embedding_functional"](q, k, cos, cos, True)
+    with pytest.raises(RuntimeError, match=f"vllm_ir_cpu::{op}: {message}"):
+        KERNELS[kernel](q, k, cos, cos, True)
+    with pytest.raises(RuntimeError, match=f"vllm_ir_cpu::{op}: key"):  # the checks' own name
+        KERNELS[kernel](q, k.double(), cos[:, :8], cos[:, :8], True)
 
 
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])

@@ -347,8 +347,6 @@ def _shares_memory(a: torch.Tensor, b: Any) -> bool:
     views of one storage, unless their layouts prove them apart
     (:func:`~vllm_ir._schema.layout.apart`: the query and key columns of one
     ``qkv`` tensor are donated together)."""
-    if isinstance(b, torch.Tensor):
-        return _is_alias_of(a, b) and not apart(a, b)  # type: ignore[no-any-return]
     return any(_is_alias_of(a, t) and not apart(a, t) for t in _tensors(b))
 
 

@@ -40,7 +40,9 @@
 namespace vllm_ir_cpu {
 namespace {
 
-constexpr const char* kOp = "rotary_embedding";
+// The op a kernel's errors name: kOnce (rounded once) is rotary_embedding_fp32's.
+template <bool kOnce>
+constexpr const char* kOp = kOnce ? "rotary_embedding_fp32" : "rotary_embedding";
 
 // Offsets of every token (all dims but the last two: heads, head_size) of a
 // tensor, through its strides. Computed once per token, not per (token, head)
@@ -177,10 +179,10 @@ at::Tensor last_dim_contiguous(const at::Tensor& t) {
   return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
 }
 
-void check_operand(const char* name, const at::Tensor& t, const at::Tensor& query) {
-  check_tensor(kOp, name, t, query);
-  TORCH_CHECK(
-      t.dim() >= 1, "vllm_ir_cpu::", kOp, ": ", name, " must have at least one dimension");
+void check_operand(
+    const char* op, const char* name, const at::Tensor& t, const at::Tensor& query) {
+  check_tensor(op, name, t, query);
+  TORCH_CHECK(t.dim() >= 1, "vllm_ir_cpu::", op, ": ", name, " must have at least one dimension");
 }
 
 // Rotate every row of `src` into `dst` (same shape; may be the same tensor).
@@ -189,15 +191,15 @@ void rotate(
     const at::Tensor& dst, const at::Tensor& src_in, const at::Tensor& cos_in,
     const at::Tensor& sin_in, bool is_neox, const char* name) {
   TORCH_CHECK(
-      src_in.dim() >= 2, "vllm_ir_cpu::", kOp, ": ", name,
+      src_in.dim() >= 2, "vllm_ir_cpu::", kOp<kOnce>, ": ", name,
       " must be (..., heads, head_size), got shape ", src_in.sizes());
   const int64_t head_size = src_in.size(-1);
   const int64_t rot = cos_in.size(-1);
   TORCH_CHECK(
-      sin_in.sizes() == cos_in.sizes(), "vllm_ir_cpu::", kOp, ": sin has shape ", sin_in.sizes(),
-      " but cos has ", cos_in.sizes());
+      sin_in.sizes() == cos_in.sizes(), "vllm_ir_cpu::", kOp<kOnce>, ": sin has shape ",
+      sin_in.sizes(), " but cos has ", cos_in.sizes());
   TORCH_CHECK(
-      rot % 2 == 0 && rot <= head_size, "vllm_ir_cpu::", kOp,
+      rot % 2 == 0 && rot <= head_size, "vllm_ir_cpu::", kOp<kOnce>,
       ": rotary_dim (cos.size(-1)) must be even and at most head_size ", head_size, ", got ", rot);
   std::vector<int64_t> rows_shape(src_in.sizes().begin(), src_in.sizes().end());
   rows_shape.back() = rot;
@@ -215,7 +217,7 @@ void rotate(
   const int64_t src_h = src.stride(-2), dst_h = dst.stride(-2);
   const int64_t cos_h = cos.stride(-2), sin_h = sin.stride(-2);  // 0 unless cos has heads
   const bool same = dst.data_ptr() == src.data_ptr() && dst.strides() == src.strides();
-  dispatch_dtype(kOp, src.scalar_type(), [&](auto tag) {
+  dispatch_dtype(kOp<kOnce>, src.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
     const scalar_t* x = src.const_data_ptr<scalar_t>();
     scalar_t* out = dst.data_ptr<scalar_t>();
@@ -244,18 +246,19 @@ void rotate(
 }
 
 void check_all(
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin) {
-  check_cpu_strided(kOp, "query", query);
-  check_operand("key", key, query);
-  check_operand("cos", cos, query);
-  check_operand("sin", sin, query);
+    const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos,
+    const at::Tensor& sin) {
+  check_cpu_strided(op, "query", query);
+  check_operand(op, "key", key, query);
+  check_operand(op, "cos", cos, query);
+  check_operand(op, "sin", sin, query);
 }
 
 template <bool kOnce>
 void rotate_in_place(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin,
     bool is_neox) {
-  check_all(query, key, cos, sin);
+  check_all(kOp<kOnce>, query, key, cos, sin);
   for (const auto& [t, name] : {std::pair{&query, "query"}, std::pair{&key, "key"}}) {
     if (t->size(-1) <= 1 || t->stride(-1) == 1) {
       rotate<kOnce>(*t, *t, cos, sin, is_neox, name);
@@ -282,7 +285,7 @@ void rotary_embedding_fp32(
 std::tuple<at::Tensor, at::Tensor> rotary_embedding_functional(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin,
     bool is_neox) {
-  check_all(query, key, cos, sin);
+  check_all(kOp<false>, query, key, cos, sin);
   at::Tensor q_out = at::empty(query.sizes(), query.options());
   at::Tensor k_out = at::empty(key.sizes(), key.options());
   rotate<false>(q_out, query, cos, sin, is_neox, "query");
