@@ -14,7 +14,11 @@ Overhead is the median per-call time minus ``direct``'s. Since the kernel's
 own run-to-run noise is of the order of the overhead, a second table isolates
 dispatch: a no-op impl selected by priority, against calling it directly. A
 third times each part of the dispatch key (``vllm_ir._selection.key``) on the
-decode tensors, one attribute read at a time.
+decode tensors, one attribute read at a time. A fourth times
+``op.maybe_inplace`` with a no-op inplace impl (the memory checks of donation):
+``fused_add_rms_norm``, and ``rotary_embedding`` on separate query and key and on
+the query and key columns of one ``qkv`` tensor (vLLM's layout, donated once
+their layouts prove them apart).
 Run:
 
     python benchmarks/dispatch_overhead.py [--out benchmarks/results/dispatch_overhead.json]
@@ -23,6 +27,7 @@ Run:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -135,6 +140,60 @@ def measure_dispatch_only(rounds: int, number: int) -> dict[str, object]:
     }
 
 
+def _noop_fused(
+    x: torch.Tensor,
+    x_residual: torch.Tensor,
+    weight: torch.Tensor | None,
+    epsilon: float,
+    variance_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return x, x_residual
+
+
+def _noop_rotary(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return query, key
+
+
+def measure_donation(rounds: int, number: int) -> dict[str, object]:
+    """``maybe_inplace`` over a no-op inplace impl against calling it directly."""
+    x, r, w = torch.randn(1, 4096), torch.randn(1, 4096), torch.randn(4096)
+    qkv = torch.randn(1, 24 * 128)
+    q_cols, k_cols, _ = qkv.split([16 * 128, 4 * 128, 4 * 128], dim=-1)
+    q_cols, k_cols = q_cols.view(1, 16, 128), k_cols.view(1, 4, 128)
+    q, k, cos = torch.randn(1, 16, 128), torch.randn(1, 4, 128), torch.randn(1, 128)
+    fused, rotary = ir.ops.fused_add_rms_norm, ir.ops.rotary_embedding
+    for op, fn in ((fused, _noop_fused), (rotary, _noop_rotary)):
+        if "bench_noop" not in op.impls:
+            op.register_impl("bench_noop", inplace=True)(fn)
+    cases: dict[str, tuple[Any, Callable[..., Any], tuple[Any, ...]]] = {
+        "fused_add_rms_norm": (fused, _noop_fused, (x, r, w, 1e-6)),
+        "rotary_embedding": (rotary, _noop_rotary, (q, k, cos, cos, True)),
+        "rotary_embedding, qkv columns": (rotary, _noop_rotary, (q_cols, k_cols, cos, cos, True)),
+    }
+    out: dict[str, object] = {}
+    for label, (op, fn, args) in cases.items():
+        variants = {
+            "direct": functools.partial(fn, *args),
+            "maybe_inplace": functools.partial(op.maybe_inplace, *args),
+        }
+        with op.set_priority(["bench_noop"]):
+            best = {
+                name: min(timeit.repeat(call, number=number, repeat=rounds)) / number * 1e9
+                for name, call in variants.items()
+            }
+        out[label] = {
+            "min_ns": {k: round(v, 1) for k, v in best.items()},
+            "overhead_vs_direct_ns": round(best["maybe_inplace"] - best["direct"], 1),
+        }
+    return out
+
+
 def measure_key_parts(rounds: int, number: int) -> dict[str, object]:
     """Nanoseconds per part of ``rms_norm``'s dispatch key, on the decode tensors."""
     x, w, eps = torch.randn(1, 4096), torch.randn(4096), 1e-6
@@ -184,6 +243,7 @@ def main() -> None:
             results[label] = measure(shape, args.rounds, number)
         results["dispatch_only"] = measure_dispatch_only(args.rounds, args.number * 10)
         results["key_parts"] = measure_key_parts(args.rounds, args.number * 10)
+        results["donation"] = measure_donation(args.rounds, args.number * 5)
     report = {
         "benchmark": "dispatch_overhead",
         "torch": torch.__version__,
@@ -214,6 +274,10 @@ def main() -> None:
     parts: dict[str, Any] = results["key_parts"]
     for name, t in parts["ns_per_part"].items():
         print(f"{name:>34} {t:>8.1f} ns")
+    print("maybe_inplace (no-op inplace impl, donated), min over rounds:")
+    donation: dict[str, Any] = results["donation"]
+    for name, row in donation.items():
+        print(f"{name:>34} {row['overhead_vs_direct_ns']:>8.0f} ns over direct")
     print(f"wrote {args.out}")
 
 

@@ -161,6 +161,76 @@ def test_column_views_of_one_buffer_are_donated_together(weighted_op: ir.IrOp) -
         torch.testing.assert_close(g, e)
 
 
+def scaled_add(
+    x: torch.Tensor, x_other: torch.Tensor, w: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """((x + x_other) * w, x + x_other): an optional non-activation tensor."""
+    s = x + x_other
+    return (s if w is None else s * w), s
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_donations_equal_native_and_leave_the_rest(
+    make_op: Callable[..., ir.IrOp], seed: int
+) -> None:
+    """Random views of a few buffers (rows, columns, expands, one another) as the
+    activations and the optional weight: ``maybe_inplace`` over a kernel that writes
+    through the data pointer returns native's result, and a tensor it was not given
+    to write (the weight, and memory no donated view covers) keeps its values."""
+    op = make_op(scaled_add, allow_inplace=True)
+
+    @op.register_impl("raw_kernel", inplace=True)
+    def _kernel(
+        x: torch.Tensor, x_other: torch.Tensor, w: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        xd, od = x.data, x_other.data
+        for i in range(xd.shape[0]):
+            od[i] = xd[i] + od[i]
+            xd[i] = od[i] if w is None else od[i] * w.data
+        return x, x_other
+
+    rng = random.Random(seed)
+    buffers = [torch.randn(6, 16) for _ in range(2)]
+
+    def view() -> torch.Tensor:
+        buf = rng.choice(buffers)
+        kind = rng.choice(("fresh", "rows", "cols", "expand", "whole"))
+        if kind == "fresh":
+            return torch.randn(4, 8)
+        if kind == "rows":
+            start = rng.randint(0, 2)
+            return buf[start : start + 4, 8 * rng.randint(0, 1) :][:, :8]
+        if kind == "cols":
+            start = rng.choice((0, 4, 8))
+            return buf[:4, start : start + 8]
+        if kind == "expand":
+            return buf[rng.randint(0, 5), :8].expand(4, 8)
+        return buf[:4, :8]
+
+    donated = 0
+    with op.set_priority(["raw_kernel"]):
+        for _ in range(300):
+            for b in buffers:  # fresh values: donated writes compound otherwise
+                b.normal_()
+            x, other = view(), view()
+            w = rng.choice((None, torch.randn(8), view()[0]))
+            before = [b.clone() for b in buffers]
+            w_before = None if w is None else w.clone()
+            want = op.native(x.clone(), other.clone(), w)
+            out, total = op.maybe_inplace(x, other, w)
+            torch.testing.assert_close(out, want[0], atol=0, rtol=0)
+            torch.testing.assert_close(total, want[1], atol=0, rtol=0)
+            if w is not None:
+                assert w_before is not None
+                assert torch.equal(w, w_before)
+            if out.data_ptr() != x.data_ptr():
+                # ran on copies: no buffer changed
+                assert all(torch.equal(b, c) for b, c in zip(buffers, before, strict=True))
+            else:
+                donated += 1
+    assert donated > 30  # donation happened, not only copies
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_apart_proves_only_what_holds(seed: int) -> None:
     """Random views (sizes, strides, offsets, dtypes) of one storage: every pair

@@ -14,6 +14,8 @@ densely ask :func:`contiguous`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import SymInt, Tensor
 
@@ -104,17 +106,26 @@ def may_overlap_itself(t: Tensor) -> bool:
     return False
 
 
-def _byte_layout(t: Tensor) -> tuple[int, int, int, int]:
+# (storage offset, sizes, strides, item size): all ``apart`` reads of a tensor
+_Layout = tuple[int, torch.Size, tuple[int, ...], int]
+
+
+def _layout(t: Tensor) -> _Layout:
+    # eager tensors: a plain int offset (never a SymInt here)
+    return t.storage_offset(), t.shape, t.stride(), t.element_size()  # type: ignore[return-value]
+
+
+def _byte_layout(layout: _Layout) -> tuple[int, int, int, int]:
     """``(start, end, period, width)`` in bytes of a tensor of non-negative strides.
 
     Its bytes lie in ``[start, end)``, and each in some ``[start + i * period,
     start + i * period + width)``: ``i`` steps its largest-stride dimension
     (``period`` 0 when no dimension has two elements), ``width`` spans the others.
     """
-    item = t.element_size()
-    dims = [(int(st) * item, int(sz)) for sz, st in zip(t.shape, t.stride(), strict=True) if sz > 1]
+    offset, shape, strides, item = layout
+    dims = [(st * item, sz) for sz, st in zip(shape, strides, strict=True) if sz > 1]
     span = sum(st * (sz - 1) for st, sz in dims)
-    begin = int(t.storage_offset()) * item
+    begin = offset * item
     if not dims:
         return begin, begin + item, 0, item
     period, size = max(dims)
@@ -138,9 +149,16 @@ def apart(a: Tensor, b: Tensor) -> bool:
     """
     if a.layout != torch.strided or b.layout != torch.strided:
         return False
-    if a.numel() == 0 or b.numel() == 0:
+    return _layouts_apart(_layout(a), _layout(b))
+
+
+# an eager call of maybe_inplace asks this for every pair of views it is given:
+# the same few layouts each decode step (a memo costs 1 us, the arithmetic 5)
+@functools.lru_cache(maxsize=1024)
+def _layouts_apart(a: _Layout, b: _Layout) -> bool:
+    if 0 in a[1] or 0 in b[1]:  # no elements
         return True
-    if any(st < 0 for t in (a, b) for st in t.stride()):
+    if any(st < 0 for st in (*a[2], *b[2])):
         return False
     start_a, end_a, period_a, width_a = _byte_layout(a)
     start_b, end_b, period_b, width_b = _byte_layout(b)

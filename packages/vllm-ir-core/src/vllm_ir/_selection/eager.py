@@ -42,7 +42,7 @@ from vllm_ir._base.runtime import RUNTIME
 from vllm_ir._schema.impl import IrOpImpl
 from vllm_ir._schema.layout import apart, may_overlap_itself
 from vllm_ir._selection.compiled_eager import compiled_fn_for
-from vllm_ir._selection.hotpath import _FORWARD_AD, make_eager_call
+from vllm_ir._selection.hotpath import _FORWARD_AD, make_donating_call, make_eager_call
 from vllm_ir._selection.selector import Selector, store_if_cacheable
 from vllm_ir.selection import describe
 
@@ -193,22 +193,23 @@ class EagerCall:
             isinstance(args[i], torch.Tensor) and may_overlap_itself(args[i]) for i in self._act_idx
         )
 
+    @functools.cached_property
+    def _call_donating(self) -> Callable[..., Any]:
+        """``(fn, *args)``: the inplace ``fn`` on the donated activations, or on copies
+        when one may share memory with another tensor argument (generated per op)."""
+        return make_donating_call(
+            self.op.signature,
+            self._act_idx,
+            self._other_idx,
+            on_copies=self._call_on_copies,
+            alias=_is_alias_of,
+            apart=apart,
+            shares=_shares_memory,
+            bump=_increment_version,
+        )
+
     def _call_on_copies(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*self.op._clone_activations(args))
-
-    def _call_donating(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run an inplace impl on the donated activations, unless one shares
-        memory with another tensor argument; then bump their versions."""
-        acts = tuple(args[i] for i in self._act_idx)
-        others = [args[i] for i in self._other_idx]
-        for n, a in enumerate(acts):
-            for b in (*acts[n + 1 :], *others):
-                if b is not None and _shares_memory(a, b):
-                    return fn(*self.op._clone_activations(args))
-        out = fn(*args)
-        # the impl wrote them outside torch's view: autograd must know
-        _increment_version(acts)
-        return out
 
     def routed(self, *args: Any) -> Any:
         """A call the fast path does not serve (see :func:`make_eager_call`).

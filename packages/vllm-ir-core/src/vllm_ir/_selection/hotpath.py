@@ -33,7 +33,13 @@ from vllm_ir._schema.signature import GENERATED_PREFIX as P
 from vllm_ir._schema.signature import params_source, tensor_kind
 from vllm_ir._selection.key import key_expression, key_namespace
 
-__all__ = ["compile_source", "make_eager_call", "make_needs_grad_fn", "make_route_fn"]
+__all__ = [
+    "compile_source",
+    "make_donating_call",
+    "make_eager_call",
+    "make_needs_grad_fn",
+    "make_route_fn",
+]
 
 _counter = itertools.count()
 
@@ -167,3 +173,62 @@ def make_eager_call(
     lines.append(f"    return {P}fn({args})")
     # named after the op, so a wrong call says "rms_norm() missing 1 required ..."
     return compile_source("\n".join(lines) + "\n", op_name, namespace)
+
+
+def _may_share_expr(sig: inspect.Signature, a: str, b: str) -> str:
+    """Whether parameters ``a`` (an activation) and ``b`` may share memory: an
+    alias test first (one C call; false for most pairs), ``apart`` only for views
+    of one storage; ``None`` shares nothing, a list through ``shares``."""
+    kinds = {p.name: tensor_kind(p.annotation) for p in sig.parameters.values()}
+    if kinds[a] == "tensor" and kinds[b] in ("tensor", "optional"):
+        test = f"{P}alias({a}, {b}) and not {P}apart({a}, {b})"
+    else:
+        test = f"{P}shares({a}, {b})"
+    guards = [f"{n} is not None" for n in (a, b) if kinds[n] != "tensor"]
+    return "(" + " and ".join((*guards, test)) + ")"
+
+
+def make_donating_call(
+    sig: inspect.Signature,
+    activations: tuple[int, ...],
+    others: tuple[int, ...],
+    *,
+    on_copies: Callable[..., Any],
+    alias: Callable[[torch.Tensor, torch.Tensor], bool],
+    apart: Callable[[torch.Tensor, torch.Tensor], bool],
+    shares: Callable[[torch.Tensor, Any], bool],
+    bump: Callable[[tuple[Any, ...]], None],
+) -> Callable[..., Any]:
+    """``donating(fn, <op params>)``: run the inplace impl ``fn`` on the donated
+    activations and bump their versions; or, when an activation may share memory
+    with another activation or tensor argument, ``on_copies(fn, <op params>)``.
+
+    Straight-line tests of each (activation, other tensor) pair: the loop over
+    argument tuples it replaces cost 10-15 us per call, the impl's cost at decode sizes.
+    """
+    names = list(sig.parameters)
+    pairs = [
+        (names[i], names[j])
+        for n, i in enumerate(activations)
+        for j in (*activations[n + 1 :], *others)
+    ]
+    namespace: dict[str, Any] = {
+        f"{P}on_copies": on_copies,
+        f"{P}alias": alias,
+        f"{P}apart": apart,
+        f"{P}shares": shares,
+        f"{P}bump": bump,
+    }
+    args = ", ".join(names)
+    acts = "".join(f"{names[i]}, " for i in activations)
+    lines = [f"def donating({P}fn, {params_source(sig, namespace)}):"]
+    if pairs:
+        shared = " or ".join(_may_share_expr(sig, a, b) for a, b in pairs)
+        lines += [f"    if {shared}:", f"        return {P}on_copies({P}fn, {args})"]
+    lines += [
+        f"    {P}out = {P}fn({args})",
+        "    # the impl wrote them outside torch's view: autograd must know",
+        f"    {P}bump(({acts}))",
+        f"    return {P}out",
+    ]
+    return compile_source("\n".join(lines) + "\n", "donating", namespace)
