@@ -36,7 +36,7 @@ Needs the ``vllm_engine`` session's environment (vLLM's CPU engine, the
 project's wheels); without vLLM it says so and exits 0, writing nothing
 (``nox -s bench`` runs every script).
 
-    python benchmarks/vllm_engine.py [--processes 3] [--rounds 6] \\
+    python benchmarks/vllm_engine.py [--processes 6] [--rounds 6] \\
         [--out benchmarks/results/vllm_engine.json]
 """
 
@@ -220,7 +220,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--processes", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
