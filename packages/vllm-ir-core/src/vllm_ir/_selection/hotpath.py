@@ -203,8 +203,9 @@ def make_donating_call(
     activations and bump their versions; or, when an activation may share memory
     with another activation or tensor argument, ``on_copies(fn, <op params>)``.
 
-    Straight-line tests of each (activation, other tensor) pair: the loop over
-    argument tuples it replaces cost 10-15 us per call, the impl's cost at decode sizes.
+    Straight-line tests of each (activation, other tensor) pair: a loop over
+    argument tuples cost twice this call's overhead over the impl, as much as a
+    decode-sized kernel (``benchmarks/dispatch_overhead.py``'s ``donation`` table).
     """
     names = list(sig.parameters)
     pairs = [
