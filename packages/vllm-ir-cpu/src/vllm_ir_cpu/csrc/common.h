@@ -189,12 +189,14 @@ inline void check_cpu_strided(const char* op, const char* name, const at::Tensor
       t.layout());
 }
 
+// `t` is a CPU strided tensor of `x`'s dtype; `x_name` names `x` in the message.
 inline void check_tensor(
-    const char* op, const char* name, const at::Tensor& t, const at::Tensor& x) {
+    const char* op, const char* name, const at::Tensor& t, const at::Tensor& x,
+    const char* x_name = "x") {
   check_cpu_strided(op, name, t);
   TORCH_CHECK(
       t.scalar_type() == x.scalar_type(), "vllm_ir_cpu::", op, ": ", name, " has dtype ",
-      t.scalar_type(), " but x has ", x.scalar_type());
+      t.scalar_type(), " but ", x_name, " has ", x.scalar_type());
 }
 
 inline void check_same_shape(

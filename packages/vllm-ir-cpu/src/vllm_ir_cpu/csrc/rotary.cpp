@@ -181,7 +181,7 @@ at::Tensor last_dim_contiguous(const at::Tensor& t) {
 
 void check_operand(
     const char* op, const char* name, const at::Tensor& t, const at::Tensor& query) {
-  check_tensor(op, name, t, query);
+  check_tensor(op, name, t, query, "query");
   TORCH_CHECK(t.dim() >= 1, "vllm_ir_cpu::", op, ": ", name, " must have at least one dimension");
 }
 
