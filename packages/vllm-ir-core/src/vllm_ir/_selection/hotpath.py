@@ -30,7 +30,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 from vllm_ir._schema.signature import GENERATED_PREFIX as P
-from vllm_ir._schema.signature import params_source, tensor_kind
+from vllm_ir._schema.signature import TensorKind, params_source, tensor_kind
 from vllm_ir._selection.key import key_expression, key_namespace
 
 __all__ = [
@@ -175,11 +175,11 @@ def make_eager_call(
     return compile_source("\n".join(lines) + "\n", op_name, namespace)
 
 
-def _may_share_expr(sig: inspect.Signature, a: str, b: str) -> str:
-    """Whether parameters ``a`` (an activation) and ``b`` may share memory: an
-    alias test first (one C call; false for most pairs), ``apart`` only for views
-    of one storage; ``None`` shares nothing, a list through ``shares``."""
-    kinds = {p.name: tensor_kind(p.annotation) for p in sig.parameters.values()}
+def _may_share_expr(kinds: dict[str, TensorKind], a: str, b: str) -> str:
+    """Whether parameters ``a`` (an activation) and ``b`` may share memory
+    (``kinds``: each parameter's :func:`tensor_kind`): an alias test first (one C
+    call; false for most pairs), ``apart`` only for views of one storage; ``None``
+    shares nothing, a list through ``shares``."""
     if kinds[a] == "tensor" and kinds[b] in ("tensor", "optional"):
         test = f"{P}alias({a}, {b}) and not {P}apart({a}, {b})"
     else:
@@ -208,6 +208,7 @@ def make_donating_call(
     decode-sized kernel (``benchmarks/dispatch_overhead.py``'s ``donation`` table).
     """
     names = list(sig.parameters)
+    kinds = {p.name: tensor_kind(p.annotation) for p in sig.parameters.values()}
     pairs = [
         (names[i], names[j])
         for n, i in enumerate(activations)
@@ -224,7 +225,7 @@ def make_donating_call(
     acts = "".join(f"{names[i]}, " for i in activations)
     lines = [f"def donating({P}fn, {params_source(sig, namespace)}):"]
     if pairs:
-        shared = " or ".join(_may_share_expr(sig, a, b) for a, b in pairs)
+        shared = " or ".join(_may_share_expr(kinds, a, b) for a, b in pairs)
         lines += [f"    if {shared}:", f"        return {P}on_copies({P}fn, {args})"]
     lines += [
         f"    {P}out = {P}fn({args})",
