@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -536,9 +537,26 @@ def rank_path(path: str | Path) -> str:
     >>> rank_path("tuned-{rank}.json")
     'tuned-3.json'
     >>> del os.environ["RANK"]
+
+    A rank is a non-negative decimal integer: any other value (``-1``, ``' 3'``,
+    ``../x``) would name a file outside the per-rank set, so it is a ``ValueError``.
     """
-    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
-    return str(path).replace("{rank}", rank)
+    path = str(path)
+    if "{rank}" not in path:
+        return path  # RANK matters only where it is used
+    name = "RANK" if os.environ.get("RANK") else "LOCAL_RANK"
+    rank = os.environ.get(name) or "0"
+    if not _RANK.fullmatch(rank):
+        raise ValueError(
+            f"{path}: {name}={short_repr(rank)} is not a rank (a non-negative integer such as "
+            f"0 or 3), so {{rank}} cannot be expanded; set {name} to the rank, or give a path "
+            "without {rank}"
+        )
+    return path.replace("{rank}", rank)
+
+
+_RANK = re.compile(r"[0-9]+")
+"""ASCII digits only (``str.isdigit`` takes ``'³'``): no sign, space or separator."""
 
 
 def _read_json_source(source: str | Path, where: str | None = None) -> tuple[str, str | None]:

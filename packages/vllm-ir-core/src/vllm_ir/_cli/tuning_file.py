@@ -57,7 +57,11 @@ def output_path(out: str | None, cache: bool, *, kind: str, replace: bool) -> tu
     if cache == (out is not None):
         raise UsageError("give --out FILE or --cache (the local tuning cache), one of them")
     if out is not None:
-        option, path = "--out", writable_file("--out", rank_path(out))
+        try:
+            expanded = rank_path(out)
+        except ValueError as e:  # a RANK that is not a rank: never a path outside the set
+            raise UsageError(f"--out {e}") from None
+        option, path = "--out", writable_file("--out", expanded)
     else:
         option, path = "--cache", tuning_cache_path()
         try:
