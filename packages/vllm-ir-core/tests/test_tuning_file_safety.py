@@ -15,12 +15,19 @@ test here; the randomized families at the end state their case counts:
 
 from __future__ import annotations
 
+import json
+import logging
 import random
 import re
+from pathlib import Path
+from typing import Any
 
 import pytest
+import vllm_ir as ir
+from torch import Tensor
 from vllm_ir._cli.args import UsageError
 from vllm_ir._cli.tuning_file import output_path
+from vllm_ir._discovery import stamps
 from vllm_ir.config import rank_path
 
 # -- {rank} -------------------------------------------------------------------
@@ -79,3 +86,95 @@ def _expanded_or_error(path: str) -> str | ValueError:
         return rank_path(path)
     except ValueError as e:
         return e
+
+
+# -- what a tuning file must say ---------------------------------------------
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def _first_source() -> str:
+    return ir.ops.rms_norm.get_priority_entries("eager")[0].source
+
+
+@pytest.mark.parametrize("fmt", [3, "2", 99, 2.0, True, None, [2]])
+def test_an_unknown_format_is_refused_naming_it_and_the_supported_ones(
+    tmp_path: Path, fmt: object
+) -> None:
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"format": fmt, "ir_op_priority": {"rms_norm": ["native"]}}))
+    with pytest.raises(ValueError, match=r'"format": .* is not a tuning-file format .* \(1, 2\)'):
+        ir.load_tuning_file(path)
+    assert not _first_source().startswith("tuning file")
+    with pytest.raises(ValueError, match="is not a tuning-file format"):  # the flag's path too
+        ir.parse_ir_op_priority_args([f"--ir-op-priority=@{path}"])
+
+
+def _native(
+    x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> Tensor:
+    return ir.ops.rms_norm.native(x, weight, epsilon, variance_size)
+
+
+def _stamped_file(path: Path, entry: list[str], stamp: dict[str, Any]) -> Path:
+    doc = {"format": 2, "ir_op_priority": {"rms_norm": entry}, "stamps": {"rms_norm": stamp}}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _full_stamp(providers: list[str]) -> dict[str, Any]:
+    return stamps.op_stamp("rms_norm", providers, "cpu")
+
+
+@pytest.mark.parametrize(
+    ("label", "entry", "stamp", "field"),
+    [
+        ("environment {}", ["native"], {"environment": {}}, "environment has no device"),
+        ("unknown keys only", ["native"], {"environment": {"gpu": "H100"}}, "has no device"),
+        ("no impls", ["native"], "no-impls", "the stamp has no impls"),
+        ("impls miss one", ["t_other", "native"], "native-only", "impls have no t_other"),
+        *(
+            (f"no {key}", ["native"], f"drop-{key}", f"environment has no {key}")
+            for key in ("device", "torch", "triton", "vllm_ir")  # every stamp has them
+        ),
+    ],
+)
+def test_a_stamp_that_proves_nothing_is_refused_naming_the_field(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+    label: str,
+    entry: list[str],
+    stamp: Any,
+    field: str,
+) -> None:
+    # a second provider of this test's own: the entry must apply with a whole stamp
+    other = ir.ops.rms_norm.register_impl("t_other", _native)
+    request.addfinalizer(other.remove)
+    if stamp == "no-impls":
+        stamp = {"environment": _full_stamp(entry)["environment"]}
+    elif stamp == "native-only":
+        stamp = _full_stamp(["native"])
+    elif isinstance(stamp, str):
+        stamp = _full_stamp(entry)
+        del stamp["environment"][label.removeprefix("no ")]
+    path = _stamped_file(tmp_path / "tuned.json", entry, stamp)
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        handle = ir.load_tuning_file(path)
+    try:
+        assert not _first_source().startswith("tuning file"), label
+    finally:
+        handle.remove()
+    lines = _warnings(caplog)
+    assert len(lines) == 1, lines
+    assert "rms_norm not applied: its stamp proves nothing" in lines[0]
+    assert field in lines[0]
+    # the whole stamp of this machine applies: only the missing field was wrong
+    _stamped_file(path, entry, _full_stamp(entry))
+    handle = ir.load_tuning_file(path)
+    try:
+        assert _first_source().startswith("tuning file"), label
+    finally:
+        handle.remove()

@@ -426,8 +426,17 @@ def _parse_json(
         raise ValueError(f"{where}: JSON names op {e.args[0]!r} twice; give each op once") from None
     stamps, stamped = None, False
     if isinstance(parsed, dict) and "ir_op_priority" in parsed:  # a `vllm-ir tune` document
+        fmt = parsed.get("format", 1)
+        # a format this vllm-ir does not know may mean anything: read as format 1 it
+        # would apply unchecked what a newer writer meant to be checked
+        if type(fmt) is not int or fmt not in TUNING_FORMATS:
+            raise ValueError(
+                f"{where}: \"format\": {_short(fmt)} is not a tuning-file format this vllm-ir "
+                f"reads ({', '.join(map(str, TUNING_FORMATS))}); tune again with this vllm-ir, "
+                "or upgrade vllm-ir to read it"
+            )
         # format 2 stamps every entry: one without a (well-formed) stamp is refused
-        stamped = "stamps" in parsed or parsed.get("format") == 2
+        stamped = "stamps" in parsed or fmt == 2
         stamps = parsed.get("stamps")
         parsed = parsed["ir_op_priority"]
         where = f"{where}: its ir_op_priority"
@@ -442,6 +451,9 @@ def _parse_json(
         accept_stale = envs.accept_stale()
     return drop_stale(parsed, stamps, where.removesuffix(": its ir_op_priority"), accept_stale)
 
+
+TUNING_FORMATS = (1, 2)
+"""The tuning-file formats read: 1 (no ``"format"``, no stamps) and 2 (stamped)."""
 
 MAX_PRIORITY_FILE_BYTES = 16 * 2**20
 """The largest priority file read (a tuned table of every op and bucket is kilobytes)."""

@@ -39,6 +39,7 @@ __all__ = [
     "drop_stale",
     "environment",
     "op_stamp",
+    "PROVING_FIELDS",
     "stamp_difference",
     "stamps_of",
 ]
@@ -145,16 +146,33 @@ def stamps_of(priorities: Mapping[str, Any], device_type: str) -> dict[str, dict
     }
 
 
-def stamp_difference(stamp: Mapping[str, Any]) -> str | None:
+PROVING_FIELDS = ("device", "torch", "triton", "vllm_ir")
+"""The environment fields every stamp has (since format 2): one without them proves nothing."""
+
+
+def stamp_difference(stamp: Mapping[str, Any], listed: Iterable[str] = ()) -> str | None:
     """How this process differs from where ``stamp`` was measured, in words, or None.
 
-    Fields a stamp lacks are not compared; an impl not registered here is
-    not either (selection skips it); code that cannot be fingerprinted, on
-    either side, is compared by its package alone.
+    A stamp must prove where it was measured: its environment names each of
+    :data:`PROVING_FIELDS`, and its ``impls`` each provider the entry lists
+    (``listed``); otherwise the difference says which field is missing. Other
+    fields a stamp lacks (``threads``: not on a GPU) are not compared; an impl
+    not registered here is not either (selection skips it); code that cannot be
+    fingerprinted, on either side, is compared by its package alone.
     """
     then = stamp.get("environment")
     if not isinstance(then, Mapping):
         return "the stamp has no environment"
+    # {} or unknown keys only would otherwise pass every comparison below
+    missing = [key for key in PROVING_FIELDS if key not in then]
+    if missing:
+        return f"the stamp's environment has no {', '.join(missing)}"
+    impls = stamp.get("impls")
+    if not isinstance(impls, Mapping):
+        return "the stamp has no impls"
+    unstamped = [p for p in dict.fromkeys(listed) if not isinstance(impls.get(p), Mapping)]
+    if unstamped:  # stamps_of stamps every provider an entry lists
+        return f"the stamp's impls have no {', '.join(unstamped)}"
     device_type = str(then.get("type") or str(then.get("device", "cpu")).split(":", 1)[0])
     if device_type not in ("cpu", "cuda", "xpu"):
         device_type = "cuda"  # a GPU's name (a stamp without its type): this machine's GPU
@@ -163,8 +181,7 @@ def stamp_difference(stamp: Mapping[str, Any]) -> str | None:
         if key in now and str(value) != now[key]:
             return f"{key} {value}, here {now[key]}"
     op = IrOp.registry.get(str(stamp.get("op", "")))
-    impls = stamp.get("impls")
-    if op is None or not isinstance(impls, Mapping):
+    if op is None:
         return None
     for provider, recorded in impls.items():
         if provider not in op.impls or not isinstance(recorded, Mapping):
@@ -178,6 +195,14 @@ def stamp_difference(stamp: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _listed(entry: object, op_name: str) -> tuple[str, ...]:
+    """The providers ``entry`` lists; none if malformed (the entry is refused later)."""
+    try:
+        return _providers_in(entry, op_name)
+    except (ValueError, TypeError):
+        return ()
+
+
 def drop_stale(
     priorities: Mapping[str, Any], stamps: object, where: str, accept_stale: bool
 ) -> dict[str, Any]:
@@ -188,23 +213,31 @@ def drop_stale(
     for op_name, entry in priorities.items():
         stamp = stamps.get(op_name) if isinstance(stamps, Mapping) else None
         if isinstance(stamp, Mapping):
-            difference = stamp_difference({**stamp, "op": op_name})
+            difference = stamp_difference({**stamp, "op": op_name}, _listed(entry, op_name))
         else:
             difference = "the file has no stamp for it"
         if difference is None:
             kept[op_name] = entry
-        elif accept_stale:
+            continue
+        # a stamp missing a field is no evidence of anywhere: say so, not "elsewhere"
+        why = (
+            "its stamp proves nothing"
+            if difference.startswith("the stamp")
+            else "measured elsewhere"
+        )
+        if accept_stale:
             logger.warning(
-                "%s: %s measured elsewhere (%s); applied (accept stale)", where, op_name, difference
+                "%s: %s %s (%s); applied (accept stale)", where, op_name, why, difference
             )
             kept[op_name] = entry
         else:
             threads = f" with --threads {torch.get_num_threads()}"
             logger.warning(
-                "%s: %s not applied: measured elsewhere (%s); tune again here%s, or set "
+                "%s: %s not applied: %s (%s); tune again here%s, or set "
                 "VLLM_IR_ACCEPT_STALE=1 to apply it",
                 where,
                 op_name,
+                why,
                 difference,
                 threads if difference.startswith("threads") else "",
             )
