@@ -26,7 +26,7 @@ import pytest
 import vllm_ir as ir
 from torch import Tensor
 from vllm_ir._cli.args import UsageError
-from vllm_ir._cli.tuning_file import output_path
+from vllm_ir._cli.tuning_file import output_path, stamped, write_tuning
 from vllm_ir._discovery import stamps
 from vllm_ir.config import rank_path
 
@@ -176,5 +176,59 @@ def test_a_stamp_that_proves_nothing_is_refused_naming_the_field(
     handle = ir.load_tuning_file(path)
     try:
         assert _first_source().startswith("tuning file"), label
+    finally:
+        handle.remove()
+
+
+# -- merging into a format-1 file -----------------------------------------------
+
+
+def test_a_merge_into_a_format_1_file_keeps_its_entries_applying_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"ir_op_priority": {"rms_norm": ["native"], "gelu_and_mul": []}}))
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        write_tuning(
+            "--out", path, stamped({"ir_op_priority": {"silu_and_mul": ["native"]}}, "cpu")
+        )
+    lines = _warnings(caplog)
+    assert len(lines) == 1, lines
+    assert "kept rms_norm, gelu_and_mul of its format-1 file (no stamps) unchecked" in lines[0]
+    assert "tune them again here to stamp them" in lines[0]
+    doc = json.loads(path.read_text())
+    assert doc["format"] == 2
+    assert doc["stamps"]["rms_norm"] == stamps.UNCHECKED
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        handle = ir.load_tuning_file(path)
+    try:
+        assert _first_source().startswith("tuning file")  # applies as it did before the write
+        silu = ir.ops.silu_and_mul.get_priority_entries("eager")[0]
+        assert silu.source.startswith("tuning file")
+    finally:
+        handle.remove()
+    assert not _warnings(caplog)
+    # tuning the kept op again replaces its unchecked stamp with a real one
+    write_tuning("--out", path, stamped({"ir_op_priority": {"rms_norm": ["native"]}}, "cpu"))
+    assert json.loads(path.read_text())["stamps"]["rms_norm"]["environment"]
+
+
+def test_a_merge_into_a_file_of_an_unknown_format_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "tuned.json"
+    text = json.dumps({"format": 3, "ir_op_priority": {"rms_norm": ["native"]}})
+    path.write_text(text)
+    doc = stamped({"ir_op_priority": {"silu_and_mul": ["native"]}}, "cpu")
+    with pytest.raises(UsageError, match=r'"format": 3 is not a tuning-file format .* --replace'):
+        write_tuning("--out", path, doc)
+    assert path.read_text() == text
+
+
+def test_an_unchecked_stamp_is_only_the_exact_marker(tmp_path: Path) -> None:
+    # {"format": 1, ...anything else} is not the marker: a stamp that proves nothing
+    path = _stamped_file(tmp_path / "t.json", ["native"], {"format": 1, "environment": {}})
+    handle = ir.load_tuning_file(path)
+    try:
+        assert not _first_source().startswith("tuning file")
     finally:
         handle.remove()

@@ -5,7 +5,9 @@
 * **Stamped**: the document gets ``"format": 2`` and a ``"stamps"`` entry per op
   (:mod:`vllm_ir._discovery.stamps`), checked when the file is loaded.
 * **Merged**: the ops measured now replace their entries; the file's other ops
-  are kept (``--replace`` starts over). A file of the other kind (``tune`` vs
+  are kept (``--replace`` starts over). Those of a format-1 file (no stamps) are
+  kept with the stamp :data:`~vllm_ir._discovery.stamps.UNCHECKED`: they apply
+  unchecked, as before, and the write says so in one line. A file of the other kind (``tune`` vs
   ``tune --model``), or one that is not a tuning file, is refused rather than
   overwritten.
 * **Concurrent and crash-safe**: a writer holds an exclusive lock on
@@ -30,14 +32,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from vllm_ir._base.logger import get_logger
+from vllm_ir._base.text import short_repr
 from vllm_ir._cli.args import UsageError, writable_file, write_atomically
-from vllm_ir._discovery.stamps import stamps_of
+from vllm_ir._discovery.stamps import UNCHECKED, stamps_of
 from vllm_ir.config import rank_path, tuning_cache_path
 
 __all__ = ["FORMAT", "OP_KEYED", "applying", "merge", "output_path", "stamped", "write_tuning"]
 
 FORMAT = 2
 """The tuning-file format: 2 adds ``"format"`` and ``"stamps"`` (1: neither)."""
+
+logger = get_logger(__name__)
 
 OP_KEYED = (
     ("ir_op_priority",),
@@ -141,6 +147,12 @@ def _read_existing(option: str, target: Path, kind: str) -> dict[str, Any] | Non
             f"{option} {target}: not a tuning file, so there is nothing to merge into; "
             "give another path, or --replace to overwrite it"
         )
+    fmt = old.get("format", 1)
+    if type(fmt) is not int or fmt not in (1, FORMAT):  # what it means is unknown here
+        raise UsageError(
+            f'{option} {target}: "format": {short_repr(fmt)} is not a tuning-file format this '
+            "vllm-ir writes into; give another path, or --replace to overwrite it"
+        )
     if kind_of(old) != kind:
         raise UsageError(
             f"{option} {target}: written by `vllm-ir {kind_of(old)}`, not `vllm-ir {kind}`; "
@@ -170,6 +182,25 @@ def _remove_killed_writers_temporaries(target: Path) -> None:
             tmp.unlink()
 
 
+def _keep_unchecked(
+    option: str, target: Path, old: dict[str, Any], doc: dict[str, Any]
+) -> dict[str, Any]:
+    """A format-1 file's entries, marked to apply unchecked as before: in the format-2
+    file the merge writes, an entry without a stamp would be refused at every load."""
+    kept = [op for op in old["ir_op_priority"] if op not in doc.get("ir_op_priority", {})]
+    if kept:  # said once, at write time: loading them says nothing, as before
+        logger.warning(
+            "%s %s: kept %s of its format-1 file (no stamps) unchecked, as before; tune %s "
+            "again here to stamp %s",
+            option,
+            target,
+            ", ".join(kept),
+            "it" if len(kept) == 1 else "them",
+            "it" if len(kept) == 1 else "them",
+        )
+    return {**old, "stamps": {op: dict(UNCHECKED) for op in old["ir_op_priority"]}}
+
+
 def write_tuning(
     option: str, target: Path, doc: dict[str, Any], *, replace: bool = False
 ) -> dict[str, Any]:
@@ -177,6 +208,8 @@ def write_tuning(
     with _locked(option, target):
         _remove_killed_writers_temporaries(target)
         old = None if replace else _read_existing(option, target, kind_of(doc))
+        if old is not None and "stamps" not in old and old.get("format", 1) == 1:
+            old = _keep_unchecked(option, target, old, doc)
         written = doc if old is None else merge(old, doc)
         write_atomically(option, target, json.dumps(written, indent=2) + "\n")
     return written

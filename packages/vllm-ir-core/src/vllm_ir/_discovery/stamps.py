@@ -40,6 +40,7 @@ __all__ = [
     "environment",
     "op_stamp",
     "PROVING_FIELDS",
+    "UNCHECKED",
     "stamp_difference",
     "stamps_of",
 ]
@@ -203,6 +204,11 @@ def _listed(entry: object, op_name: str) -> tuple[str, ...]:
         return ()
 
 
+UNCHECKED = {"format": 1}
+"""The stamp of an entry a write kept from a format-1 file (which has no stamps):
+applied unchecked, as that file was, instead of refused as unstamped."""
+
+
 def drop_stale(
     priorities: Mapping[str, Any], stamps: object, where: str, accept_stale: bool
 ) -> dict[str, Any]:
@@ -212,6 +218,9 @@ def drop_stale(
     kept = {}
     for op_name, entry in priorities.items():
         stamp = stamps.get(op_name) if isinstance(stamps, Mapping) else None
+        if stamp == UNCHECKED:
+            kept[op_name] = entry
+            continue
         if isinstance(stamp, Mapping):
             difference = stamp_difference({**stamp, "op": op_name}, _listed(entry, op_name))
         else:
