@@ -58,3 +58,30 @@ def test_maybe_inplace_with_grad_does_not_donate(inplace_op: ir.IrOp) -> None:
     out.sum().backward()
     assert x.grad is not None
     assert x.grad.tolist() == [2.0] * 4
+
+
+def list_sum(a: Tensor, ys: list[Tensor]) -> Tensor:
+    return a * 2 + sum(y * (i + 1) for i, y in enumerate(ys))
+
+
+def test_tensors_of_a_list_parameter_get_their_gradients(make_op) -> None:  # type: ignore[no-untyped-def]
+    """Each tensor in a ``list[Tensor]`` argument gets native's gradient, whichever
+    of them and of the other arguments require grad (reliability-v4 06)."""
+    op = make_op(list_sum)
+    for a_grad, grads in [(False, (True,)), (True, (True, False, True)), (True, ()), (False, ())]:
+        a = torch.randn(3, requires_grad=a_grad)
+        ys = [torch.randn(3, requires_grad=g) for g in grads]
+        if not (a_grad or any(grads)):
+            continue
+        op(a, ys).sum().backward()
+        for i, y in enumerate(ys):
+            want = torch.full((3,), float(i + 1)) if y.requires_grad else None
+            assert (y.grad is None) if want is None else torch.equal(y.grad, want)
+        assert (a.grad is None) if not a_grad else torch.equal(a.grad, torch.full((3,), 2.0))
+    a, y = (
+        torch.randn(3, dtype=torch.double, requires_grad=True),
+        torch.randn(3, dtype=torch.double),
+    )
+    assert torch.autograd.gradcheck(
+        lambda a, y: op(a, [y, a]), (a, y.requires_grad_()), check_undefined_grad=False
+    )

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import random
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 import vllm_ir as ir
 from torch import Tensor
+from vllm_ir.priority import process_priorities, set_process_priority
 
 
 @pytest.fixture
@@ -100,6 +104,77 @@ def test_apply_returns_a_handle_that_restores_every_list(with_kernel: ir.IrOp) -
     assert handle.removed
     handle.remove()  # once: a second remove changes nothing
     assert with_kernel.get_priority() == ["native"]
+
+
+def test_handles_removed_out_of_order_take_back_their_own_setting() -> None:
+    """Two plugins' handles, removed first-in-first-out (reliability-v4 03)."""
+    a = ir.IrOpPriorityConfig(rms_norm=["native"]).apply()
+    b = ir.KernelConfig(ir.IrOpPriorityConfig(silu_and_mul=["native"])).apply()
+    a.remove()
+    assert sorted(process_priorities()) == ["silu_and_mul"]
+    b.remove()
+    assert dict(process_priorities()) == {}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_apply_and_remove_sequences_fold_the_live_settings(seed: int) -> None:
+    """Random apply (with and without replace), handle removal in any order,
+    set and clear: the lists in force are always the live settings folded in
+    order, each over those before it or alone where it replaces them."""
+    rng = random.Random(seed)
+    ops = ["rms_norm", "silu_and_mul", "gelu_and_mul", "fused_add_rms_norm"]
+    lists = (["native"],)
+    live: list[tuple[object, dict[str, list[str]], bool]] = []  # (handle, lists, replace)
+    for _ in range(300):
+        action = rng.choice(("apply", "apply", "remove", "remove", "set", "clear"))
+        chosen = {op: rng.choice(lists) for op in rng.sample(ops, rng.randint(0, 2))}
+        replace = rng.random() < 0.2
+        if action == "apply":
+            handle = ir.IrOpPriorityConfig(**chosen).apply(replace=replace)
+            live.append((handle, chosen, replace))
+        elif action == "remove" and (held := [i for i, s in enumerate(live) if s[0]]):
+            handle, _, _ = live.pop(rng.choice(held))
+            handle.remove()  # type: ignore[attr-defined]
+        elif action == "set":
+            set_process_priority(chosen, replace=replace)
+            live.append((None, chosen, replace))
+        elif action == "clear":
+            ir.clear_process_priority()
+            live.clear()
+        want: dict[str, tuple[str, ...]] = {}
+        for _handle, settings, replaces in live:
+            if replaces:
+                want = {}
+            want.update({op: tuple(p) for op, p in settings.items()})
+        assert dict(process_priorities()) == want
+    for handle, _, _ in live:
+        if handle is not None:
+            handle.remove()  # type: ignore[attr-defined]
+
+
+def test_concurrent_applies_all_land() -> None:
+    """Four threads apply one op each at once: none is lost (reliability-v4 04)."""
+    names = ["rms_norm", "silu_and_mul", "gelu_and_mul", "fused_add_rms_norm"]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        for _ in range(50):
+            ir.clear_process_priority()
+            barrier = threading.Barrier(len(names))
+
+            def go(op: str, barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                ir.IrOpPriorityConfig(**{op: ["native"]}).apply()
+
+            threads = [threading.Thread(target=go, args=(n,)) for n in names]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            assert sorted(process_priorities()) == sorted(names)
+    finally:
+        sys.setswitchinterval(interval)
+        ir.clear_process_priority()
 
 
 def test_kernel_config_accepts_dict_and_config(with_kernel: ir.IrOp) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import gc
 import random
+import typing
 import weakref
 from collections.abc import Callable
 
 import conftest
+import numpy as np
 import pytest
 import torch
 import vllm_ir as ir
@@ -118,6 +120,16 @@ def _cases() -> list[tuple[str, Callable[[], tuple[torch.Tensor, ...]]]]:
         buf = torch.randn(5, 8)
         return buf[1:], buf[:4], torch.randn(8)
 
+    def activations_share_memory_through_two_storages() -> tuple[torch.Tensor, ...]:
+        # two storage objects over one numpy buffer: one address range (reliability-v4 01)
+        array = np.arange(40, dtype=np.float32)
+        return torch.from_numpy(array[8:]).view(4, 8), torch.from_numpy(array[:32]).view(4, 8), None
+
+    def weight_shares_memory_through_another_storage() -> tuple[torch.Tensor, ...]:
+        raw = bytearray(np.arange(32, dtype=np.float32).tobytes())
+        x = torch.frombuffer(raw, dtype=torch.float32).view(4, 8)
+        return x, torch.randn(4, 8), torch.frombuffer(raw, dtype=torch.float32)[8:16]
+
     return [
         (f.__name__, f)
         for f in (
@@ -126,6 +138,8 @@ def _cases() -> list[tuple[str, Callable[[], tuple[torch.Tensor, ...]]]]:
             rows_overlap,
             weight_views_other,
             activations_share_storage,
+            activations_share_memory_through_two_storages,
+            weight_shares_memory_through_another_storage,
         )
     ]
 
@@ -135,11 +149,42 @@ def test_overlapping_donations_run_on_copies(
     weighted_op: ir.IrOp, name: str, make: Callable[[], tuple[torch.Tensor, ...]]
 ) -> None:
     args = make()
-    want = weighted_op.native(*(a.clone() for a in args))
+    want = weighted_op.native(*(None if a is None else a.clone() for a in args))
     with weighted_op.set_priority(["raw_kernel"]):
         got = weighted_op.maybe_inplace(*args)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, msg=name)
+
+
+@pytest.mark.parametrize("annotation", [list[torch.Tensor], typing.Sequence[torch.Tensor]])
+def test_tensors_in_a_sequence_parameter_are_checked_before_donating(
+    make_op: Callable[..., ir.IrOp], annotation: object
+) -> None:
+    """``typing.Sequence[Tensor]`` is a list of tensors as ``list[Tensor]`` is:
+    a donated activation that is one of them runs on a copy (reliability-v4 02)."""
+
+    def flip_add(x: torch.Tensor, extra: list[torch.Tensor]) -> torch.Tensor:
+        return x + sum(e.flip(0) for e in extra)
+
+    flip_add.__annotations__["extra"] = annotation
+    op = make_op(flip_add, allow_inplace=True)
+
+    def _impl(x: torch.Tensor, extra: list[torch.Tensor]) -> torch.Tensor:
+        n = x.shape[0]
+        for i in range(n):  # row i reads row n-1-i of each extra tensor after earlier writes
+            x[i] += sum(e[n - 1 - i] for e in extra)
+        return x
+
+    _impl.__annotations__["extra"] = annotation
+    op.register_impl("rows_in_place", inplace=True)(_impl)
+    rng = random.Random(0)
+    with op.set_priority(["rows_in_place"]):
+        for _ in range(50):
+            buf = torch.randn(6)
+            x = buf[rng.randint(0, 2) :][:4]
+            extra = [rng.choice((buf[:4], buf[2:], x, torch.randn(4))) for _ in range(2)]
+            want = op.native(x.clone(), [e.clone() for e in extra])
+            assert torch.equal(op.maybe_inplace(x, extra), want)
 
 
 def test_separate_donations_still_reuse_memory(weighted_op: ir.IrOp) -> None:
@@ -169,13 +214,20 @@ def test_random_donations_equal_native_and_leave_the_rest(weighted_op: ir.IrOp, 
     to write (the weight, and memory no donated view covers) keeps its values."""
     op = weighted_op
     rng = random.Random(seed)
-    buffers = [torch.randn(6, 16) for _ in range(2)]
+    # the second buffer's memory is a numpy array's: views of it through new
+    # storage objects (``torch.from_numpy`` of numpy views) overlap its own
+    array = np.random.default_rng(seed).standard_normal((6, 16)).astype(np.float32)
+    buffers = [torch.randn(6, 16), torch.from_numpy(array)]
 
     def view() -> torch.Tensor:
         buf = rng.choice(buffers)
-        kind = rng.choice(("fresh", "rows", "cols", "expand", "whole"))
+        kind = rng.choice(("fresh", "rows", "cols", "expand", "whole", "numpy"))
         if kind == "fresh":
             return torch.randn(4, 8)
+        if kind == "numpy":
+            start = rng.randint(0, 2)
+            col = rng.choice((0, 4, 8))
+            return torch.from_numpy(array[start : start + 4, col : col + 8])
         if kind == "rows":
             start = rng.randint(0, 2)
             return buf[start : start + 4, 8 * rng.randint(0, 1) :][:, :8]
@@ -212,22 +264,25 @@ def test_random_donations_equal_native_and_leave_the_rest(weighted_op: ir.IrOp, 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_apart_proves_only_what_holds(seed: int) -> None:
-    """Random views (sizes, strides, offsets, dtypes) of one storage: every pair
+    """Random views (sizes, strides, offsets, dtypes) of one buffer, through one
+    storage object or a new one each (``torch.frombuffer``): every pair
     ``apart`` calls apart has no byte in common, counted byte by byte."""
     rng = random.Random(seed)
-    memory = torch.empty(160, dtype=torch.uint8)
+    raw = bytearray(160)
+    shared = torch.frombuffer(raw, dtype=torch.uint8)
     dtypes = (torch.uint8, torch.int16, torch.float32, torch.float64)
 
     def view() -> tuple[torch.Tensor, set[int]]:
         dtype = rng.choice(dtypes)
         item = torch.empty((), dtype=dtype).element_size()
-        elements = memory.numel() // item
+        elements = len(raw) // item
         while True:
             size = [rng.randint(1, 4) for _ in range(rng.randint(1, 3))]
             stride = [rng.randint(0, 12) for _ in size]
             offset = rng.randint(0, elements - 1)
             if offset + sum(st * (sz - 1) for st, sz in zip(stride, size, strict=True)) < elements:
                 break
+        memory = shared if rng.random() < 0.5 else torch.frombuffer(raw, dtype=torch.uint8)
         t = memory.view(dtype).as_strided(size, stride, offset)
         index = torch.arange(elements).as_strided(size, stride, offset)
         return t, {e * item + i for e in index.flatten().tolist() for i in range(item)}

@@ -488,3 +488,44 @@ def test_picks_that_lose_at_a_measured_size_are_listed(scale_op: ir.IrOp) -> Non
     assert small.losing_picks(doc(10.4), margin=0.01) != []
     assert big.losing_picks(doc(20.0)) == []  # 64 tokens were not measured
     assert small.losing_picks({"ir_op_priority": {}}) == []  # no figures: nothing judged
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nests deeper than"),
+        ("[1]", "a tuning document is a JSON object"),
+        ("{}", "no _measurements"),
+        ('{"_measurements": {"ops": [1]}}', "must map op names"),
+        (b"\xff\xfe", "cannot read a tuning file"),
+    ],
+)
+def test_plan_refuses_a_bad_tuned_file_in_one_line(
+    content: str | bytes, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``vllm-ir plan PLAN --tuned FILE``: exit 2 and one line, also for JSON
+    nested deeper than ``json`` recurses (reliability-v4 11)."""
+    from vllm_ir_cli import main
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(Plan(mode="eager", platform="cpu", batch_invariant=False).to_json())
+    tuned = tmp_path / "tuned.json"
+    tuned.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert main(["plan", str(plan), "--tuned", str(tuned)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert says in err
+
+
+@pytest.mark.parametrize("margin", [float("nan"), -0.5, 1.0, 1.5, "0.1"])
+def test_losing_picks_refuses_a_margin_outside_zero_to_one(margin: object) -> None:
+    """A negative margin would report winning picks as losing; nan judges nothing
+    (reliability-v4 18)."""
+    with pytest.raises(ValueError, match="margin must be at least 0 and below 1"):
+        Plan(mode="eager", platform="cpu", batch_invariant=False).losing_picks({}, margin=margin)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("doc", [[1], {"_measurements": [1]}, {"_measurements": {"ops": [1]}}])
+def test_losing_picks_refuses_a_document_that_is_no_sweep(doc: object) -> None:
+    with pytest.raises(ValueError, match="tune --model"):
+        Plan(mode="eager", platform="cpu", batch_invariant=False).losing_picks(doc)  # type: ignore[arg-type]

@@ -407,3 +407,41 @@ def test_an_unregistered_impl_is_forgotten_by_the_wrappers_that_ran_it(
     inplace_op.unregister_impl("held")
     gc.collect()
     assert ref() is None
+
+
+def test_parameters_named_like_builtins_reach_the_impl(make_op: Callable[..., ir.IrOp]) -> None:
+    """Generated code shares the parameters' scope: a parameter called ``any``
+    (or ``Exception``) must not shadow what it calls (reliability-v4 05)."""
+    namespace: dict[str, object] = {}
+    exec(
+        "def builtin_names(x: Tensor, any: list[Tensor], Exception: float) -> Tensor:\n"
+        "    return x * Exception + sum(any)\n",
+        {"Tensor": Tensor},
+        namespace,
+    )
+    op = make_op(namespace["builtin_names"], allow_inplace=True)
+    x, ys = torch.ones(2, requires_grad=True), [torch.ones(2, requires_grad=True)]
+    op(x, ys, 3.0).sum().backward()
+    assert torch.equal(op(torch.ones(2), [torch.ones(2)], 3.0), torch.full((2,), 4.0))
+    assert torch.equal(op.maybe_inplace(torch.ones(2), [torch.ones(2)], 3.0), torch.full((2,), 4.0))
+    assert x.grad is not None
+    assert ys[0].grad is not None
+
+
+@pytest.mark.parametrize("default", ['a"b', "a\\b", "a\nb"])
+def test_a_str_default_a_schema_cannot_hold_is_one_clear_error(
+    make_op: Callable[..., ir.IrOp], default: str
+) -> None:
+    """torch renders str defaults in double quotes, unescaped: a quote breaks its
+    parser (a 3-line error), a backslash changes the default (reliability-v4 17)."""
+    namespace: dict[str, object] = {}
+    exec(
+        "def quoted(x: Tensor, s: str = D) -> Tensor:\n    return x * len(s)\n",
+        {"Tensor": Tensor, "D": default},
+        namespace,
+    )
+    with pytest.raises(ValueError, match="cannot hold") as caught:
+        make_op(namespace["quoted"])
+    assert "\n" not in str(caught.value)
+    namespace["quoted"].__defaults__ = ("a'b",)  # a single quote is fine
+    assert make_op(namespace["quoted"])(torch.ones(1)).item() == 3.0

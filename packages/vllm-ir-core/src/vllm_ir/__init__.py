@@ -14,7 +14,6 @@ eager mode and under ``torch.compile``.
 from typing import TYPE_CHECKING
 
 from vllm_ir import ops
-from vllm_ir._base import moved_modules as _moved_modules
 from vllm_ir._base.namespace import NAMESPACE
 from vllm_ir._base.torch_wrap import enable_torch_wrap, torch_wrap_enabled
 from vllm_ir._discovery.providers import load_errors, loaded_providers
@@ -81,12 +80,6 @@ def __getattr__(name: str) -> object:
         return getattr(importlib.import_module(_MOVED[name]), name)
     if name in ("compilation", "testing", "provider"):
         return importlib.import_module(f"vllm_ir.{name}")
-    if f"vllm_ir.{name}" in _moved_modules.MOVED:  # an internal module's old name
-        from vllm_ir._base.deprecation import warn_deprecated
-
-        old = f"vllm_ir.{name}"
-        warn_deprecated(_moved_modules.message(old))
-        return importlib.import_module(_moved_modules.MOVED[old])
     raise AttributeError(f"module 'vllm_ir' has no attribute {name!r}")
 
 
@@ -129,5 +122,3 @@ def _deprecated_backend(self: KernelConfig, **kwargs: object) -> object:
 
 # set here, above both the configuration and the compile integration: no upward import
 KernelConfig.backend = _deprecated_backend  # type: ignore[method-assign]
-
-_moved_modules.install()  # old import paths of the internal modules, for one release

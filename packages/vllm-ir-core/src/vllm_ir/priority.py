@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,8 @@ __all__ = [
     "scoped_state",
     "selection_mode",
     "selection_mode_scope",
+    "apply_process_priority",
+    "isolated_process_priorities",
     "set_process_priority",
     "tuned_contributions",
     "user_priority",
@@ -195,6 +198,7 @@ _frozen = freeze_priority
 _EMPTY_PROCESS = PriorityState({}, "user (process-wide)")
 _EMPTY_SCOPE = PriorityState({}, "user (scoped)")
 _store.process = _EMPTY_PROCESS
+_store.applied = ()
 
 
 class Scope:
@@ -339,21 +343,98 @@ def scoped_priority(
         _exit_scope(scope, token)
 
 
+@dataclass(frozen=True, eq=False)
+class _Applied:
+    """One process-wide setting: its lists, whether it drops those set before it,
+    whether a handle may take it back, and the thread that made it."""
+
+    priorities: Mapping[str, PrioritySpec]
+    replace: bool
+    removable: bool
+    thread: int = field(default_factory=threading.get_ident)
+
+
+def _publish(applied: tuple[_Applied, ...]) -> None:
+    """Make ``applied`` the process-wide settings (the caller holds ``process_lock``).
+
+    The lists in force are the settings folded in order: each one's lists over
+    the ones before, or alone where it replaces them. Settings no handle can
+    take back end the history before a replacing one.
+    """
+    for i in reversed(range(len(applied))):
+        if applied[i].replace and not applied[i].removable:
+            applied = applied[i:]
+            break
+    merged: dict[str, PrioritySpec] = {}
+    for setting in applied:
+        if setting.replace:
+            merged = {}
+        merged.update(setting.priorities)
+    state = PriorityState(merged, "user (process-wide)")
+    # a selection that read the generation before this may see either state;
+    # store() refuses it either way
+    with invalidating():
+        _store.applied = applied
+        _store.process = state
+
+
+def apply_process_priority(
+    priorities: Mapping[str, Sequence[str] | BucketedPriority], *, replace: bool = False
+) -> Callable[[], None]:
+    """Set priorities for every thread; returns the function that takes back
+    exactly this setting, in any order with others (what ``apply()``'s handle calls).
+
+    >>> undo_a = apply_process_priority({"rms_norm": ["native"]})
+    >>> undo_b = apply_process_priority({"silu_and_mul": ["native"]})
+    >>> undo_a(); sorted(process_priorities())
+    ['silu_and_mul']
+    >>> undo_b(); sorted(process_priorities())
+    []
+    """
+    setting = _Applied({op: _frozen(p) for op, p in priorities.items()}, replace, True)
+    with _store.process_lock:  # read-modify-write: concurrent settings all land
+        _publish((*_store.applied, setting))
+
+    def take_back() -> None:
+        with _store.process_lock:
+            if setting in _store.applied:
+                _publish(tuple(s for s in _store.applied if s is not setting))
+
+    return take_back
+
+
 def set_process_priority(
     priorities: Mapping[str, Sequence[str] | BucketedPriority], *, replace: bool = False
 ) -> None:
     """Set priorities for every thread, for the ops its scopes do not name.
 
     ``replace=True`` drops the lists of ops not in ``priorities``;
-    ``set_process_priority({}, replace=True)`` clears them all.
+    ``set_process_priority({}, replace=True)`` clears them all, the settings of
+    live ``apply()`` handles included. No handle takes this setting back.
     """
-    base = {} if replace else dict(_store.process.priorities)
-    base.update({op: _frozen(p) for op, p in priorities.items()})
-    state = PriorityState(base, "user (process-wide)")
-    # a selection that read the generation before this may see either state;
-    # store() refuses it either way
-    with invalidating():
-        _store.process = state
+    setting = _Applied({op: _frozen(p) for op, p in priorities.items()}, replace, False)
+    with _store.process_lock:
+        applied = _store.applied
+        last = applied[-1] if applied else None
+        if last is not None and not last.removable and not replace:
+            # two settings no one takes back are one: the history stays short
+            setting = _Applied({**last.priorities, **setting.priorities}, last.replace, False)
+            applied = applied[:-1]
+        _publish((*applied, setting))
+
+
+@contextlib.contextmanager
+def isolated_process_priorities() -> Iterator[None]:
+    """No process-wide list within the block; after it, the settings before it,
+    each still taken back by its handle."""
+    with _store.process_lock:
+        saved = _store.applied
+        _publish(())
+    try:
+        yield
+    finally:
+        with _store.process_lock:
+            _publish(saved)
 
 
 def process_priorities() -> Mapping[str, PrioritySpec]:
@@ -574,20 +655,16 @@ def bucket_bounds(
 
 
 def _snapshot_process_priorities() -> Callable[[], str | None]:
-    before = process_priorities()
+    before = set(_store.applied)
+    thread = threading.get_ident()
 
     def restore() -> str | None:
-        now = process_priorities()
-        if now == before:
-            return None
-        # only the ops whose lists changed: another thread's settings stay
-        merged = dict(now)
-        for op_name in {*now, *before}:
-            if now.get(op_name) != before.get(op_name):
-                merged.pop(op_name, None)
-                if op_name in before:
-                    merged[op_name] = before[op_name]
-        set_process_priority(merged, replace=True)
+        # the settings this thread made since: another thread's stay
+        with _store.process_lock:
+            kept = tuple(s for s in _store.applied if s in before or s.thread != thread)
+            if kept == _store.applied:
+                return None
+            _publish(kept)
         return "process-wide priorities"
 
     return restore

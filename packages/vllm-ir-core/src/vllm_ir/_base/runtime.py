@@ -122,6 +122,10 @@ class PriorityStore:
 
     process: Any = None
     """The process-wide ``PriorityState`` (replaced whole, never edited)."""
+    applied: tuple[Any, ...] = ()
+    """The process-wide settings it folds, in order (``vllm_ir.priority._Applied``)."""
+    process_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while the process-wide settings change."""
     platform_defaults: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     """Source (a provider or platform package) -> its ``PlatformDefaults``."""
     tuned: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -183,6 +187,7 @@ class Runtime:
         self.caches.after_fork_in_child()
         self.discovery.after_fork_in_child()
         self.priorities.scope_lock = threading.Lock()
+        self.priorities.process_lock = threading.Lock()
         self.priorities.intern_lock = threading.Lock()
         self.priorities.tuned_files_lock = threading.RLock()
         self.priorities.tuned_lock = threading.Lock()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import reprlib
 from collections.abc import Sequence
 
-__all__ = ["listing", "short_repr", "short_text"]
+__all__ = ["json_nesting_depth", "listing", "short_repr", "short_text"]
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel = 4  # nesting shown; deeper levels print as [...], without recursing
@@ -46,3 +46,34 @@ def listing(names: Sequence[str], limit: int = 8) -> str:
     shown = ", ".join(short_repr(n, 40) for n in names[:limit])
     more = len(names) - limit
     return shown if more <= 0 else f"{shown} and {more} more"
+
+
+def json_nesting_depth(text: str, limit: int) -> int:
+    """The deepest bracket nesting of JSON ``text`` (strings skipped), counted up
+    to just past ``limit``: ``json.loads`` recurses, so deeper input must be
+    refused before it is parsed (a ``RecursionError`` otherwise).
+
+    >>> json_nesting_depth('{"a": [[1], "[["]}', limit=32), json_nesting_depth("[" * 10**5, 32)
+    (3, 33)
+    """
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        elif ch in "]}":
+            depth -= 1
+    return deepest

@@ -19,8 +19,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vllm_ir._base.text import json_nesting_depth
 from vllm_ir._cli.args import UsageError, writable_file, write_atomically
-from vllm_ir._tools.planning import Plan, PlanFormatError
+from vllm_ir._tools.planning import Plan, PlanFormatError, sweep_measurements
+from vllm_ir.config import MAX_PRIORITY_FILE_BYTES
 
 __all__ = ["print_plan", "read_plan", "run"]
 
@@ -61,21 +63,36 @@ def print_plan(path: str, op: str | None = None) -> int:
     return 0
 
 
+_MAX_DEPTH = 32  # a tune --model document nests about eight levels
+
+
 def _read_tuned(path: str) -> dict[str, Any]:
     try:
-        doc = json.loads(Path(path).read_text())
+        # bounded: a stray huge file must not fill the memory
+        with Path(path).open("rb") as f:
+            data = f.read(MAX_PRIORITY_FILE_BYTES + 1)
+        if len(data) > MAX_PRIORITY_FILE_BYTES:
+            raise UsageError(
+                f"--tuned {path}: the file is larger than {MAX_PRIORITY_FILE_BYTES // 2**20} MiB; "
+                "give the file `vllm-ir tune --model` wrote"
+            )
+        text = data.decode("utf-8")
+        if json_nesting_depth(text, _MAX_DEPTH) > _MAX_DEPTH:
+            raise UsageError(
+                f"--tuned {path}: nests deeper than {_MAX_DEPTH} levels, which no "
+                "`vllm-ir tune --model` file does; give the file it wrote"
+            )
+        doc = json.loads(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UsageError(f"--tuned {path}: cannot read a tuning file ({e})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("_measurements"), dict):
+    try:
+        measured = sweep_measurements(doc)
+    except ValueError as e:
+        raise UsageError(f"--tuned {path}: {e}") from None
+    if measured is None:
         raise UsageError(
             f"--tuned {path}: not a `vllm-ir tune --model` file (it has no _measurements); "
             "losing picks are judged against a whole-model sweep"
-        )
-    ops = doc["_measurements"].get("ops")
-    if not isinstance(ops, dict) or not all(isinstance(b, dict) for b in ops.values()):
-        raise UsageError(
-            f"--tuned {path}: its _measurements.ops must map op names to size buckets "
-            "(what `vllm-ir tune --model` writes)"
         )
     return doc
 

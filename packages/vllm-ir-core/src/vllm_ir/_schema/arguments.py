@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import torch
 
+from vllm_ir._schema.signature import SEQUENCE_ORIGINS
+
 __all__ = ["ArgumentCheck", "make_argument_check"]
 
 ArgumentCheck = Literal["plain", "convert"]
@@ -58,7 +60,7 @@ def _classify(annotation: object, value: Any) -> ArgumentCheck | None:
         if "plain" in results:
             return "plain"
         return "convert" if "convert" in results else None
-    if origin in (list, tuple, typing.Sequence):
+    if origin in SEQUENCE_ORIGINS:
         if not isinstance(value, (list, tuple)):
             return None
         inner = args[0] if args else Any

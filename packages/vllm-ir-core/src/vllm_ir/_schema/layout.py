@@ -19,7 +19,7 @@ import functools
 import torch
 from torch import SymInt, Tensor
 
-__all__ = ["apart", "contiguous", "may_overlap_itself", "rows_flatten_free"]
+__all__ = ["apart", "contiguous", "may_overlap_itself", "rows_flatten_free", "storages_meet"]
 
 
 def _known(condition: object) -> bool:
@@ -106,13 +106,33 @@ def may_overlap_itself(t: Tensor) -> bool:
     return False
 
 
-# (storage offset, sizes, strides, item size): all ``apart`` reads of a tensor
+def storages_meet(a: Tensor, b: Tensor) -> bool:
+    """The memory of ``a``'s storage and ``b``'s share an address: one storage,
+    or two storage objects over one buffer (``torch.from_numpy`` of two views
+    of one array, ``torch.frombuffer`` twice). Eager tensors.
+
+    Decided by addresses, as torch's own overlap checks are: storage identity
+    (``Tensor.is_set_to``, ``torch._C._is_alias_of``) misses the second case.
+
+    >>> import numpy as np, torch
+    >>> buf = np.zeros(8, dtype=np.float32)
+    >>> storages_meet(torch.from_numpy(buf[:5]), torch.from_numpy(buf[4:]))
+    True
+    >>> storages_meet(torch.empty(4), torch.empty(4))
+    False
+    """
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    pa, pb = sa.data_ptr(), sb.data_ptr()
+    return pa < pb + sb.nbytes() and pb < pa + sa.nbytes()
+
+
+# (byte offset from the first tensor's data, sizes, strides, item size): all
+# ``apart`` reads of a tensor
 _Layout = tuple[int, torch.Size, tuple[int, ...], int]
 
 
-def _layout(t: Tensor) -> _Layout:
-    # eager tensors: a plain int offset (never a SymInt here)
-    return t.storage_offset(), t.shape, t.stride(), t.element_size()  # type: ignore[return-value]
+def _layout(t: Tensor, offset: int) -> _Layout:
+    return offset, t.shape, t.stride(), t.element_size()
 
 
 def _byte_layout(layout: _Layout) -> tuple[int, int, int, int]:
@@ -122,10 +142,9 @@ def _byte_layout(layout: _Layout) -> tuple[int, int, int, int]:
     start + i * period + width)``: ``i`` steps its largest-stride dimension
     (``period`` 0 when no dimension has two elements), ``width`` spans the others.
     """
-    offset, shape, strides, item = layout
+    begin, shape, strides, item = layout
     dims = [(st * item, sz) for sz, st in zip(shape, strides, strict=True) if sz > 1]
     span = sum(st * (sz - 1) for st, sz in dims)
-    begin = offset * item
     if not dims:
         return begin, begin + item, 0, item
     period, size = max(dims)
@@ -134,7 +153,8 @@ def _byte_layout(layout: _Layout) -> tuple[int, int, int, int]:
 
 def apart(a: Tensor, b: Tensor) -> bool:
     """``a`` and ``b`` share no byte of memory, proven from their sizes, strides
-    and offsets (two views of one storage; eager tensors, plain sizes).
+    and data addresses (views of one buffer, through one storage object or
+    several; eager tensors, plain sizes).
 
     Conservative: ``True`` proves it; ``False`` means the layouts do not. Proven
     when their byte ranges do not meet, or when both are rows of one period (the
@@ -149,7 +169,8 @@ def apart(a: Tensor, b: Tensor) -> bool:
     """
     if a.layout != torch.strided or b.layout != torch.strided:
         return False
-    return _layouts_apart(_layout(a), _layout(b))
+    # addresses relative to a's data: the memo below sees the same few keys each step
+    return _layouts_apart(_layout(a, 0), _layout(b, b.data_ptr() - a.data_ptr()))
 
 
 # an eager call of maybe_inplace asks this for every pair of views it is given:

@@ -20,6 +20,7 @@ import torch
 __all__ = [
     "GENERATED_PREFIX",
     "RESERVED_PARAMETERS",
+    "SEQUENCE_ORIGINS",
     "TensorKind",
     "check_native_signature",
     "check_op_name",
@@ -33,6 +34,11 @@ __all__ = [
 TensorKind = typing.Literal["tensor", "optional", "list", "other"]
 
 _SCALARS = (int, float, bool, str, type(None))
+
+SEQUENCE_ORIGINS = (list, tuple, Sequence)
+"""What ``typing.get_origin`` gives for the sequence annotations an op may take
+(``list[T]``, ``tuple[T, ...]``, ``typing.Sequence[T]``: its origin is
+``collections.abc.Sequence``); torch's schema makes each a list."""
 
 GENERATED_PREFIX = "_vllm_ir_"
 """Every name generated code defines or reads (globals, locals, its ``self``)
@@ -50,7 +56,7 @@ def tensor_kind(annotation: object) -> TensorKind:
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType) and torch.Tensor in args:
         return "optional"
-    if origin in (list, tuple, typing.Sequence) and args and args[0] is torch.Tensor:
+    if origin in SEQUENCE_ORIGINS and args and args[0] is torch.Tensor:
         return "list"
     return "other"
 
@@ -133,6 +139,18 @@ def check_native_signature(name: str, sig: inspect.Signature) -> None:
                 f"IR op {name!r}: parameter {p.name!r} has no type annotation; "
                 "annotations define the op's torch schema"
             )
+        if isinstance(p.default, str) and not _schema_safe(p.default):
+            # torch renders str defaults between double quotes, unescaped: '"'
+            # breaks its parser, a backslash silently changes the default
+            raise ValueError(
+                f"IR op {name!r}: parameter {p.name!r} has the default {p.default!r}, "
+                "which a torch schema cannot hold (a double quote, backslash or control "
+                "character); choose a default without them"
+            )
+
+
+def _schema_safe(text: str) -> bool:
+    return not any(c in '"\\' or not c.isprintable() for c in text)
 
 
 def resolve_activations(

@@ -12,7 +12,8 @@ once.**
 Donation (``maybe_inplace`` with an inplace impl) happens only when it cannot
 change the result: an activation whose elements overlap in memory (rows from
 ``expand``, overlapping strides) or that may share memory with another tensor
-argument (views of one storage whose layouts do not prove them apart) runs on
+argument (views of one buffer, through one storage object or several, whose
+layouts do not prove them apart) runs on
 copies instead, as the default overload does; after an
 impl wrote a donated activation its version counter is bumped, so autograd
 refuses a backward that saved it, as after any in-place op.
@@ -40,7 +41,7 @@ from vllm_ir._base import torch_wrap
 from vllm_ir._base.cache import generation, holds, register_cache, settled_generation
 from vllm_ir._base.runtime import RUNTIME
 from vllm_ir._schema.impl import IrOpImpl
-from vllm_ir._schema.layout import apart, may_overlap_itself
+from vllm_ir._schema.layout import apart, may_overlap_itself, storages_meet
 from vllm_ir._selection.compiled_eager import compiled_fn_for
 from vllm_ir._selection.hotpath import _FORWARD_AD, make_donating_call, make_eager_call
 from vllm_ir._selection.selector import Selector, store_if_cacheable
@@ -78,7 +79,6 @@ _functorch_active: Callable[[], bool] = getattr(
     "_are_functorch_transforms_active",
     lambda: torch._C._functorch.peek_interpreter_stack() is not None,
 )
-_is_alias_of = torch._C._is_alias_of  # type: ignore[attr-defined]
 _increment_version = torch._C._increment_version
 _installed = RUNTIME.eager_calls  # the data lives on the runtime (vllm_ir._base.runtime)
 _grad_enabled = torch.is_grad_enabled
@@ -202,7 +202,7 @@ class EagerCall:
             self._act_idx,
             self._other_idx,
             on_copies=self._call_on_copies,
-            alias=_is_alias_of,
+            meet=storages_meet,
             apart=apart,
             shares=_shares_memory,
             bump=_increment_version,
@@ -345,10 +345,10 @@ def _tensors(value: Any) -> tuple[torch.Tensor, ...]:
 
 def _shares_memory(a: torch.Tensor, b: Any) -> bool:
     """Whether ``b`` (a tensor, or a list of them) may share memory with ``a``:
-    views of one storage, unless their layouts prove them apart
+    views of one buffer, unless their layouts prove them apart
     (:func:`~vllm_ir._schema.layout.apart`: the query and key columns of one
     ``qkv`` tensor are donated together)."""
-    return any(_is_alias_of(a, t) and not apart(a, t) for t in _tensors(b))
+    return any(storages_meet(a, t) and not apart(a, t) for t in _tensors(b))
 
 
 def _has_nested(args: tuple[Any, ...]) -> bool:

@@ -71,7 +71,7 @@ def _needs_grad_expr(sig: inspect.Signature) -> str:
         elif kind == "optional":
             terms.append(f"({p.name} is not None and {p.name}.requires_grad)")
         elif kind == "list":
-            terms.append(f"any({P}t.requires_grad for {P}t in {p.name})")
+            terms.append(f"{P}any({P}t.requires_grad for {P}t in {p.name})")
     return " or ".join(terms) or "False"
 
 
@@ -94,7 +94,10 @@ def _route_expr(sig: inspect.Signature) -> str:
 
 
 def _route_namespace() -> dict[str, Any]:
+    # builtins too: a parameter may be named ``any`` (it shares the scope)
     return {
+        f"{P}any": any,
+        f"{P}Exception": Exception,
         f"{P}is_compiling": torch.compiler.is_compiling,
         f"{P}dispatch_stack_len": torch._C._len_torch_dispatch_stack,
         f"{P}has_torch_function": torch.overrides.has_torch_function,
@@ -105,7 +108,7 @@ def _route_namespace() -> dict[str, Any]:
 
 def make_needs_grad_fn(sig: inspect.Signature) -> Callable[..., bool]:
     """``needs_grad(*args)`` -> whether any tensor argument requires grad."""
-    namespace: dict[str, Any] = {}
+    namespace: dict[str, Any] = {f"{P}any": any}
     source = (
         f"def needs_grad({params_source(sig, namespace)}):\n    return {_needs_grad_expr(sig)}\n"
     )
@@ -161,7 +164,7 @@ def make_eager_call(
         f"            {P}fn = {P}routed",
         "        else:",
         f"            {P}fn = {P}calls[{key_expression(sig)}]",
-        "    except Exception:  # a miss, or arguments the key cannot describe",
+        f"    except {P}Exception:  # a miss, or arguments the key cannot describe",
         f"        {P}fn = {P}miss({args})",
     ]
     if verify is not None:
@@ -177,11 +180,11 @@ def make_eager_call(
 
 def _may_share_expr(kinds: dict[str, TensorKind], a: str, b: str) -> str:
     """Whether parameters ``a`` (an activation) and ``b`` may share memory
-    (``kinds``: each parameter's :func:`tensor_kind`): an alias test first (one C
-    call; false for most pairs), ``apart`` only for views of one storage; ``None``
-    shares nothing, a list through ``shares``."""
+    (``kinds``: each parameter's :func:`tensor_kind`): do their storages' address
+    ranges meet (false for most pairs), then ``apart`` only for views of one
+    buffer; ``None`` shares nothing, a list through ``shares``."""
     if kinds[a] == "tensor" and kinds[b] in ("tensor", "optional"):
-        test = f"{P}alias({a}, {b}) and not {P}apart({a}, {b})"
+        test = f"{P}meet({a}, {b}) and not {P}apart({a}, {b})"
     else:
         test = f"{P}shares({a}, {b})"
     guards = [f"{n} is not None" for n in (a, b) if kinds[n] != "tensor"]
@@ -194,7 +197,7 @@ def make_donating_call(
     others: tuple[int, ...],
     *,
     on_copies: Callable[..., Any],
-    alias: Callable[[torch.Tensor, torch.Tensor], bool],
+    meet: Callable[[torch.Tensor, torch.Tensor], bool],
     apart: Callable[[torch.Tensor, torch.Tensor], bool],
     shares: Callable[[torch.Tensor, Any], bool],
     bump: Callable[[tuple[Any, ...]], None],
@@ -216,7 +219,7 @@ def make_donating_call(
     ]
     namespace: dict[str, Any] = {
         f"{P}on_copies": on_copies,
-        f"{P}alias": alias,
+        f"{P}meet": meet,
         f"{P}apart": apart,
         f"{P}shares": shares,
         f"{P}bump": bump,

@@ -143,7 +143,9 @@ class Plan:
         >>> [(x.op, x.ran, x.best, x.tokens, x.speedup) for x in p.losing_picks(doc)]
         [('rms_norm', 'native', 'fast', 4, 3.0)]
         """
-        measured = (tuned.get("_measurements") or {}).get("ops") or {}
+        if not (isinstance(margin, (int, float)) and 0 <= margin < 1):  # nan fails it too
+            raise ValueError(f"margin must be at least 0 and below 1, got {margin!r}")
+        measured = sweep_measurements(tuned) or {}
         found = []
         for s in self.sites:
             if not isinstance(s.tokens, int):  # a symbolic count: no one size measured
@@ -276,6 +278,27 @@ class LosingPick:
     ran: str
     best: str
     speedup: float
+
+
+def sweep_measurements(doc: object) -> Mapping[str, Any] | None:
+    """The per-op figures (``_measurements.ops``) of a ``vllm-ir tune --model``
+    document; ``None`` for a document without figures (a ``tune --shapes``
+    file); ``ValueError`` saying what is wrong for anything else."""
+    if not isinstance(doc, Mapping):
+        raise ValueError(
+            f"a tuning document is a JSON object, got {type(doc).__name__} "
+            "(give what `vllm-ir tune --model` writes)"
+        )
+    if "_measurements" not in doc:
+        return None
+    measurements = doc["_measurements"]
+    ops = measurements.get("ops") if isinstance(measurements, Mapping) else None
+    if not isinstance(ops, Mapping) or not all(isinstance(b, Mapping) for b in ops.values()):
+        raise ValueError(
+            "its _measurements.ops must map op names to size buckets "
+            "(what `vllm-ir tune --model` writes)"
+        )
+    return ops
 
 
 def _measured_times(buckets: Any, tokens: int) -> dict[str, float]:

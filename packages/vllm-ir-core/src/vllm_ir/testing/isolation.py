@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator, Sequence
 
 from vllm_ir._base.cache import invalidate_caches
-from vllm_ir.priority import process_priorities, set_process_priority
+from vllm_ir.priority import isolated_process_priorities
 
 __all__ = ["SELECTION_ENV", "inductor_caches_off", "isolated"]
 
@@ -37,15 +37,13 @@ def isolated(unset: Sequence[str] = SELECTION_ENV) -> Iterator[None]:
     '1'
     """
     saved_env = {name: os.environ.get(name) for name in unset}
-    saved_priorities = process_priorities()
     for name in unset:
         os.environ.pop(name, None)
-    set_process_priority({}, replace=True)
     invalidate_caches()
     try:
-        yield
+        with isolated_process_priorities():
+            yield
     finally:
-        set_process_priority(saved_priorities, replace=True)
         for name, value in saved_env.items():
             if value is None:
                 os.environ.pop(name, None)
