@@ -41,6 +41,7 @@ from vllm_ir.compilation._context import PassContext, pass_context
 from vllm_ir.compilation._functionalize import InplaceFunctionalizationPass
 from vllm_ir.compilation._fusion import NormQuantFusionPass
 from vllm_ir.compilation._lowering import (
+    RUNTIME_SELECTED,
     LoweringPass,
     selection_counts,
     selections_counted_since,
@@ -270,6 +271,13 @@ class VllmIRBackend:
         counted = selection_counts()
         with pass_context(ctx), inductor_config.patch({**self.options, **self._hooks()}):
             compiled = compile_fx(gm, list(example_inputs))
+        # counted by the lowering, or replayed by a cache hit
+        if any(
+            provider == RUNTIME_SELECTED
+            for nodes in selections_counted_since(counted).values()
+            for provider in nodes.values()
+        ):
+            compiled = _selecting_at_runtime(compiled, self.lowering_pass.runtime_selection)
         # the post-grad pre pass always runs when Inductor compiles the graph
         ctx.from_cache = "lowering_functional" not in ctx.timings_ms
         if ctx.from_cache:
@@ -294,6 +302,19 @@ class VllmIRBackend:
             ctx.clones_removed,
         )
         return compiled
+
+
+def _selecting_at_runtime(
+    compiled: Callable[..., Any], selection: Callable[[], Any]
+) -> Callable[..., Any]:
+    """``compiled``, run in ``selection()``: its IR nodes left in the graph select
+    their impl per call with the backend's priorities, not the caller's."""
+
+    def run(*args: Any) -> Any:
+        with selection():
+            return compiled(*args)
+
+    return run
 
 
 def _graph_copy(graph: fx.Graph) -> fx.Graph:

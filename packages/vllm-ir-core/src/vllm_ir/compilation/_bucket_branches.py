@@ -7,6 +7,11 @@ per bucket, each branch the traced impl of its bucket: one graph serves
 every size without recompiling or adding a guard. Buckets outside the
 symbol's value range (its ShapeEnv's) are pruned; neighbouring buckets
 selecting the same impl are merged; one impl left means no branch.
+
+A node whose sizes a branch cannot carry (:class:`BranchUnsupported`: an
+unbacked size, outputs whose sizes differ between buckets, a size symbol no
+input of the graph gives) is not branched: the lowering leaves the IR op in
+the graph, and it selects its impl at run time, as in eager mode.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from vllm_ir._selection.buckets import SizePlan, symbolic_range
 
 __all__ = [
     "Branch",
+    "BranchUnsupported",
+    "branch_outputs_hazard",
     "branch_buckets",
     "bucket_branches",
     "describe_branches",
@@ -36,6 +43,11 @@ __all__ = [
 
 Branch = tuple[int | None, IrOpImpl]
 """``(max_tokens, impl)``: the impl of calls up to ``max_tokens`` tokens (None: the rest)."""
+
+
+class BranchUnsupported(RuntimeError):
+    """A node's sizes cannot go through ``torch.cond`` branches as Inductor
+    compiles them; the lowering selects that node's impl at run time instead."""
 
 
 def bucket_branches(
@@ -100,9 +112,59 @@ def branch_buckets(
     ]
 
 
+def _free_symbols(values: Sequence[Any]) -> set[Any]:
+    """The size symbols of ``values`` (tensors: sizes, strides, offsets; SymInts)."""
+    found: set[Any] = set()
+    for v in values:
+        sizes = (*v.shape, *v.stride(), v.storage_offset()) if isinstance(v, torch.Tensor) else (v,)
+        for size in sizes:
+            if isinstance(size, torch.SymInt):
+                found |= size.node.expr.free_symbols
+    return found
+
+
+def branch_outputs_hazard(
+    operand_vals: Sequence[torch.Tensor],
+    expected: Sequence[Any],
+    modules: Sequence[fx.GraphModule],
+) -> str | None:
+    """Why ``torch.cond`` over ``modules`` cannot stand for a node with outputs
+    ``expected`` and tensor operands ``operand_vals``, or None.
+
+    ``torch.cond`` gives an output a fresh unbacked size wherever a size holds an
+    unbacked symbol or the branches' sizes differ, and the lowering does not
+    bind such a symbol to the node's own; an unbacked size in an operand has no
+    graph input to pass it to a branch by.
+    """
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    def unbacked(values: Sequence[Any]) -> bool:
+        return any(free_unbacked_symbols(s) for s in _free_symbols(values))
+
+    if unbacked(operand_vals) or unbacked(expected):
+        return "an unbacked (data-dependent) size"
+    for gm in modules:
+        outs = gm.graph.output_node().args[0]
+        vals = [o.meta.get("val") if isinstance(o, fx.Node) else o for o in outs]
+        if len(vals) != len(expected):
+            return "a branch returns another number of outputs"
+        for got, want in zip(vals, expected, strict=True):
+            if not isinstance(want, torch.Tensor):
+                continue
+            if not isinstance(got, torch.Tensor) or got.dim() != want.dim():
+                return "a branch's output differs from the op's"
+            if not all(_same_expr(a, b) for a, b in zip(got.shape, want.shape, strict=True)):
+                return (
+                    f"a branch's output sizes {tuple(got.shape)} are not the op's "
+                    f"{tuple(want.shape)} as expressions"
+                )
+    return None
+
+
 def size_symbol_operands(graph: fx.Graph, vals: Sequence[torch.Tensor]) -> list[fx.Node]:
     """Nodes of ``graph`` (inserted at its insertion point where needed) giving
-    each size symbol the tensors ``vals`` use, in their sizes, strides and offsets.
+    each size symbol the tensors ``vals`` use, in their sizes, strides and offsets;
+    :class:`BranchUnsupported` (nothing inserted) if no input gives one.
 
     A ``torch.cond`` branch is a graph of its own, and Inductor binds a symbol in
     it only from an input that is that symbol: a branch reading ``x[1:]`` (size
@@ -110,12 +172,8 @@ def size_symbol_operands(graph: fx.Graph, vals: Sequence[torch.Tensor]) -> list[
     symbols of its operands. Taken from a symbol input of the graph, else from a
     size or stride of a tensor input.
     """
-    wanted: set[Any] = set()
-    for val in vals:
-        for size in (*val.shape, *val.stride(), val.storage_offset()):
-            if isinstance(size, torch.SymInt):
-                wanted |= size.node.expr.free_symbols
-    found: dict[Any, fx.Node] = {}
+    wanted = _free_symbols(vals)
+    found: dict[Any, fx.Node | tuple[Any, fx.Node, int, torch.SymInt]] = {}
     placeholders = list(graph.find_nodes(op="placeholder"))
     for ph in placeholders:
         val = ph.meta.get("val")
@@ -129,16 +187,24 @@ def size_symbol_operands(graph: fx.Graph, vals: Sequence[torch.Tensor]) -> list[
                               (torch.ops.aten.sym_stride.int, val.stride())):  # fmt: skip
             for dim, size in enumerate(sizes):
                 if isinstance(size, torch.SymInt) and size.node.expr in wanted - found.keys():
-                    node = graph.call_function(getter, (ph, dim))
-                    node.meta["val"] = size
-                    found[size.node.expr] = node
+                    found[size.node.expr] = (getter, ph, dim, size)
     missing = wanted - found.keys()
     if missing:
-        raise RuntimeError(
+        # an unbacked size, or one only a product of inputs' sizes gives
+        raise BranchUnsupported(
             f"a bucket branch needs the size symbols {sorted(map(str, missing))}, which no "
             "input of the graph gives"
         )
-    return [found[sym] for sym in sorted(found, key=str)]
+    nodes = []
+    for sym in sorted(found, key=str):
+        where = found[sym]
+        if isinstance(where, tuple):  # inserted only now: nothing is left behind on a refusal
+            getter, ph, dim, size = where
+            node = graph.call_function(getter, (ph, dim))
+            node.meta["val"] = size
+            where = node
+        nodes.append(where)
+    return nodes
 
 
 def plain_strides(t: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,12 @@ compile-mode priorities. Two stages, because of where Inductor looks:
   the clones that are provably unnecessary. Raw in-place kernels are placed
   after Inductor's passes because those assume a functional graph.
 
+A node whose size buckets cannot be branched on (``BranchUnsupported``: an
+unbacked size, ...) or whose token count has no value left under the graph's
+guards is left in the graph as the IR op: it selects its impl at run time, as
+in eager mode, under this pass's priorities (``runtime_selection``; one log
+line per node).
+
 Each ``(impl, argument metadata)`` is traced once per compile and its graph
 reused for every other node with the same metadata (dtype, device, shape,
 strides and storage offset of every tensor: an impl may read any of them
@@ -42,6 +48,10 @@ from torch._inductor.fx_passes.post_grad import decompose_auto_functionalized
 from torch._inductor.pattern_matcher import fwd_only
 from torch._subclasses.fake_tensor import FakeTensor, fake_tensor_tls
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.fx.experimental.symbolic_shapes import (
+    GuardOnDataDependentSymNode,
+    PendingUnbackedSymbolNotFound,
+)
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
@@ -54,7 +64,9 @@ from vllm_ir._selection.buckets import SizePlan, assumed_range
 from vllm_ir.compilation._aliasing import AliasGroups, is_write, written_args
 from vllm_ir.compilation._bucket_branches import (
     Branch,
+    BranchUnsupported,
     branch_buckets,
+    branch_outputs_hazard,
     bucket_branches,
     describe_branches,
     emit_cond,
@@ -79,7 +91,13 @@ from vllm_ir.priority import (
 )
 from vllm_ir.selection import selection_env
 
-__all__ = ["ACTIVATION_CLONE_META", "LoweringPass", "selection_counts", "selections_counted_since"]
+__all__ = [
+    "ACTIVATION_CLONE_META",
+    "RUNTIME_SELECTED",
+    "LoweringPass",
+    "selection_counts",
+    "selections_counted_since",
+]
 
 logger = get_logger(__name__)
 
@@ -88,6 +106,12 @@ ACTIVATION_CLONE_META = "vllm_ir_activation_clone"
 ``{"op": ..., "argument": ..., "donated": bool, "donated_inputs": frozenset[str]}``:
 whether the caller donated the argument, and the names of the graph inputs it
 donated with it — the only graph inputs the copy's writes may be moved to."""
+
+RUNTIME_SELECTED = "<runtime>"
+"""The provider ``selected_impls`` records for a node left to select its impl at run time."""
+
+_RUNTIME_META = "vllm_ir_runtime_selection"
+"""``meta`` key on an IR node left in the graph (its reason): no stage lowers it."""
 
 _MAX_ROUNDS = 8  # impls may call other IR ops; each round lowers one level
 
@@ -169,6 +193,11 @@ class LoweringPass:
         with scoped_priority(self.priorities), compiled_selection():
             yield
 
+    def runtime_selection(self) -> Any:
+        """The context a compiled graph runs in when some of its IR nodes select their
+        impl at run time: this pass's priorities, as the lowering would select."""
+        return self._selection()
+
     def cache_state(self) -> Any:
         """Every input of compiled selection and lowering (the FX graph cache key).
 
@@ -208,14 +237,14 @@ class LoweringPass:
         inputs = _donatable_inputs(graph, ctx)
         with self._selection():
             for _ in range(_MAX_ROUNDS):
-                nodes = [n for n in graph.nodes if is_ir_node(n)]
+                nodes = [n for n in graph.nodes if _lowerable(n)]
                 lowered = 0
                 for node in nodes:
                     lowered += self._lower_node(graph, node, inputs, inplace=inplace)
                 if not lowered:
                     break
         if inplace:
-            left = [n for n in graph.nodes if is_ir_node(n)]
+            left = [n for n in graph.nodes if _lowerable(n)]
             if left:
                 raise RuntimeError(
                     "vllm-ir lowering left IR nodes in the graph: "
@@ -239,6 +268,11 @@ class LoweringPass:
         args = call_args(node, op)
         fake_args = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
         branches = self._branches(op, node, fake_args)
+        if branches == []:
+            # Guards added since (an impl branching on the count, traced in another
+            # piece of a graph compiled per size range) leave the count no value in
+            # this range: the node never runs here, but must still compile.
+            return self._select_at_runtime(node, op, "its token count has no value left here")
         if branches is not None and len(branches) > 1:
             return self._lower_branched(graph, node, op, args, fake_args, branches, inplace)
         if branches is not None:
@@ -284,6 +318,18 @@ class LoweringPass:
 
         return bucket_branches(plan, tokens, choose)
 
+    def _select_at_runtime(self, node: fx.Node, op: IrOp, reason: str) -> int:
+        """Leave ``node`` in the graph as the IR op, which selects its impl when it runs."""
+        node.meta[_RUNTIME_META] = reason
+        self._record(op.name, node.name, RUNTIME_SELECTED)
+        logger.warning(
+            "vllm-ir: %s (%s) selects its impl at run time, as in eager mode: %s",
+            node.name,
+            op.name,
+            reason,
+        )
+        return 0
+
     def _lower_branched(
         self,
         graph: fx.Graph,
@@ -294,9 +340,33 @@ class LoweringPass:
         branches: list[Branch],
         inplace: bool,
     ) -> int:
-        """Lower ``node`` to nested ``torch.cond`` over its buckets (bucket_branches)."""
+        """Lower ``node`` to nested ``torch.cond`` over its buckets (bucket_branches),
+        or leave it to select at run time where a branch cannot carry its sizes."""
         if not inplace and any(impl.inplace for _, impl in branches):
             return 0  # an inplace branch: with the inplace impls, after Inductor's passes
+        inserted_from = node.prev
+        try:
+            return self._emit_branches(graph, node, op, args, fake_args, branches, inplace)
+        except (BranchUnsupported, GuardOnDataDependentSymNode, PendingUnbackedSymbolNotFound) as e:
+            # nothing emitted yet but copies and size reads: drop them, keep the node
+            n = node.prev
+            while n is not inserted_from:
+                before = n.prev
+                if not n.users:
+                    graph.erase_node(n)
+                n = before
+            return self._select_at_runtime(node, op, str(e).splitlines()[0])
+
+    def _emit_branches(
+        self,
+        graph: fx.Graph,
+        node: fx.Node,
+        op: IrOp,
+        args: list[Any],
+        fake_args: list[Any],
+        branches: list[Branch],
+        inplace: bool,
+    ) -> int:
         tensor_pos = [i for i, a in enumerate(args) if isinstance(a, fx.Node)]
         act = op.selector.tokens_at
         if act not in tensor_pos:
@@ -326,6 +396,11 @@ class LoweringPass:
             self._trace(op, impl, args, fake_args, branch=True, symbols=vals[len(tensor_pos) :]).gm
             for _, impl in branches
         ]
+        expected = node.meta["val"]
+        expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+        hazard = branch_outputs_hazard(vals[: len(tensor_pos)], expected, modules)
+        if hazard is not None:
+            raise BranchUnsupported(hazard)
         bounds = [b for b, _ in branches[:-1] if b is not None]
         assert len(bounds) == len(branches) - 1  # only the last branch is unbounded
         owner = graph.owning_module
@@ -366,7 +441,7 @@ class LoweringPass:
     def _lower_nested(self, gm: fx.GraphModule) -> None:
         """Lower the IR nodes an impl's trace calls (a branch is a graph of its own)."""
         for _ in range(_MAX_ROUNDS):
-            nodes = [n for n in gm.graph.nodes if is_ir_node(n)]
+            nodes = [n for n in gm.graph.nodes if _lowerable(n)]
             if not nodes:
                 return
             for n in nodes:
@@ -472,6 +547,11 @@ class _LoweringStage(VllmIRPass):
     def cache_state(self) -> Any:
         state = self.lowering.cache_state()
         return state if isinstance(state, Uncacheable) else (self.inplace, state)
+
+
+def _lowerable(node: fx.Node) -> bool:
+    """An IR node not left to select its impl at run time."""
+    return is_ir_node(node) and _RUNTIME_META not in node.meta
 
 
 def _record_branches(
@@ -662,7 +742,13 @@ def _copy_constant(graph: fx.Graph, gm: fx.GraphModule, node: fx.Node, fake_mode
 
 
 def _contiguous_copy(graph: fx.Graph, node: fx.Node, fake_mode: Any) -> fx.Node:
-    """A contiguous copy of ``node`` inserted into ``graph`` (at its insertion point)."""
+    """A contiguous copy of ``node`` inserted into ``graph`` (at its insertion point).
+
+    Inductor lowers a ``clone`` to whatever layout suits it (a column-major
+    input's, say) whatever its ``memory_format``, and does not hold a
+    ``torch.cond`` operand to the strides its branches were traced with: the
+    copy's order is forced, so that a branch gets the contiguous tensor it expects.
+    """
     copy = graph.call_function(
         torch.ops.aten.clone.default, (node,), {"memory_format": torch.contiguous_format}
     )
@@ -670,7 +756,34 @@ def _contiguous_copy(graph: fx.Graph, node: fx.Node, fake_mode: Any) -> fx.Node:
         copy.meta["val"] = torch.ops.aten.clone.default(
             node.meta["val"], memory_format=torch.contiguous_format
         )
-    return copy
+    from torch._inductor import inductor_prims  # defines prims.inductor_force_stride_order
+
+    val = copy.meta["val"]
+    strides: list[Any] = []
+    stride: Any = 1
+    for dim in reversed(range(val.dim())):  # contiguous strides, symbolic ones as nodes
+        strides.append(stride)
+        if dim == 0:
+            break
+        size: Any = val.shape[dim]
+        if type(size) is not int:
+            size = graph.call_function(torch.ops.aten.sym_size.int, (copy, dim))
+            size.meta["val"] = val.shape[dim]
+        if isinstance(stride, int) and isinstance(size, int):
+            stride = stride * size
+        else:
+            product = graph.call_function(operator.mul, (stride, size))
+            product.meta["val"] = _value(stride) * _value(size)
+            stride = product
+    strides.reverse()
+    forced = graph.call_function(inductor_prims.force_stride_order, (copy, strides))
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        forced.meta["val"] = inductor_prims.force_stride_order(val, list(val.stride()))
+    return forced
+
+
+def _value(x: Any) -> Any:
+    return x.meta["val"] if isinstance(x, fx.Node) else x
 
 
 def _new_fake_like(val: torch.Tensor, fake_mode: Any) -> torch.Tensor:
