@@ -19,7 +19,14 @@ import functools
 import torch
 from torch import SymInt, Tensor
 
-__all__ = ["apart", "contiguous", "may_overlap_itself", "rows_flatten_free", "storages_meet"]
+__all__ = [
+    "apart",
+    "contiguous",
+    "may_overlap_itself",
+    "rows_flatten_free",
+    "storage_span",
+    "storages_meet",
+]
 
 
 def _known(condition: object) -> bool:
@@ -106,13 +113,20 @@ def may_overlap_itself(t: Tensor) -> bool:
     return False
 
 
+def storage_span(t: Tensor) -> tuple[int, int]:
+    """The address range ``[start, end)`` of ``t``'s storage (eager tensors)."""
+    storage = t.untyped_storage()
+    start = storage.data_ptr()
+    return start, start + storage.nbytes()
+
+
 def storages_meet(a: Tensor, b: Tensor) -> bool:
     """The memory of ``a``'s storage and ``b``'s share an address: one storage,
     or two storage objects over one buffer (``torch.from_numpy`` of two views
     of one array, ``torch.frombuffer`` twice). Eager tensors.
 
     Decided by addresses, as torch's own overlap checks are: storage identity
-    (``Tensor.is_set_to``, ``torch._C._is_alias_of``) misses the second case.
+    (``torch._C._is_alias_of``) misses the second case.
 
     >>> import numpy as np, torch
     >>> buf = np.zeros(8, dtype=np.float32)
@@ -121,9 +135,9 @@ def storages_meet(a: Tensor, b: Tensor) -> bool:
     >>> storages_meet(torch.empty(4), torch.empty(4))
     False
     """
-    sa, sb = a.untyped_storage(), b.untyped_storage()
-    pa, pb = sa.data_ptr(), sb.data_ptr()
-    return pa < pb + sb.nbytes() and pb < pa + sa.nbytes()
+    start_a, end_a = storage_span(a)
+    start_b, end_b = storage_span(b)
+    return start_a < end_b and start_b < end_a
 
 
 # (byte offset from the first tensor's data, sizes, strides, item size): all

@@ -41,7 +41,7 @@ from vllm_ir._base import torch_wrap
 from vllm_ir._base.cache import generation, holds, register_cache, settled_generation
 from vllm_ir._base.runtime import RUNTIME
 from vllm_ir._schema.impl import IrOpImpl
-from vllm_ir._schema.layout import apart, may_overlap_itself, storages_meet
+from vllm_ir._schema.layout import apart, may_overlap_itself, storage_span, storages_meet
 from vllm_ir._selection.compiled_eager import compiled_fn_for
 from vllm_ir._selection.hotpath import _FORWARD_AD, make_donating_call, make_eager_call
 from vllm_ir._selection.selector import Selector, store_if_cacheable
@@ -202,7 +202,7 @@ class EagerCall:
             self._act_idx,
             self._other_idx,
             on_copies=self._call_on_copies,
-            meet=storages_meet,
+            span=storage_span,
             apart=apart,
             shares=_shares_memory,
             bump=_increment_version,

@@ -178,17 +178,31 @@ def make_eager_call(
     return compile_source("\n".join(lines) + "\n", op_name, namespace)
 
 
+def _spanned(kinds: dict[str, TensorKind], a: str, b: str) -> bool:
+    """Whether the pair is tested by the address spans of single tensors."""
+    return kinds[a] == "tensor" and kinds[b] in ("tensor", "optional")
+
+
 def _may_share_expr(kinds: dict[str, TensorKind], a: str, b: str) -> str:
     """Whether parameters ``a`` (an activation) and ``b`` may share memory
     (``kinds``: each parameter's :func:`tensor_kind`): do their storages' address
-    ranges meet (false for most pairs), then ``apart`` only for views of one
-    buffer; ``None`` shares nothing, a list through ``shares``."""
-    if kinds[a] == "tensor" and kinds[b] in ("tensor", "optional"):
-        test = f"{P}meet({a}, {b}) and not {P}apart({a}, {b})"
-    else:
-        test = f"{P}shares({a}, {b})"
+    spans meet (false for most pairs), then ``apart`` only for views of one
+    buffer; ``None`` has an empty span, a list is tested through ``shares``."""
+    if _spanned(kinds, a, b):
+        return f"({P}lo_{a} < {P}hi_{b} and {P}lo_{b} < {P}hi_{a} and not {P}apart({a}, {b}))"
     guards = [f"{n} is not None" for n in (a, b) if kinds[n] != "tensor"]
-    return "(" + " and ".join((*guards, test)) + ")"
+    return "(" + " and ".join((*guards, f"{P}shares({a}, {b})")) + ")"
+
+
+def _span_lines(kinds: dict[str, TensorKind], pairs: list[tuple[str, str]]) -> list[str]:
+    """Each spanned tensor's storage address span, read once for all its pairs."""
+    names = dict.fromkeys(n for a, b in pairs if _spanned(kinds, a, b) for n in (a, b))
+    return [
+        f"    {P}lo_{n}, {P}hi_{n} = {P}span({n})"
+        if kinds[n] == "tensor"
+        else f"    {P}lo_{n}, {P}hi_{n} = (0, 0) if {n} is None else {P}span({n})"
+        for n in names
+    ]
 
 
 def make_donating_call(
@@ -197,7 +211,7 @@ def make_donating_call(
     others: tuple[int, ...],
     *,
     on_copies: Callable[..., Any],
-    meet: Callable[[torch.Tensor, torch.Tensor], bool],
+    span: Callable[[torch.Tensor], tuple[int, int]],
     apart: Callable[[torch.Tensor, torch.Tensor], bool],
     shares: Callable[[torch.Tensor, Any], bool],
     bump: Callable[[tuple[Any, ...]], None],
@@ -219,7 +233,7 @@ def make_donating_call(
     ]
     namespace: dict[str, Any] = {
         f"{P}on_copies": on_copies,
-        f"{P}meet": meet,
+        f"{P}span": span,
         f"{P}apart": apart,
         f"{P}shares": shares,
         f"{P}bump": bump,
@@ -229,6 +243,7 @@ def make_donating_call(
     lines = [f"def donating({P}fn, {params_source(sig, namespace)}):"]
     if pairs:
         shared = " or ".join(_may_share_expr(kinds, a, b) for a, b in pairs)
+        lines += _span_lines(kinds, pairs)
         lines += [f"    if {shared}:", f"        return {P}on_copies({P}fn, {args})"]
     lines += [
         f"    {P}out = {P}fn({args})",
