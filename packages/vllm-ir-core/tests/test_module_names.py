@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import vllm_ir
 
 SRC = Path(vllm_ir.__file__).parent
@@ -51,16 +52,11 @@ def test_an_old_module_path_is_not_importable_and_leaves_the_module_alone(old: s
         getattr(vllm_ir, old.split(".")[1])
 
 
-def test_loggers_keep_their_public_names() -> None:
+def test_loggers_are_named_after_their_modules() -> None:
     from vllm_ir._base.logger import get_logger
 
-    assert get_logger("vllm_ir._discovery.providers") is logging.getLogger("vllm_ir.providers")
-    assert get_logger("vllm_ir.compilation._backend").name == "vllm_ir.compilation.backend"
-    assert get_logger("vllm_ir._cli.tune").name == "vllm_ir.cli.tune"
-    # only renamed modules: a provider's private module or an always-private one keeps its name
-    assert get_logger("my_kernels._impls").name == "my_kernels._impls"
-    assert get_logger("vllm_ir._selection.hotpath").name == "vllm_ir._selection.hotpath"
-    assert get_logger("vllm_ir.selection").name == "vllm_ir.selection"
+    for name in ("vllm_ir._discovery.providers", "vllm_ir.compilation._backend", "my_kernels._x"):
+        assert get_logger(name) is logging.getLogger(name)
 
 
 def test_the_dispatch_check_has_a_public_home() -> None:
@@ -73,22 +69,26 @@ def test_the_dispatch_check_has_a_public_home() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "kit"),
+    ("module", "name"),
     [
-        ("VendorNorm", "vllm_ir.kits.vendor"),
-        ("norm_supports_args", "vllm_ir.kits.norms"),
-        ("NORM_TOLERANCES", "vllm_ir.kits.norms"),
-        ("fp8_steps_apart", "vllm_ir.kits.quant"),
+        ("vllm_ir.provider", "VendorNorm"),
+        ("vllm_ir.provider", "norm_supports_args"),
+        ("vllm_ir.provider", "fp8_steps_apart"),
+        ("vllm_ir", "ProviderSpec"),
+        ("vllm_ir", "PlatformDefaults"),
+        ("vllm_ir", "API_VERSION"),
+        ("vllm_ir", "IrOpInplaceOverload"),
+        ("vllm_ir", "compiled_selection"),
     ],
 )
-def test_kit_names_left_the_provider_contract(name: str, kit: str) -> None:
-    """Served by vllm_ir.provider for one release, with a warning naming the kit."""
-    import importlib
+def test_names_that_moved_before_the_first_release_are_gone(module: str, name: str) -> None:
+    """No deprecation shims for names that never shipped: one home each (CHANGELOG.md)."""
+    with pytest.raises(AttributeError):
+        getattr(importlib.import_module(module), name)
 
-    import vllm_ir.provider
 
-    assert name not in vllm_ir.provider.__all__
-    with pytest.warns(DeprecationWarning, match=f"import it from {kit}"):
-        old = getattr(vllm_ir.provider, name)
-    assert old is getattr(importlib.import_module(kit), name)
-    assert name in importlib.import_module(kit).__all__
+def test_method_shims_are_gone() -> None:
+    assert not hasattr(vllm_ir.IrOp, "dispatch")
+    assert not hasattr(vllm_ir.KernelConfig, "backend")
+    with pytest.raises(TypeError, match="register_tolerances"):
+        vllm_ir.ops.rms_norm.tolerances[torch.float16] = vllm_ir.Tolerance(atol=1.0, rtol=1.0)  # type: ignore[index]

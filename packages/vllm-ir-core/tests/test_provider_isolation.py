@@ -284,9 +284,7 @@ def test_recording_scope_rolls_back_on_exception(fresh_discovery) -> None:  # ty
     def fail_after_registering() -> None:
         with ir.provider.recording_registrations():
             ir.ops.rms_norm.register_impl(name)(_rms_impl)
-            # the deprecated spelling goes through a recorded registration too
-            with pytest.warns(DeprecationWarning, match="register_tolerances"):
-                ir.ops.rms_norm.tolerances[torch.float16] = ir.Tolerance(atol=1.0, rtol=1.0)
+            ir.ops.rms_norm.register_tolerances({torch.float16: ir.Tolerance(atol=1.0, rtol=1.0)})
             raise ZeroDivisionError
 
     with pytest.raises(ZeroDivisionError):
@@ -353,7 +351,8 @@ R05_PROVIDERS = {
         "@torch.library.custom_op('r05t_b_partial::kernel', mutates_args=())\n"
         "def kernel(x: Tensor) -> Tensor:\n    return x.clone()\n"
         "def register():\n"
-        "    ir.ops.rms_norm.tolerances[torch.float32] = ir.Tolerance(atol=1.0, rtol=1.0)\n"
+        "    loose = ir.Tolerance(atol=1.0, rtol=1.0)\n"
+        "    ir.ops.rms_norm.register_tolerances({torch.float32: loose})\n"
         "    ir.IrOpPriorityConfig(rms_norm=['native']).apply()\n"
         "    raise RuntimeError('b_partial: simulated failure after side effects')\n"
     ),

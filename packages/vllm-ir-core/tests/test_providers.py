@@ -93,7 +93,7 @@ def test_incompatible_api_version_is_refused(fresh_discovery) -> None:  # type: 
 def test_entry_point_of_wrong_type(fresh_discovery) -> None:  # type: ignore[no-untyped-def]
     name = unique("wrong")
     fresh_discovery[name] = {"not": "a spec"}
-    assert "must name a vllm_ir.ProviderSpec" in ir.load_errors()[name].cause
+    assert "must name a vllm_ir.provider.ProviderSpec" in ir.load_errors()[name].cause
 
 
 def test_allow_list(fresh_discovery, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]

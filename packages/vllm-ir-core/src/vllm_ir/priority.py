@@ -479,7 +479,8 @@ def add_platform_defaults(source: str, defaults: Sequence[PlatformDefaults]) -> 
     for d in defaults:
         if not isinstance(d, PlatformDefaults):
             raise TypeError(
-                f"platform defaults of {source!r} must be vllm_ir.PlatformDefaults, got {_short(d)}"
+                f"platform defaults of {source!r} must be "
+                f"vllm_ir.provider.PlatformDefaults, got {_short(d)}"
             )
     previous = _store.platform_defaults.get(source)
     with invalidating():

@@ -1,7 +1,7 @@
 """vllm-ir-cpu: C++ CPU kernels for vllm-ir, provider ``cpu_c``.
 
 Importing this package only builds :data:`provider`, a
-:class:`vllm_ir.ProviderSpec`; vllm-ir calls its ``register`` on discovery,
+:class:`vllm_ir.provider.ProviderSpec`; vllm-ir calls its ``register`` on discovery,
 which defines the kernel ops' schemas and registers the IR impls. The C++
 library is compiled (or loaded from the cache) on the first real kernel call,
 never at import or discovery; ``python -m vllm_ir_cpu build`` does it ahead of

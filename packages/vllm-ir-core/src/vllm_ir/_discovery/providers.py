@@ -135,7 +135,7 @@ def check_spec(spec: ProviderSpec) -> None:
     where = f"ProviderSpec {name!r}"
     if isinstance(spec.api_version, bool) or not isinstance(spec.api_version, int):
         raise TypeError(
-            f"{where}: api_version must be an int (vllm_ir.API_VERSION), "
+            f"{where}: api_version must be an int (vllm_ir.provider.API_VERSION), "
             f"got {_short(spec.api_version)}"
         )
     if not callable(spec.register):
@@ -150,7 +150,7 @@ def check_spec(spec: ProviderSpec) -> None:
         bad = next((d for d in defaults if not isinstance(d, PlatformDefaults)), _VALID)
     if bad is not _VALID:
         raise TypeError(
-            f"{where}: defaults must be a sequence of vllm_ir.PlatformDefaults, e.g. "
+            f"{where}: defaults must be a sequence of vllm_ir.provider.PlatformDefaults, e.g. "
             f"(PlatformDefaults('cuda', eager={{'rms_norm': [{name!r}]}}),), got {_short(bad)}"
         )
     for d in defaults:
@@ -281,7 +281,7 @@ def _resolve_spec(ep_name: str, obj: object) -> ProviderSpec:
     spec = obj() if callable(obj) and not isinstance(obj, ProviderSpec) else obj
     if not isinstance(spec, ProviderSpec):
         raise TypeError(
-            f"entry point {ep_name!r} must name a vllm_ir.ProviderSpec or a function "
+            f"entry point {ep_name!r} must name a vllm_ir.provider.ProviderSpec or a function "
             f"returning one, got {type(spec).__name__}"
         )
     return spec

@@ -132,7 +132,7 @@ class ImplMethods:
         """Remove ``provider``'s impl of this op (``native`` cannot be removed).
 
         Selections cached under it are dropped. A provider's registrations are
-        also undone together by :meth:`vllm_ir.RegistrationLog.remove`.
+        also undone together by :meth:`vllm_ir.provider.RegistrationLog.remove`.
 
         >>> import torch, vllm_ir as ir
         >>> @ir.ops.rms_norm.register_impl("doc_tmp")
