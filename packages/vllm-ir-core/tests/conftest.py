@@ -14,14 +14,14 @@ from torch import Tensor
 from vllm_ir import priority
 from vllm_ir._base.runtime import RUNTIME
 from vllm_ir._discovery import providers
-from vllm_ir._selection.eager import set_dispatch_check
+from vllm_ir._selection.eager import set_selection_check
 from vllm_ir.testing import isolated
 
 _counter = itertools.count()
 
 # Every eager call in this suite re-validates its cached selection against an
-# uncached select() (VLLM_IR_CHECK_DISPATCH): a mismatch fails the test.
-set_dispatch_check(True)
+# uncached select() (VLLM_IR_CHECK_SELECTION): a mismatch fails the test.
+set_selection_check(True)
 
 
 def unique(prefix: str) -> str:
@@ -43,14 +43,14 @@ def dynamo_reset_after() -> Iterator[None]:
 
 
 @pytest.fixture
-def dispatch_check_off() -> Iterator[None]:
+def selection_check_off() -> Iterator[None]:
     """The production path: no re-selection per cached call (for tests that count
     how often ``supports_args`` runs)."""
-    set_dispatch_check(False)
+    set_selection_check(False)
     try:
         yield
     finally:
-        set_dispatch_check(True)
+        set_selection_check(True)
 
 
 @pytest.fixture

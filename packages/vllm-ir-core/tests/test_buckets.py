@@ -228,7 +228,7 @@ def test_scope_apply_and_platform_defaults_resolve_per_bucket(tagged: ir.IrOp) -
 
 def test_eager_differential_random_tables(tagged: ir.IrOp) -> None:
     """Random tables and sizes: the fast path (checked against select() on every call by
-    the suite's VLLM_IR_CHECK_DISPATCH), selected_impl() and select() agree with the table."""
+    the suite's VLLM_IR_CHECK_SELECTION), selected_impl() and select() agree with the table."""
     rng = random.Random(23)
     for _ in range(25):
         table = _random_table(rng)

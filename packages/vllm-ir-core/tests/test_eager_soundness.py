@@ -332,15 +332,15 @@ def test_the_check_catches_a_predicate_reading_a_fact_outside_the_key(make_op) -
     _recording(op, ran, "offset0", lambda x: x.storage_offset() == 0)
     base = torch.zeros(64)
     with op.set_priority(["offset0"]):
-        assert eager.dispatch_check_enabled()  # the suite runs with it (conftest)
+        assert eager.selection_check_enabled()  # the suite runs with it (conftest)
         assert _ran(op, ran, base[0:8]) == "offset0"
-        with pytest.raises(eager.DispatchMismatch, match="select\\(\\) chooses"):
+        with pytest.raises(eager.SelectionMismatch, match="select\\(\\) chooses"):
             op(base[16:24])  # 64 bytes on: the same key, another storage offset
-        eager.set_dispatch_check(False)
+        eager.set_selection_check(False)
         try:
             assert _ran(op, ran, base[16:24]) == "offset0"  # what the check exists for
         finally:
-            eager.set_dispatch_check(True)
+            eager.set_selection_check(True)
 
 
 def test_the_check_covers_the_first_call_served_by_the_selection_key(make_op) -> None:  # type: ignore[no-untyped-def]
@@ -350,11 +350,11 @@ def test_the_check_covers_the_first_call_served_by_the_selection_key(make_op) ->
     _recording(op, ran, "few_rows", lambda x: x.shape[0] < 4)  # reads the batch size
     with op.set_priority(["few_rows"]):
         assert _ran(op, ran, torch.zeros(2, 8)) == "few_rows"
-        with pytest.raises(eager.DispatchMismatch, match=r"runs 'few_rows'.*chooses 'native'"):
+        with pytest.raises(eager.SelectionMismatch, match=r"runs 'few_rows'.*chooses 'native'"):
             op(torch.zeros(8, 8))  # batch class "2 or more" as before, a new exact key
-        eager.set_dispatch_check(False)
+        eager.set_selection_check(False)
         try:
             assert _ran(op, ran, torch.zeros(16, 8)) == "few_rows"  # what the check exists for
         finally:
-            eager.set_dispatch_check(True)
+            eager.set_selection_check(True)
         assert _ran(op, ran, torch.zeros(3, 8)) == "few_rows"  # agreeing: no error

@@ -66,7 +66,7 @@ def test_junk_is_refused_naming_the_variable_and_the_accepted_values(
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("name", ["VLLM_IR_CHECK_DISPATCH", "VLLM_LOGGING_LEVEL"])
+@pytest.mark.parametrize("name", ["VLLM_IR_CHECK_SELECTION", "VLLM_LOGGING_LEVEL"])
 def test_variables_read_at_import_warn_once_and_use_the_default(
     monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:

@@ -59,13 +59,13 @@ def test_loggers_are_named_after_their_modules() -> None:
         assert get_logger(name) is logging.getLogger(name)
 
 
-def test_the_dispatch_check_has_a_public_home() -> None:
-    """Documented for users (VLLM_IR_CHECK_DISPATCH at run time): served by vllm_ir.testing."""
+def test_the_selection_check_has_a_public_home() -> None:
+    """Documented for users (VLLM_IR_CHECK_SELECTION at run time): served by vllm_ir.testing."""
     from vllm_ir import testing
     from vllm_ir._selection import eager as _eager
 
-    assert testing.set_dispatch_check is _eager.set_dispatch_check
-    assert testing.DispatchMismatch is _eager.DispatchMismatch
+    assert testing.set_selection_check is _eager.set_selection_check
+    assert testing.SelectionMismatch is _eager.SelectionMismatch
 
 
 @pytest.mark.parametrize(

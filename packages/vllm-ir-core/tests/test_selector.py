@@ -25,7 +25,7 @@ def counted(scale_op: ir.IrOp, monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_every_path_shares_one_selection_cache(
-    scale_op: ir.IrOp, counted: list[int], dispatch_check_off: None
+    scale_op: ir.IrOp, counted: list[int], selection_check_off: None
 ) -> None:
     @scale_op.register_impl("half", supports_args=lambda x, factor: factor > 0)
     def half(x: Tensor, factor: float) -> Tensor:

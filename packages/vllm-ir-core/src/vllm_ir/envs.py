@@ -33,7 +33,7 @@ __all__ = [
     "VLLM_BATCH_INVARIANT",
     "VLLM_IR_ACCEPT_STALE",
     "VLLM_IR_CACHE_DIR",
-    "VLLM_IR_CHECK_DISPATCH",
+    "VLLM_IR_CHECK_SELECTION",
     "VLLM_IR_DUMP_GRAPHS",
     "VLLM_IR_PLATFORM",
     "VLLM_IR_PROVIDERS",
@@ -45,7 +45,7 @@ __all__ = [
     "EnvVar",
     "batch_invariant",
     "cache_dir",
-    "check_dispatch",
+    "check_selection",
     "dump_graphs_dir",
     "logging_level",
     "markdown_table",
@@ -62,7 +62,7 @@ VLLM_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 VLLM_IR_CACHE_DIR = "VLLM_IR_CACHE_DIR"
 VLLM_IR_ACCEPT_STALE = "VLLM_IR_ACCEPT_STALE"
 VLLM_IR_TUNING_FILE = "VLLM_IR_TUNING_FILE"
-VLLM_IR_CHECK_DISPATCH = "VLLM_IR_CHECK_DISPATCH"
+VLLM_IR_CHECK_SELECTION = "VLLM_IR_CHECK_SELECTION"
 VLLM_IR_DUMP_GRAPHS = "VLLM_IR_DUMP_GRAPHS"
 VLLM_IR_PLATFORM = "VLLM_IR_PLATFORM"
 VLLM_IR_PROVIDERS = "VLLM_IR_PROVIDERS"
@@ -184,12 +184,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
         False,
     ),
     EnvVar(
-        VLLM_IR_CHECK_DISPATCH,
+        VLLM_IR_CHECK_SELECTION,
         _FLAG_VALUES,
         "off",
         "Every cached eager call is re-validated against an uncached `select()`; a mismatch "
-        "raises `DispatchMismatch`. Read when an op is declared; "
-        "`vllm_ir.testing.set_dispatch_check` switches it at run time. Slow: for tests and "
+        "raises `SelectionMismatch`. Read when an op is declared; "
+        "`vllm_ir.testing.set_selection_check` switches it at run time. Slow: for tests and "
         "debugging.",
         _flag,
         False,
@@ -324,8 +324,8 @@ def read(name: str) -> Any:
         raise ValueError(message) from None
 
 
-def check_dispatch() -> bool:
-    return bool(read(VLLM_IR_CHECK_DISPATCH))
+def check_selection() -> bool:
+    return bool(read(VLLM_IR_CHECK_SELECTION))
 
 
 def batch_invariant() -> bool:

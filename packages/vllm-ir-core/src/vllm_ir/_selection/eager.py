@@ -18,11 +18,11 @@ copies instead, as the default overload does; after an
 impl wrote a donated activation its version counter is bumped, so autograd
 refuses a backward that saved it, as after any in-place op.
 
-``VLLM_IR_CHECK_DISPATCH=1`` (or :func:`set_dispatch_check`) regenerates
+``VLLM_IR_CHECK_SELECTION=1`` (or :func:`set_selection_check`) regenerates
 every op's call to re-validate each cache hit against an uncached
 selection — hits of the exact-facts cache and, on its misses, hits of the
 selection-key cache (a new batch size of a known class) — raising
-:class:`DispatchMismatch` on a difference: a ``supports_args`` that reads a
+:class:`SelectionMismatch` on a difference: a ``supports_args`` that reads a
 fact the key does not hold. It costs a full
 selection per call: a debugging and testing aid.
 """
@@ -47,10 +47,10 @@ from vllm_ir._selection.hotpath import _FORWARD_AD, make_donating_call, make_eag
 from vllm_ir._selection.selector import Selector, store_if_cacheable
 from vllm_ir.selection import describe
 
-__all__ = ["DispatchMismatch", "EagerCall", "dispatch_check_enabled", "set_dispatch_check"]
+__all__ = ["SelectionMismatch", "EagerCall", "selection_check_enabled", "set_selection_check"]
 
 
-class DispatchMismatch(AssertionError):
+class SelectionMismatch(AssertionError):
     """A cached eager selection differs from ``select()`` for the same arguments."""
 
 
@@ -72,7 +72,7 @@ class SelectingOp(Protocol):
     def _clone_activations(self, args: tuple[Any, ...]) -> tuple[Any, ...]: ...
 
 
-_check: list[bool | None] = [None]  # None: follow VLLM_IR_CHECK_DISPATCH
+_check: list[bool | None] = [None]  # None: follow VLLM_IR_CHECK_SELECTION
 _is_compiling = torch.compiler.is_compiling
 _functorch_active: Callable[[], bool] = getattr(
     torch._C,
@@ -84,15 +84,15 @@ _installed = RUNTIME.eager_calls  # the data lives on the runtime (vllm_ir._base
 _grad_enabled = torch.is_grad_enabled
 
 
-def dispatch_check_enabled() -> bool:
+def selection_check_enabled() -> bool:
     """Whether cached eager calls are re-validated against ``select()``."""
     forced = _check[0]
-    return envs.check_dispatch() if forced is None else forced
+    return envs.check_selection() if forced is None else forced
 
 
-def set_dispatch_check(enabled: bool | None) -> None:
+def set_selection_check(enabled: bool | None) -> None:
     """Turn re-validation of cached eager calls on or off for every op
-    (``None``: follow ``VLLM_IR_CHECK_DISPATCH``)."""
+    (``None``: follow ``VLLM_IR_CHECK_SELECTION``)."""
     _check[0] = enabled
     for call in list(_installed):
         call.install()
@@ -144,7 +144,7 @@ class EagerCall:
 
     def install(self) -> None:
         """(Re)generate the overload's ``__call__``, with the check if enabled."""
-        self.checking = dispatch_check_enabled()
+        self.checking = selection_check_enabled()
         call = make_eager_call(
             self.op.signature,
             self.op.name,
@@ -310,9 +310,11 @@ class EagerCall:
             return expected
         raise self._mismatch(impl.provider, args, expected)
 
-    def _mismatch(self, cached: str, args: tuple[Any, ...], expected: IrOpImpl) -> DispatchMismatch:
-        return DispatchMismatch(
-            f"{envs.VLLM_IR_CHECK_DISPATCH}: the eager cache of op {self.op.name!r} runs "
+    def _mismatch(
+        self, cached: str, args: tuple[Any, ...], expected: IrOpImpl
+    ) -> SelectionMismatch:
+        return SelectionMismatch(
+            f"{envs.VLLM_IR_CHECK_SELECTION}: the eager cache of op {self.op.name!r} runs "
             f"{cached!r} for {describe(args)}, but select() chooses "
             f"{expected.provider!r}. A supports_args reads a fact the selection key "
             "does not hold (see vllm_ir._selection.key); make it a function of the key's facts."

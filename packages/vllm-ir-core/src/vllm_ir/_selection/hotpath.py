@@ -149,7 +149,7 @@ def make_eager_call(
     impl's) propagates unchanged and the impl runs exactly once.
 
     ``verify(fn, *args)``, when given, re-checks every cache hit against an
-    uncached selection (``VLLM_IR_CHECK_DISPATCH=1``).
+    uncached selection (``VLLM_IR_CHECK_SELECTION=1``).
     """
     namespace = key_namespace(scoped_get)
     namespace.update(_route_namespace())

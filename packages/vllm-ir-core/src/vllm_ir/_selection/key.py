@@ -27,7 +27,7 @@ A predicate may read any of these and nothing else: not the batch size
 beyond its class, not the storage offset beyond alignment, never values.
 The conformance kit (:mod:`vllm_ir.testing`) re-asks ``supports_args`` with
 arguments that share the key and differ elsewhere, and
-``VLLM_IR_CHECK_DISPATCH=1`` re-validates every cached call against
+``VLLM_IR_CHECK_SELECTION=1`` re-validates every cached call against
 ``select()``.
 
 The eager fast path keys its cache on the *exact* facts instead

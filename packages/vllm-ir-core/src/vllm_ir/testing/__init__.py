@@ -63,7 +63,7 @@ from vllm_ir._discovery.providers import ENTRY_POINT_GROUP, load_provider
 from vllm_ir._op.op import IrOp
 from vllm_ir._schema.impl import IrOpImpl
 from vllm_ir._schema.samples import SampleInput
-from vllm_ir._selection.eager import DispatchMismatch, set_dispatch_check
+from vllm_ir._selection.eager import SelectionMismatch, set_selection_check
 from vllm_ir._selection.key import ALIGNMENT
 from vllm_ir.priority import (
     Mode,
@@ -78,7 +78,7 @@ from vllm_ir.testing.models import TinyDecoder, compile_agrees
 
 __all__ = [
     "CHECKS",
-    "DispatchMismatch",
+    "SelectionMismatch",
     "ENTRY_POINT_GROUP",
     "FALLBACK_NAMESPACE",
     "SELECTION_ENV",
@@ -102,7 +102,7 @@ __all__ = [
     "conformance_cases",
     "inductor_caches_off",
     "key_sharing_variants",
-    "set_dispatch_check",
+    "set_selection_check",
 ]
 
 CHECKS = ("correctness", "supports_args", "mutation", "compiled", "opcheck")

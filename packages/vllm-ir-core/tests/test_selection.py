@@ -57,7 +57,7 @@ def test_supports_args_falls_back_per_call(scale_op: ir.IrOp) -> None:
         assert scale_op.selected_impl(torch.ones(1), 1.0).provider == "positive"
 
 
-@pytest.mark.usefixtures("dispatch_check_off")  # counts supports_args calls
+@pytest.mark.usefixtures("selection_check_off")  # counts supports_args calls
 def test_supports_args_receives_the_call_arguments(make_op) -> None:  # type: ignore[no-untyped-def]
     seen = []
 
@@ -90,7 +90,7 @@ def test_supports_args_must_return_plain_bool(scale_op: ir.IrOp) -> None:
         scale_op(torch.ones(1), 1.0)
 
 
-@pytest.mark.usefixtures("dispatch_check_off")  # counts supports_args calls
+@pytest.mark.usefixtures("selection_check_off")  # counts supports_args calls
 def test_selection_cached_on_metadata_not_batch_size(scale_op: ir.IrOp) -> None:
     calls = []
 

@@ -142,11 +142,11 @@ def test_fast_path_dispatch_and_select_agree(make_op, seed: int) -> None:  # typ
 
 def test_fast_path_agrees_with_the_check_off(make_op) -> None:  # type: ignore[no-untyped-def]
     # without the re-validation the cache alone must be right
-    eager.set_dispatch_check(False)
+    eager.set_selection_check(False)
     try:
         test_fast_path_dispatch_and_select_agree(make_op, 7)
     finally:
-        eager.set_dispatch_check(True)
+        eager.set_selection_check(True)
 
 
 class _Nothing:
