@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import re
+import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import vllm_ir as ir
 from torch import Tensor
+from vllm_ir import config
 from vllm_ir._cli.args import UsageError
 from vllm_ir._cli.tuning_file import output_path, stamped, write_tuning
 from vllm_ir._discovery import stamps
@@ -232,3 +237,148 @@ def test_an_unchecked_stamp_is_only_the_exact_marker(tmp_path: Path) -> None:
         assert not _first_source().startswith("tuning file")
     finally:
         handle.remove()
+
+
+# -- what a tuning file must be ---------------------------------------------------
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    return {**env, "VLLM_IR_PROVIDERS": "none", **extra}
+
+
+_FIRST_CALL = """
+import torch, vllm_ir as ir
+ir.ops.rms_norm(torch.randn(2, 8), None, 1e-6)
+print("SOURCE", ir.ops.rms_norm.get_priority_entries("eager")[0].source)
+"""
+
+
+def test_a_fifo_as_the_tuning_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "tuned.json"
+    os.mkfifo(fifo)
+    run = subprocess.run(
+        [sys.executable, "-c", _FIRST_CALL],
+        env=_env(VLLM_IR_TUNING_FILE=str(fifo)),
+        capture_output=True,
+        text=True,
+        timeout=60,  # was: blocked for ever opening the FIFO, the tuned-files lock held
+    )
+    assert run.returncode == 0, run.stderr
+    assert "SOURCE native" in run.stdout
+    lines = [line for line in run.stderr.splitlines() if "tuning file" in line]
+    assert len(lines) == 1, run.stderr
+    assert f"{fifo}: a FIFO, so it is not read" in lines[0]
+
+
+def test_a_directory_or_device_as_a_tuning_file_is_refused(tmp_path: Path) -> None:
+    for path, kind in ((tmp_path, "not a regular file"), (Path("/dev/null"), "not a regular")):
+        with pytest.raises(ValueError, match=f"{re.escape(str(path))}: {kind}"):
+            ir.load_tuning_file(path)
+
+
+def _cache_applied(path: Path) -> bool:
+    """Whether the first-selection loader applies ``path`` as the tuning cache."""
+    handle = config._load_quietly("tuning cache", lambda: str(path))
+    applied = _first_source().startswith("tuning cache")
+    if handle is not None:
+        handle.remove()
+    return applied
+
+
+def test_a_tuning_cache_others_can_write_is_refused_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"ir_op_priority": {"rms_norm": ["native"]}}))
+    path.chmod(0o644)
+    assert _cache_applied(path)
+    path.chmod(0o664)
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        assert not _cache_applied(path)
+    lines = _warnings(caplog)
+    assert len(lines) == 1, lines
+    assert f"refusing tuning cache {path}: it is writable by group or others (mode 664)" in lines[0]
+    assert "chmod go-w" in lines[0]
+    # a tuning file the user names is theirs to choose: not checked for its owner
+    handle = ir.load_tuning_file(path)
+    handle.remove()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a file to another user")
+def test_a_tuning_cache_owned_by_another_user_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tmp_path.chmod(0o777)  # a shared cache directory
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"ir_op_priority": {"rms_norm": ["native"]}}))
+    os.chown(path, 65534, 65534)
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+        assert not _cache_applied(path)
+    lines = _warnings(caplog)
+    assert len(lines) == 1, lines
+    assert "tuning cache not applied: refusing tuning cache" in lines[0]
+    assert "owned by uid 65534, not by you (uid 0)" in lines[0]
+
+
+def test_tune_cache_writes_a_file_only_its_user_can_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_IR_CACHE_DIR", str(tmp_path))
+    old = os.umask(0o002)  # user-private groups: files group-writable by default
+    try:
+        option, path = output_path(None, True, kind="tune", replace=False)
+        write_tuning(option, path, stamped({"ir_op_priority": {"rms_norm": ["native"]}}, "cpu"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert _cache_applied(path)
+
+
+def _random_tuning_cache(rng: random.Random, path: Path) -> tuple[bool, str]:
+    """A tuning cache at ``path`` of a random kind, owner, mode and format; whether
+    it must apply, and how it was made."""
+    kind = rng.choice(["regular", "regular", "fifo", "directory", "link", "dev-link"])
+    mode = rng.choice([0o600, 0o644, 0o664, 0o666, 0o622])
+    owner = rng.choice([os.getuid(), 65534]) if os.getuid() == 0 else os.getuid()
+    fmt = rng.choice([None, 1, 2, 3, "2"])
+    doc: dict[str, Any] = {"ir_op_priority": {"rms_norm": ["native"]}}
+    if fmt == 2:
+        doc = stamped(doc, "cpu")
+    elif fmt is not None:
+        doc["format"] = fmt
+    target = path.with_name("target.json")
+    if kind in ("regular", "link"):
+        (target if kind == "link" else path).write_text(json.dumps(doc))
+        os.chmod(target if kind == "link" else path, mode)
+        os.chown(target if kind == "link" else path, owner, -1)
+        if kind == "link":
+            path.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/null")
+    applies = (
+        kind in ("regular", "link")
+        and owner == os.getuid()
+        and not mode & 0o022
+        and fmt in (None, 1, 2)
+    )
+    return applies, f"{kind} mode {mode:o} uid {owner} format {fmt!r}"
+
+
+def test_random_tuning_caches_apply_exactly_when_regular_private_and_known(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rng = random.Random(7)
+    for case in range(60):
+        folder = tmp_path / str(case)
+        folder.mkdir()
+        applies, made = _random_tuning_cache(rng, folder / "tuned.json")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="vllm_ir"):
+            assert _cache_applied(folder / "tuned.json") == applies, made
+        lines = _warnings(caplog)
+        assert len(lines) == (0 if applies else 1), (made, lines)  # refused: one line

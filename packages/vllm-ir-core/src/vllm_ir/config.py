@@ -12,14 +12,16 @@ IrOpPriorityConfig(rms_norm=['native'])
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from vllm_ir_cli.flags import (
     AUTOTUNE_FLAG,
@@ -431,7 +433,7 @@ def _parse_json(
         # would apply unchecked what a newer writer meant to be checked
         if type(fmt) is not int or fmt not in TUNING_FORMATS:
             raise ValueError(
-                f"{where}: \"format\": {_short(fmt)} is not a tuning-file format this vllm-ir "
+                f'{where}: "format": {_short(fmt)} is not a tuning-file format this vllm-ir '
                 f"reads ({', '.join(map(str, TUNING_FORMATS))}); tune again with this vllm-ir, "
                 "or upgrade vllm-ir to read it"
             )
@@ -490,8 +492,18 @@ def load_tuning_file(
     True
     >>> handle.remove()
     """
+    return _load_tuning_file(path, layer, accept_stale)
+
+
+def _load_tuning_file(
+    path: str | Path, layer: str, accept_stale: bool | None, *, yours: bool = False
+) -> RegistrationHandle:
+    """:func:`load_tuning_file`; ``yours``: the file must pass the build cache's rule
+    (the current user's, writable by nobody else), as a file found in a cache
+    directory, not named by the user, must."""
     path = Path(rank_path(path))
-    text, where = _read_json_source(path, where=f"{layer} {path}")
+    check = functools.partial(_check_tuning_file, path=path, where=f"{layer} {path}", yours=yours)
+    text, where = _read_json_source(path, where=f"{layer} {path}", check=check)
     table = {}
     # per entry: an op or provider unknown here (a package not installed) drops
     # that entry, with a warning, not the file
@@ -525,17 +537,46 @@ def _load_tuned_files_once() -> None:
 
 def _cache() -> str | None:
     path = tuning_cache_path()
-    return str(path) if path.is_file() else None
+    # not is_file(): a FIFO or another user's file there is refused with a warning
+    return str(path) if os.path.lexists(path) else None
 
 
-def _load_quietly(layer: str, path_of: Callable[[], str | None]) -> None:
-    """Load one tuning file at the first selection; what goes wrong is one warning line."""
+def _load_quietly(layer: str, path_of: Callable[[], str | None]) -> RegistrationHandle | None:
+    """Load one tuning file at the first selection; what goes wrong is one warning line.
+    Returns the handle of what it applied."""
     try:
         path = path_of()
         if path is not None:
-            load_tuning_file(path, layer=layer)
+            return _load_tuning_file(path, layer, None, yours=layer == "tuning cache")
     except Exception as e:
         logger.warning("%s not applied: %s", layer, e)
+    return None
+
+
+def _check_tuning_file(st: os.stat_result, *, path: Path, where: str, yours: bool) -> None:
+    """Refuse a tuning file that is not a regular file (a FIFO would block the first
+    selection, with the tuned-files lock held, until some writer came), or, if
+    ``yours``, one another user could have written."""
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
+        raise ValueError(
+            f"{where}: {kind}, so it is not read (it could block or never end); give the "
+            "JSON file `vllm-ir tune --out` writes"
+        )
+    if yours:
+        # imported here: importing vllm_ir loads no kernel-build machinery
+        from vllm_ir._discovery.build_cache import refuse_unless_private
+
+        try:
+            refuse_unless_private(
+                st,
+                path,
+                what="tuning cache",
+                harm="applying it would let them choose your kernels",
+                planted="anyone could choose your kernels",
+            )
+        except RuntimeError as e:  # UnsafeCacheError: a bad file, as any other
+            raise ValueError(str(e)) from None
 
 
 on_before_selection(_load_tuned_files_once)
@@ -571,11 +612,16 @@ _RANK = re.compile(r"[0-9]+")
 """ASCII digits only (``str.isdigit`` takes ``'³'``): no sign, space or separator."""
 
 
-def _read_json_source(source: str | Path, where: str | None = None) -> tuple[str, str | None]:
+def _read_json_source(
+    source: str | Path,
+    where: str | None = None,
+    check: Callable[[os.stat_result], None] | None = None,
+) -> tuple[str, str | None]:
     """JSON text from ``source`` (a ``Path``, or text not starting with ``{`` or
     starting with ``{rank}``, is a file, ``{rank}`` in its name expanded:
     :func:`rank_path`), and how errors name it (``where``; default the flag;
-    ``None``: by the text itself)."""
+    ``None``: by the text itself). ``check`` sees the opened file's status before
+    it is read (opened without blocking: a FIFO's open waits for a writer)."""
     if isinstance(source, str):
         text = source.lstrip()
         if text.startswith("{") and not text.startswith("{rank}"):
@@ -584,7 +630,7 @@ def _read_json_source(source: str | Path, where: str | None = None) -> tuple[str
     where = where or f"{CLI_FLAG}=@{path}"
     try:
         # bounded: /dev/zero or a stray huge file must not fill the memory
-        with path.open("rb") as f:
+        with _opened(path, check) as f:
             data = f.read(MAX_PRIORITY_FILE_BYTES + 1)
         if len(data) > MAX_PRIORITY_FILE_BYTES:
             raise ValueError(
@@ -628,6 +674,19 @@ def _nesting_depth(text: str) -> int:
 
 class _DuplicateKey(Exception):
     """A JSON object gave this key twice (raised through ``json.loads``)."""
+
+
+def _opened(path: Path, check: Callable[[os.stat_result], None] | None) -> BinaryIO:
+    """``path`` opened for reading; with ``check``, without blocking, then checked."""
+    if check is None:
+        return path.open("rb")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        check(os.fstat(fd))  # the opened file: no swap after the check
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -311,9 +311,10 @@ def writable_file(option: str, path: str) -> Path:
     return target
 
 
-def write_atomically(option: str, target: Path, text: str) -> None:
+def write_atomically(option: str, target: Path, text: str, *, mode: int = 0o666) -> None:
     """Write ``text`` to ``target`` through a temporary file beside it, then rename:
-    a reader never sees half a file, and a failure leaves nothing behind."""
+    a reader never sees half a file, and a failure leaves nothing behind. ``mode``
+    (less the umask): the file's permissions."""
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as e:
@@ -321,7 +322,7 @@ def write_atomically(option: str, target: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; an output file is not secret
+        os.chmod(tmp, mode & ~_umask())  # mkstemp makes 0600; an output file is not secret
         os.replace(tmp, target)
     except OSError as e:
         with contextlib.suppress(OSError):

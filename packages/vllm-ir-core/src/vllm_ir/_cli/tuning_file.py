@@ -211,5 +211,7 @@ def write_tuning(
         if old is not None and "stamps" not in old and old.get("format", 1) == 1:
             old = _keep_unchecked(option, target, old, doc)
         written = doc if old is None else merge(old, doc)
-        write_atomically(option, target, json.dumps(written, indent=2) + "\n")
+        # the tuning cache is applied only if nobody else can write it (umask 002 or not)
+        mode = 0o644 if option == "--cache" else 0o666
+        write_atomically(option, target, json.dumps(written, indent=2) + "\n", mode=mode)
     return written

@@ -61,6 +61,7 @@ __all__ = [
     "check_private",
     "check_trusted_parents",
     "ensure_private_dir",
+    "refuse_unless_private",
 ]
 
 MARKER = "COMPLETE.json"
@@ -89,18 +90,33 @@ def check_private(path: Path, *, follow_symlinks: bool = False) -> os.stat_resul
         raise UnsafeCacheError(
             f"refusing build cache path {path}: it is a symbolic link; remove it, {fix}"
         )
+    refuse_unless_private(st, path)
+    return st
+
+
+def refuse_unless_private(
+    st: os.stat_result,
+    path: Path,
+    *,
+    what: str = "build cache path",
+    harm: str = "loading from it would run their code",
+    planted: str = "anyone could plant code in it",
+) -> None:
+    """The rule of every path under the cache root (the build cache's and the tuning
+    cache's): ``st``, of ``path``, is the current user's and writable by nobody else.
+    ``harm`` and ``planted`` say what another writer could do with it."""
+    fix = "or set VLLM_IR_CACHE_DIR to a directory only you can write"
     if st.st_uid != os.getuid():
         raise UnsafeCacheError(
-            f"refusing build cache path {path}: it is owned by uid {st.st_uid}, not by you "
-            f"(uid {os.getuid()}), and loading from it would run their code; remove it, {fix}"
+            f"refusing {what} {path}: it is owned by uid {st.st_uid}, not by you "
+            f"(uid {os.getuid()}), and {harm}; remove it, {fix}"
         )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeCacheError(
-            f"refusing build cache path {path}: it is writable by group or others (mode "
-            f"{stat.S_IMODE(st.st_mode):o}), so anyone could plant code in it; "
+            f"refusing {what} {path}: it is writable by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):o}), so {planted}; "
             f"`chmod go-w {path}` if its contents are trusted, else remove it, {fix}"
         )
-    return st
 
 
 def check_trusted_parents(path: Path) -> None:
