@@ -38,7 +38,7 @@ from vllm_ir._base.cache import before_selection, invalidating
 from vllm_ir._base.platform import current_platform, platform_problem
 from vllm_ir._base.registration import RegistrationHandle, on_snapshot, record
 from vllm_ir._base.runtime import RUNTIME
-from vllm_ir._base.text import short_repr
+from vllm_ir._base.text import typed_repr
 from vllm_ir._schema.impl import NATIVE
 from vllm_ir._selection.buckets import (
     BucketedPriority,
@@ -114,20 +114,24 @@ class PlatformDefaults:
         where = f"PlatformDefaults({self.platform!r})"
         problem = platform_problem(self.platform)  # built in, declared or installed
         if problem is not None:
-            raise ValueError(f"PlatformDefaults.platform {problem}, got {_short(self.platform)}")
+            raise ValueError(
+                f"PlatformDefaults.platform {problem}, got {typed_repr(self.platform)}"
+            )
         if isinstance(self.rank, bool) or not isinstance(self.rank, int):
-            raise TypeError(f"{where}.rank must be an int, got {_short(self.rank)}")
+            raise TypeError(f"{where}.rank must be an int, got {typed_repr(self.rank)}")
         for mode in MODES:
             table = getattr(self, mode)
             if not isinstance(table, Mapping):
                 raise TypeError(
                     f"{where}.{mode} must map op names to lists of provider names, "
-                    f"got {_short(table)}"
+                    f"got {typed_repr(table)}"
                 )
             checked: dict[str, list[str] | BucketedPriority] = {}
             for op_name, providers in table.items():
                 if not isinstance(op_name, str):
-                    raise TypeError(f"{where}.{mode} keys must be op names, got {_short(op_name)}")
+                    raise TypeError(
+                        f"{where}.{mode} keys must be op names, got {typed_repr(op_name)}"
+                    )
                 spec = as_priority(providers, f"{where}.{mode}[{op_name!r}]")
                 # a plain list stays a list, as given; buckets are validated once, here
                 checked[op_name] = spec if isinstance(spec, BucketedPriority) else list(spec)
@@ -480,7 +484,7 @@ def add_platform_defaults(source: str, defaults: Sequence[PlatformDefaults]) -> 
         if not isinstance(d, PlatformDefaults):
             raise TypeError(
                 f"platform defaults of {source!r} must be "
-                f"vllm_ir.provider.PlatformDefaults, got {_short(d)}"
+                f"vllm_ir.provider.PlatformDefaults, got {typed_repr(d)}"
             )
     previous = _store.platform_defaults.get(source)
     with invalidating():
@@ -562,10 +566,6 @@ def without_tuned_tables() -> Iterator[None]:
     finally:
         with _store.tuned_lock, invalidating():
             _store.tuned = saved
-
-
-def _short(value: object, limit: int = 80) -> str:
-    return short_repr(value, limit, with_type=True)
 
 
 def remove_platform_defaults(source: str) -> None:

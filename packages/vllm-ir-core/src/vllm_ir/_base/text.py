@@ -15,7 +15,7 @@ from __future__ import annotations
 import reprlib
 from collections.abc import Sequence
 
-__all__ = ["json_nesting_depth", "listing", "short_repr", "short_text"]
+__all__ = ["json_nesting_depth", "listing", "short_repr", "short_text", "typed_repr"]
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel = 4  # nesting shown; deeper levels print as [...], without recursing
@@ -38,6 +38,15 @@ def short_repr(value: object, limit: int = 80, *, with_type: bool = False) -> st
     except (ValueError, RecursionError):  # e.g. an int of more digits than str() takes
         text = f"<{type(value).__name__} too large to show>"
     return f"{type(value).__name__} {text}" if with_type else text
+
+
+def typed_repr(value: object, limit: int = 80) -> str:
+    """:func:`short_repr` prefixed with the value's type, for "got ..." in errors.
+
+    >>> typed_repr([1, 2])
+    'list [1, 2]'
+    """
+    return short_repr(value, limit, with_type=True)
 
 
 def listing(names: Sequence[str], limit: int = 8) -> str:

@@ -51,7 +51,7 @@ from vllm_ir._base.registration import (
     recording_registrations,
 )
 from vllm_ir._base.runtime import RUNTIME
-from vllm_ir._base.text import short_repr
+from vllm_ir._base.text import typed_repr
 from vllm_ir._discovery.stamps import device_table
 from vllm_ir._selection.buckets import BucketedPriority, as_priority
 from vllm_ir._version import API_VERSION, __version__
@@ -118,10 +118,6 @@ class ProviderSpec:
         check_spec(self)
 
 
-def _short(value: object, limit: int = 80) -> str:
-    return short_repr(value, limit, with_type=True)
-
-
 _VALID = object()
 
 
@@ -130,18 +126,19 @@ def check_spec(spec: ProviderSpec) -> None:
     name = spec.name
     if not isinstance(name, str) or not name.isidentifier():
         raise TypeError(
-            f"ProviderSpec.name must be a provider name such as 'acme_kernels', got {_short(name)}"
+            f"ProviderSpec.name must be a provider name such as 'acme_kernels', "
+            f"got {typed_repr(name)}"
         )
     where = f"ProviderSpec {name!r}"
     if isinstance(spec.api_version, bool) or not isinstance(spec.api_version, int):
         raise TypeError(
             f"{where}: api_version must be an int (vllm_ir.provider.API_VERSION), "
-            f"got {_short(spec.api_version)}"
+            f"got {typed_repr(spec.api_version)}"
         )
     if not callable(spec.register):
         raise TypeError(
             f"{where}: register must be a function that registers the impls, "
-            f"got {_short(spec.register)}"
+            f"got {typed_repr(spec.register)}"
         )
     defaults = spec.defaults
     # __post_init__ made any iterable a tuple: anything else is the wrong kind
@@ -151,7 +148,7 @@ def check_spec(spec: ProviderSpec) -> None:
     if bad is not _VALID:
         raise TypeError(
             f"{where}: defaults must be a sequence of vllm_ir.provider.PlatformDefaults, e.g. "
-            f"(PlatformDefaults('cuda', eager={{'rms_norm': [{name!r}]}}),), got {_short(bad)}"
+            f"(PlatformDefaults('cuda', eager={{'rms_norm': [{name!r}]}}),), got {typed_repr(bad)}"
         )
     for d in defaults:
         # PlatformDefaults checks itself when built; this catches one altered since
@@ -167,7 +164,7 @@ def _check_tuned(tuned: object, where: str) -> None:
         if not isinstance(device, str) or not isinstance(table, Mapping):
             raise TypeError(
                 f"{where}: tuned must map device names to op tables, {example}; "
-                f"got {_short(device)}: {_short(table)}"
+                f"got {typed_repr(device)}: {typed_repr(table)}"
             )
         for op_name, entry in table.items():
             as_priority(entry, f"{where}: tuned[{device!r}][{op_name!r}]")

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import torch
 
+from vllm_ir._base.text import short_repr
 from vllm_ir._schema.signature import SEQUENCE_ORIGINS
 
 __all__ = ["ArgumentCheck", "make_argument_check"]
@@ -95,7 +96,7 @@ def make_argument_check(
                 raise TypeError(
                     f"{op_name}() expected a value of type '{_describe(p.annotation)}' for "
                     f"argument '{p.name}' but instead found type '{type(value).__name__}' "
-                    f"({_short(value)}); pass a {_describe(p.annotation)}, as the op's "
+                    f"({short_repr(value, 60)}); pass a {_describe(p.annotation)}, as the op's "
                     f"signature {op_name}{sig} says"
                 )
             if got == "convert":
@@ -103,8 +104,3 @@ def make_argument_check(
         return outcome
 
     return check
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

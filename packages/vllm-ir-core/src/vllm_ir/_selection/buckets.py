@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
-from vllm_ir._base.text import short_repr
+from vllm_ir._base.text import short_repr, typed_repr
 
 __all__ = [
     "ALL_SIZES",
@@ -202,10 +202,14 @@ def _where_bucket(where: str, i: int) -> str:
 
 def _providers(value: object, where: str) -> tuple[str, ...]:
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise PriorityTypeError(f"{where} must be a list of provider names, got {_short(value)}")
+        raise PriorityTypeError(
+            f"{where} must be a list of provider names, got {typed_repr(value)}"
+        )
     listed = list(value)
     if not all(isinstance(p, str) for p in listed):
-        raise PriorityTypeError(f"{where} must be a list of provider names, got {_short(listed)}")
+        raise PriorityTypeError(
+            f"{where} must be a list of provider names, got {typed_repr(listed)}"
+        )
     return tuple(listed)
 
 
@@ -214,7 +218,7 @@ def _bucket(value: object, where: str) -> Bucket:
         value = value.to_json()
     if not isinstance(value, Mapping):
         raise PriorityTypeError(
-            f'{where} must be {{"max_tokens": N, "priority": [...]}}, got {_short(value)}'
+            f'{where} must be {{"max_tokens": N, "priority": [...]}}, got {typed_repr(value)}'
         )
     unknown = [k for k in value if k not in _KEYS]
     if unknown:
@@ -228,7 +232,7 @@ def _bucket(value: object, where: str) -> Bucket:
     if "max_tokens" in value and (
         isinstance(bound, bool) or not isinstance(bound, int) or bound <= 0
     ):
-        raise ValueError(f"{where}: max_tokens must be a positive int, got {_short(bound)}")
+        raise ValueError(f"{where}: max_tokens must be a positive int, got {typed_repr(bound)}")
     return Bucket(bound, _providers(value["priority"], f"{where} priority"))
 
 
@@ -242,7 +246,7 @@ def as_priority(value: object, where: str) -> PrioritySpec:
         value = value.to_json()
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
         raise PriorityTypeError(
-            f"{where} must be a list of provider names or of size buckets, got {_short(value)}"
+            f"{where} must be a list of provider names or of size buckets, got {typed_repr(value)}"
         )
     listed = list(value)  # an iterator is read once, here
     if not listed or all(isinstance(p, str) for p in listed):
@@ -352,10 +356,6 @@ def format_bucket_text(spec: PrioritySpec) -> str:
         ("" if b.max_tokens is None else f"<={b.max_tokens}:") + ",".join(b.providers)
         for b in spec.buckets
     )
-
-
-def _short(value: object, limit: int = 80) -> str:
-    return short_repr(value, limit, with_type=True)
 
 
 class AmbiguousBucket(ValueError):
