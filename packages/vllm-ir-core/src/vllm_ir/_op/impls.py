@@ -9,7 +9,7 @@ the impls and their lifetime with the op's selector
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from vllm_ir._base.cache import before_selection
 from vllm_ir._base.registration import RegistrationHandle, current_registration_log, record
@@ -17,6 +17,8 @@ from vllm_ir._schema.impl import NATIVE, IrOpImpl, check_impl_signature, check_r
 from vllm_ir._selection.selector import Selector
 
 __all__ = ["ImplMethods"]
+
+_Impl = TypeVar("_Impl", bound=Callable[..., Any])
 
 
 class ImplMethods:
@@ -38,6 +40,34 @@ class ImplMethods:
         """Like :attr:`impls`, without loading providers: what is registered so far."""
         return self._selector.impls
 
+    @overload
+    def register_impl(
+        self,
+        provider: str,
+        impl_fn: None = None,
+        *,
+        supported: bool = ...,
+        supports_args: Callable[..., bool] | None = ...,
+        inplace: bool = ...,
+        batch_invariant: bool = ...,
+        unsupported_reason: str | None = ...,
+        compiled: bool = ...,
+    ) -> Callable[[_Impl], _Impl]: ...
+
+    @overload
+    def register_impl(
+        self,
+        provider: str,
+        impl_fn: Callable[..., Any],
+        *,
+        supported: bool = ...,
+        supports_args: Callable[..., bool] | None = ...,
+        inplace: bool = ...,
+        batch_invariant: bool = ...,
+        unsupported_reason: str | None = ...,
+        compiled: bool = ...,
+    ) -> RegistrationHandle: ...
+
     def register_impl(
         self,
         provider: str,
@@ -49,7 +79,7 @@ class ImplMethods:
         batch_invariant: bool = False,
         unsupported_reason: str | None = None,
         compiled: bool = False,
-    ) -> Any:
+    ) -> RegistrationHandle | Callable[[_Impl], _Impl]:
         """Register the decorated function (or ``impl_fn``) as ``provider``'s impl.
 
         Arguments are validated here and the signature at decoration; a
@@ -122,7 +152,7 @@ class ImplMethods:
         if impl_fn is not None:
             return register(impl_fn)
 
-        def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def decorator(fn: _Impl) -> _Impl:
             register(fn)
             return fn
 
