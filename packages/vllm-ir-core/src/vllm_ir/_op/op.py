@@ -32,10 +32,10 @@ from vllm_ir._base.registration import (
 )
 from vllm_ir._base.runtime import RUNTIME
 from vllm_ir._base.torch_private import destroy_library
-from vllm_ir._op.impls import ImplMethods
+from vllm_ir._op.impl_methods import ImplMethods
 from vllm_ir._op.library import define_torch_ops
-from vllm_ir._op.priorities import PriorityMethods
-from vllm_ir._op.samples import OpSamples, SampleMethods
+from vllm_ir._op.priority_methods import PriorityMethods
+from vllm_ir._op.sample_methods import OpSamples, SampleMethods
 from vllm_ir._schema.autograd import NativeGradient
 from vllm_ir._schema.impl import (
     NATIVE,
