@@ -23,6 +23,7 @@ import re
 import stat
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -382,3 +383,131 @@ def test_random_tuning_caches_apply_exactly_when_regular_private_and_known(
             assert _cache_applied(folder / "tuned.json") == applies, made
         lines = _warnings(caplog)
         assert len(lines) == (0 if applies else 1), (made, lines)  # refused: one line
+
+
+# -- forks ------------------------------------------------------------------------
+
+_FORK_PRELUDE = """
+import json, os, random, sys, threading, time
+import torch, vllm_ir as ir
+from vllm_ir import config
+from vllm_ir._base.runtime import RUNTIME
+
+def wait_for(pid, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return "hung"
+
+def tuning_file(name, provider="native"):
+    path = os.path.join(sys.argv[1], name)
+    with open(path, "w") as f:
+        json.dump({"ir_op_priority": {"rms_norm": [provider]}}, f)
+    return path
+"""
+
+
+def _run_forking(script: str, tmp_path: Path, **env: str) -> str:
+    run = subprocess.run(
+        [sys.executable, "-c", _FORK_PRELUDE + textwrap.dedent(script), str(tmp_path)],
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
+# the parent's first-selection load is slowed (seeded) before each file it reads,
+# so a fork lands before or after the tuning file applied; the fork comes at a random time
+_FORK_DURING_LOAD = """
+seed = int(sys.argv[2])
+rng = random.Random(seed)
+parent, slow = os.getpid(), rng.uniform(0.2, 0.6)
+
+def slowed(real):
+    def call(*args, **kwargs):
+        if os.getpid() == parent:
+            time.sleep(slow)
+        return real(*args, **kwargs)
+    return call
+
+# slow reads (a network file system): before the tuning file is read, before the cache
+config._read_json_source = slowed(config._read_json_source)
+config._cache = slowed(config._cache)
+os.environ["VLLM_IR_TUNING_FILE"] = tuning_file("parent.json")
+child_file = tuning_file("child.json")
+threading.Thread(
+    target=lambda: ir.ops.rms_norm(torch.randn(2, 8), None, 1e-6), daemon=True
+).start()
+if seed < 0:  # the regression case: fork while the parent is surely loading
+    while not RUNTIME.priorities.tuned_files_loading:
+        time.sleep(0.001)
+else:
+    time.sleep(rng.uniform(0, 3 * slow))
+pid = os.fork()
+if pid == 0:
+    inherited = RUNTIME.priorities.tuned_files_loaded  # loaded before the fork: kept
+    os.environ["VLLM_IR_TUNING_FILE"] = child_file
+    ir.ops.rms_norm(torch.randn(2, 8), None, 1e-6)
+    files = sorted(RUNTIME.priorities.tuned.get("tuning file", {}))
+    want = [os.path.join(sys.argv[1], "parent.json" if inherited else "child.json")]
+    os._exit(0 if files == want else 3)
+print("CHILD", wait_for(pid, 30))
+"""
+
+
+@pytest.mark.parametrize("seed", [-1, *range(6)])
+def test_a_child_forked_during_the_tuning_file_load_loads_its_own(
+    tmp_path: Path, seed: int
+) -> None:
+    # seed -1: the fork surely lands in the load (was: the child never loaded its
+    # file, the parent's "loading" flag inherited); 0-5: anywhere around it
+    out = _run_forking(_FORK_DURING_LOAD.replace("sys.argv[2]", repr(str(seed))), tmp_path)
+    assert "CHILD 0" in out, out
+
+
+_FORK_DURING_WRITE = """
+from pathlib import Path
+from vllm_ir._cli import tuning_file as tf
+target = Path(sys.argv[1]) / "tuned.json"
+held, release = threading.Event(), threading.Event()
+real = tf._remove_killed_writers_temporaries
+
+def holding(t):
+    if threading.current_thread() is not threading.main_thread():
+        held.set()
+        release.wait(30)
+    real(t)
+
+tf._remove_killed_writers_temporaries = holding
+writer = threading.Thread(
+    target=tf.write_tuning, args=("--out", target, {"ir_op_priority": {"a": ["native"]}})
+)
+writer.start()
+held.wait(30)
+pid = os.fork()
+if pid == 0:
+    # the parent's writer still holds the lock: the child waits for it, not for itself
+    tf.write_tuning("--out", target, {"ir_op_priority": {"b": ["native"]}})
+    os._exit(0)
+time.sleep(0.5)
+release.set()
+writer.join(30)
+print("CHILD", wait_for(pid, 30))
+print("OPS", sorted(json.loads(target.read_text())["ir_op_priority"]))
+"""
+
+
+def test_a_child_forked_while_a_thread_holds_the_tuning_file_lock_can_write(
+    tmp_path: Path,
+) -> None:
+    out = _run_forking(_FORK_DURING_WRITE, tmp_path)
+    assert "CHILD 0" in out, out  # was: "hung", the child's copy of the lock held
+    assert "OPS ['a', 'b']" in out, out  # both writes merged, none lost

@@ -528,8 +528,13 @@ def _load_tuned_files_once() -> None:
             return
         store.tuned_files_loading = True
         try:
+            # a load a fork cut short in the parent: its tables go, this load redoes them
+            while store.tuned_files_applied:
+                store.tuned_files_applied.pop().remove()
             for layer, path in (("tuning file", envs.tuning_file), ("tuning cache", _cache)):
-                _load_quietly(layer, path)
+                handle = _load_quietly(layer, path)
+                if handle is not None:
+                    store.tuned_files_applied.append(handle)
         finally:
             store.tuned_files_loading = False
             store.tuned_files_loaded = True

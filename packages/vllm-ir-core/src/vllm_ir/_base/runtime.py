@@ -37,6 +37,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -137,10 +138,33 @@ class PriorityStore:
     tuned_files_lock: threading.RLock = field(default_factory=threading.RLock)
     """Held while they are read (re-entered by a selection their loading makes)."""
     tuned_files_loading: bool = False
+    tuned_files_applied: list[Any] = field(default_factory=list)
+    """The handles of what that load applied (undone if a fork cut it short)."""
+    tuning_file_locks: dict[int, int] = field(default_factory=dict)
+    """Lock file descriptor of a tuning-file writer (``flock``) -> the thread holding it."""
     scope_lock: threading.Lock = field(default_factory=threading.Lock)
     """Held while a priority scope closes (its children refresh with it)."""
     intern_lock: threading.Lock = field(default_factory=threading.Lock)
     """Held while a ``PriorityState`` is interned."""
+
+    def after_fork_in_child(self) -> None:
+        """The tuning files loadable and writable in a child forked while another
+        thread loaded or wrote them (that thread does not exist in the child)."""
+        me = threading.get_ident()
+        for fd, holder in list(self.tuning_file_locks.items()):
+            if holder != me:
+                # flock belongs to the open file: the child's copy would hold the
+                # lock for as long as the child lives, against its own writes too
+                del self.tuning_file_locks[fd]
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if self.tuned_files_lock._is_owned():  # type: ignore[attr-defined]
+            return  # this thread was loading: it carries on in the child
+        self.tuned_files_lock = threading.RLock()
+        if self.tuned_files_loading:
+            # the child's first selection loads again (undoing what was applied)
+            self.tuned_files_loading = False
+            self.tuned_files_loaded = False
 
 
 @dataclass
@@ -189,7 +213,7 @@ class Runtime:
         self.priorities.scope_lock = threading.Lock()
         self.priorities.process_lock = threading.Lock()
         self.priorities.intern_lock = threading.Lock()
-        self.priorities.tuned_files_lock = threading.RLock()
+        self.priorities.after_fork_in_child()
         self.priorities.tuned_lock = threading.Lock()
         self.platforms.lock = threading.RLock()
         self.compiled_eager.lock = threading.Lock()

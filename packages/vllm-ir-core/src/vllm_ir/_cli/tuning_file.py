@@ -28,11 +28,13 @@ import fcntl
 import glob
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from vllm_ir._base.logger import get_logger
+from vllm_ir._base.runtime import RUNTIME
 from vllm_ir._base.text import short_repr
 from vllm_ir._cli.args import UsageError, writable_file, write_atomically
 from vllm_ir._discovery.stamps import UNCHECKED, stamps_of
@@ -168,11 +170,16 @@ def _locked(option: str, target: Path) -> Iterator[None]:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as e:
         raise UsageError(f"{option} {target}: cannot create its lock file: {e.strerror}") from None
+    # known to the runtime: a child forked meanwhile closes its copy (else its
+    # own writes, and everyone's, would wait for the child to exit)
+    locks = RUNTIME.priorities.tuning_file_locks
+    locks[fd] = threading.get_ident()
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        if locks.pop(fd, None) is not None:  # else closed at a fork: not ours to close
+            os.close(fd)  # releases the lock
 
 
 def _remove_killed_writers_temporaries(target: Path) -> None:
