@@ -20,10 +20,12 @@ import logging
 import os
 import random
 import re
+import signal
 import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -511,3 +513,53 @@ def test_a_child_forked_while_a_thread_holds_the_tuning_file_lock_can_write(
     out = _run_forking(_FORK_DURING_WRITE, tmp_path)
     assert "CHILD 0" in out, out  # was: "hung", the child's copy of the lock held
     assert "OPS ['a', 'b']" in out, out  # both writes merged, none lost
+
+
+# -- interrupting tune --model ------------------------------------------------------
+
+_SLOW_MODEL = """
+import os, torch
+from vllm_ir.testing import TinyDecoder
+
+def build():
+    def inputs(tokens):
+        open(os.environ["MEASURING"], "w").close()  # measuring has begun
+        return (torch.randn(tokens, 16),)
+    return TinyDecoder(16, 2), inputs
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_interrupting_tune_model_keeps_the_old_file_and_leaves_nothing(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    models, work = tmp_path / "models", tmp_path / "work"
+    models.mkdir()
+    work.mkdir()
+    (models / "slow_model.py").write_text(_SLOW_MODEL)
+    out = work / "tuned.json"
+    old = json.dumps({"ir_op_priority": {"silu_and_mul": ["native"]}, "_measurements": {}})
+    out.write_text(old)
+    marker = tmp_path / "measuring"
+    argv = ["tune", "--model", "slow_model:build", "--tokens", "2,300", "--rounds", "200"]
+    code = (
+        f"import sys; from vllm_ir_cli import main; sys.exit(main({[*argv, '--out', str(out)]!r}))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=_env(PYTHONPATH=str(models), MEASURING=str(marker)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), proc.communicate()[1][-2000:]
+    time.sleep(0.5)  # into the measurement
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, err
+    assert out.read_text() == old  # the old content, whole
+    # nothing else: measurement writes nothing; only the documented lock may be there
+    assert {p.name for p in work.iterdir()} <= {"tuned.json", ".tuned.json.lock"}
