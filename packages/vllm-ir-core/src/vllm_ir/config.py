@@ -17,7 +17,9 @@ import itertools
 import json
 import os
 import re
+import select
 import stat
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,14 +40,14 @@ from vllm_ir._base.cache import on_before_selection
 from vllm_ir._base.logger import get_logger
 from vllm_ir._base.registration import RegistrationHandle
 from vllm_ir._base.runtime import RUNTIME
-from vllm_ir._base.text import short_repr
+from vllm_ir._base.text import json_nesting_depth, short_repr
 from vllm_ir._discovery.providers import ensure_loaded
 from vllm_ir._discovery.stamps import drop_stale
 from vllm_ir._op.op import IrOp, get_op
 from vllm_ir._selection.buckets import BucketedPriority, parse_bucket_text, spec_to_json
 from vllm_ir.priority import (
     add_tuned_table,
-    process_priorities,
+    apply_process_priority,
     scoped_priority,
     set_process_priority,
 )
@@ -164,18 +166,18 @@ class IrOpPriorityConfig:
         """Apply process-wide: to every thread, for the ops its scopes do not name.
 
         Lists of ops this config does not name are kept, unless ``replace``.
-        The handle's ``remove()`` puts back every process-wide list as it was
-        before (a plugin that applies its settings can take them back):
+        The handle's ``remove()`` takes back this setting alone, in any order
+        with other handles: the lists in force are then those of the settings
+        still applied, in the order they were (a plugin that applies its
+        settings can take them back):
 
         >>> import vllm_ir as ir
         >>> handle = ir.IrOpPriorityConfig(rms_norm=["native"]).apply()
         >>> handle.remove()
         """
-        before = dict(process_priorities())
-        set_process_priority(self._priorities, replace=replace)
         return RegistrationHandle(
             f"process-wide priorities {sorted(self._priorities)}",
-            lambda: set_process_priority(before, replace=True),
+            apply_process_priority(self._priorities, replace=replace),
         )
 
     def __eq__(self, other: object) -> bool:
@@ -326,11 +328,6 @@ class KernelConfig:
             raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
         return cls(priority, passes, autotune, margin, buckets)
 
-    backend: ClassVar[Callable[..., Any]]
-    """Deprecated: ``VllmIRBackend.from_config(config, **kwargs)``. Set by the
-    package (``vllm_ir/__init__.py``), which sits above the compile integration,
-    for one release."""
-
 
 def parse_ir_autotune_args(argv: Sequence[str]) -> tuple[bool, float, list[str]]:
     """Split ``--ir-autotune`` (on), ``--ir-autotune=on|off`` and
@@ -416,7 +413,7 @@ def _parse_json(
     """
     where = where or f"{CLI_FLAG} {_short(value)}"
     example = 'expected e.g. \'{"rms_norm": ["vllm_c", "native"]}\''
-    if _nesting_depth(value) > _MAX_JSON_DEPTH:  # json recurses: deep input is a RecursionError
+    if json_nesting_depth(value, _MAX_JSON_DEPTH) > _MAX_JSON_DEPTH:  # json.loads recurses
         raise ValueError(f"{where} nests deeper than {_MAX_JSON_DEPTH} levels; {example}")
     try:
         parsed = json.loads(value, object_pairs_hook=_no_duplicate_keys)
@@ -562,7 +559,8 @@ def _check_tuning_file(st: os.stat_result, *, path: Path, where: str, yours: boo
     """Refuse a tuning file that is not a regular file (a FIFO would block the first
     selection, with the tuned-files lock held, until some writer came), or, if
     ``yours``, one another user could have written."""
-    if not stat.S_ISREG(st.st_mode):
+    # a FIFO the user names (``<(...)`` in a shell) is read for FIFO_WAIT_S at most
+    if not stat.S_ISREG(st.st_mode) and not (stat.S_ISFIFO(st.st_mode) and not yours):
         kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
         raise ValueError(
             f"{where}: {kind}, so it is not read (it could block or never end); give the "
@@ -636,7 +634,10 @@ def _read_json_source(
     try:
         # bounded: /dev/zero or a stray huge file must not fill the memory
         with _opened(path, check) as f:
-            data = f.read(MAX_PRIORITY_FILE_BYTES + 1)
+            if check is not None and stat.S_ISFIFO(os.fstat(f.fileno()).st_mode):
+                data = _read_fifo(f.fileno(), MAX_PRIORITY_FILE_BYTES + 1, where)
+            else:
+                data = f.read(MAX_PRIORITY_FILE_BYTES + 1)
         if len(data) > MAX_PRIORITY_FILE_BYTES:
             raise ValueError(
                 f"{where}: the file is larger than {MAX_PRIORITY_FILE_BYTES // 2**20} MiB; "
@@ -650,31 +651,6 @@ def _read_json_source(
             f"{where}: the file is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
             f"{e.start}); give a JSON file such as `vllm-ir tune --out` writes"
         ) from None
-
-
-def _nesting_depth(text: str) -> int:
-    """The deepest bracket nesting of ``text`` (ignoring strings): a cheap pre-check."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > _MAX_JSON_DEPTH:
-                    break
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 class _DuplicateKey(Exception):
@@ -692,6 +668,37 @@ def _opened(path: Path, check: Callable[[os.stat_result], None] | None) -> Binar
         os.close(fd)
         raise
     return os.fdopen(fd, "rb")
+
+
+FIFO_WAIT_S = 5.0
+"""How long a tuning file that is a FIFO may take to give its whole text: its
+reader holds the tuned-files lock, so every thread's first selection waits."""
+
+
+def _read_fifo(fd: int, limit: int, where: str) -> bytes:
+    """Up to ``limit`` bytes of the FIFO ``fd`` (opened without blocking), until its
+    writer closes it; a ``ValueError`` when that takes over :data:`FIFO_WAIT_S`."""
+    deadline = time.monotonic() + FIFO_WAIT_S
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(left * 1000):
+            raise ValueError(
+                f"{where}: a FIFO whose writer gave no whole file within {FIFO_WAIT_S:g} s, "
+                "so it is not applied; give the JSON file `vllm-ir tune --out` writes"
+            )
+        try:
+            chunk = os.read(fd, min(2**16, limit - size))
+        except BlockingIOError:  # woken without data: wait again
+            continue
+        if not chunk:  # the writer closed it
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
