@@ -74,3 +74,23 @@ def test_build_command_without_a_compiler_is_a_clear_error(tmp_path: Path) -> No
     assert "error:" in proc.stderr
     assert "'no-such-compiler' not found" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_build_cache_the_build_would_refuse_falls_back_to_native(tmp_path: Path) -> None:
+    """A world-writable VLLM_IR_CACHE_DIR: the build refuses it, so ``cpu_c``
+    declines and the call runs native with one warning, never an
+    ExtensionBuildError at the call (reliability-v4 15's second half)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    proc = run_python(
+        "import torch, vllm_ir as ir\n"
+        "print(ir.ops.rms_norm.selected_impl(torch.randn(2, 64), None, 1e-6).provider)\n"
+        "ir.ops.rms_norm(torch.randn(2, 64), None, 1e-6)\n",
+        VLLM_IR_CACHE_DIR=str(cache),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["native"]
+    refused = [line for line in proc.stderr.splitlines() if "cannot be built" in line]
+    assert len(refused) == 1, proc.stderr
+    assert "writable by group or others" in refused[0]

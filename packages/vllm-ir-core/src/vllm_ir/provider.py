@@ -19,7 +19,8 @@ What is here:
   only when vllm-ir registers them;
 * infrastructure: :func:`get_logger`, :func:`current_platform`, :mod:`envs`
   (every environment variable, typed and validated),
-  :func:`build_extension` / :class:`ExtensionBuildError` / :func:`cache_root`;
+  :func:`build_extension` / :class:`ExtensionBuildError` / :func:`cache_root` /
+  :func:`cache_problem` (why a build could not use the cache here);
 * layout predicates that never guard a compiled graph: :func:`contiguous`,
   :func:`rows_flatten_free`, :func:`may_overlap_itself`;
 * tolerances: :class:`Tolerance`, :data:`EXACT` and :data:`DEFAULT_TOLERANCES`.
@@ -53,7 +54,7 @@ from vllm_ir._version import API_VERSION
 from vllm_ir.priority import PlatformDefaults
 
 if TYPE_CHECKING:
-    from vllm_ir._discovery.extension import ExtensionBuildError, cache_root
+    from vllm_ir._discovery.extension import ExtensionBuildError, cache_problem, cache_root
 
 __all__ = [
     "API_VERSION",
@@ -69,6 +70,7 @@ __all__ = [
     "SampleInput",
     "Tolerance",
     "build_extension",
+    "cache_problem",
     "cache_root",
     "contiguous",
     "current_platform",
@@ -122,7 +124,7 @@ def deferred_register(target: str, *args: Any) -> Callable[[], None]:
 
 def __getattr__(name: str) -> Any:
     # the kernel-build module loads on first use: a provider package's import stays light
-    if name in ("ExtensionBuildError", "cache_root"):
+    if name in ("ExtensionBuildError", "cache_problem", "cache_root"):
         from vllm_ir._discovery import extension
 
         return getattr(extension, name)

@@ -223,7 +223,11 @@ _warned_toolchain = False
 def _buildable() -> bool:
     if build.is_loaded():
         return True
-    problem = build.toolchain_problem()
+    # a build cache the build would refuse (another user's, world-writable): the
+    # call would fail, so selection falls back instead
+    from vllm_ir.provider import cache_problem  # the build module: on first use
+
+    problem = build.toolchain_problem() or cache_problem()
     if problem is None:
         return True
     global _warned_toolchain

@@ -28,9 +28,15 @@ import torch
 
 from vllm_ir import envs
 from vllm_ir._base.logger import get_logger
-from vllm_ir._discovery.build_cache import BuildCache, BuildCacheError, ensure_private_dir
+from vllm_ir._discovery.build_cache import (
+    BuildCache,
+    BuildCacheError,
+    check_private,
+    check_trusted_parents,
+    ensure_private_dir,
+)
 
-__all__ = ["CACHE_ENV", "ExtensionBuildError", "build_extension", "cache_root"]
+__all__ = ["CACHE_ENV", "ExtensionBuildError", "build_extension", "cache_problem", "cache_root"]
 
 CACHE_ENV = envs.VLLM_IR_CACHE_DIR
 """Where built kernels live (default: ``~/.cache/vllm_ir``)."""
@@ -47,6 +53,28 @@ class ExtensionBuildError(RuntimeError):
 def cache_root() -> Path:
     configured = envs.cache_dir()
     return Path(configured) if configured else Path.home() / ".cache" / "vllm_ir"
+
+
+def cache_problem() -> str | None:
+    """Why a build could not use the cache root here, or ``None`` if it could:
+    the checks :func:`build_extension` makes of it, creating nothing. A provider's
+    ``supports_args`` asks it, so selection falls back instead of the call failing.
+
+    >>> import os; os.environ["VLLM_IR_CACHE_DIR"] = "/tmp/vllm_ir_doc_cache"
+    >>> cache_problem() is None
+    True
+    >>> del os.environ["VLLM_IR_CACHE_DIR"]
+    """
+    root = cache_root()
+    try:
+        check_trusted_parents(root)
+        if os.path.lexists(root):
+            check_private(root, follow_symlinks=True)
+    except BuildCacheError as e:
+        return str(e)
+    except OSError as e:
+        return f"cannot inspect build cache directory {root}: {e.strerror}"
+    return None
 
 
 _HEADER_SUFFIXES = {".h", ".hpp", ".cuh", ".inl"}
