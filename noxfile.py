@@ -494,7 +494,8 @@ def fuzz(session: nox.Session) -> None:
     patterns: ``VLLM_IR_FUZZ_MODELS`` cases per family (default 40; fused-qkv views
     with RoPE, impls reading outside tensors). FX-cache keys:
     ``VLLM_IR_FUZZ_FINGERPRINTS`` random helper-state chains (default 5,000), each
-    changed 8 times. Counts land in
+    changed 8 times. Bucketed tables under unbacked, product, floor-division and
+    non-contiguous sizes: ``VLLM_IR_FUZZ_BUCKET_CASES`` programs (default 120). Counts land in
     benchmarks/results/compile_fuzz.json. The two run side by side (pytest-xdist).
     """
     _install(session, CORE)
@@ -514,6 +515,8 @@ def fuzz(session: nox.Session) -> None:
         "VLLM_IR_FUZZ_MODELS_SEED": os.environ.get("VLLM_IR_FUZZ_MODELS_SEED", "100"),
         "VLLM_IR_FUZZ_FINGERPRINTS": os.environ.get("VLLM_IR_FUZZ_FINGERPRINTS", "5000"),
         "VLLM_IR_FUZZ_THREADS_SEED": os.environ.get("VLLM_IR_FUZZ_THREADS_SEED", "1000"),
+        "VLLM_IR_FUZZ_BUCKET_CASES": os.environ.get("VLLM_IR_FUZZ_BUCKET_CASES", "120"),
+        "VLLM_IR_FUZZ_BUCKET_SEED": os.environ.get("VLLM_IR_FUZZ_BUCKET_SEED", "1000"),
         "VLLM_IR_FUZZ_REPORT": str(report),
     }
     tests = PACKAGES[CORE] / "tests"

@@ -562,3 +562,253 @@ def _compare(
             if not _same(w, g):
                 problems.append(f"call {call}: gradient {k} differs")
     return problems
+
+
+# ---- bucketed tables under awkward symbolic sizes --------------------------------
+#
+# A second family: programs over ops whose priority is a random bucketed table, called
+# on activations whose token count or layout is an expression plain Inductor accepts
+# but a torch.cond branch may not carry: unbacked (``x[:k]``, ``k = cnt.item()``), a
+# product (batch x sequence), a floor division (``hidden // heads`` head size), and
+# non-contiguous layouts (column-major, every other row, interleaved rows donated
+# together). Every impl tags its output (``+ K``), so compiled == eager bit for bit
+# says that each call ran its bucket's impl.
+
+
+@ir.register_op(name="fuzz_bucket_scale", allow_inplace=True)
+def bucket_scale(x: Tensor, factor: float) -> Tensor:
+    return x * factor
+
+
+@bucket_scale.register_impl("fuzz_t1")
+def _bucket_t1(x: Tensor, factor: float) -> Tensor:
+    return x * factor + 1
+
+
+@bucket_scale.register_impl("fuzz_strided")
+def _bucket_strided(x: Tensor, factor: float) -> Tensor:
+    # re-views its input at an absolute storage offset, as a kernel given a pointer does
+    return x.as_strided(x.size(), x.stride(), x.storage_offset()) * factor + 2
+
+
+@bucket_scale.register_impl("fuzz_branchy")
+def _bucket_branchy(x: Tensor, factor: float) -> Tensor:
+    # branches on the token count inside its bucket (a guard when traced)
+    return x * factor + (3 if x.shape[0] <= 8 else 5)
+
+
+@bucket_scale.register_impl("fuzz_inplace", inplace=True)
+def _bucket_inplace(x: Tensor, factor: float) -> Tensor:
+    return x.mul_(factor).add_(4)
+
+
+@ir.register_op(name="fuzz_bucket_pair", allow_inplace=True)
+def bucket_pair(x: Tensor, x_other: Tensor) -> tuple[Tensor, Tensor]:
+    """``(x * 2, x + x_other)``: the sum's size is the broadcast of both (a residual add)."""
+    return x * 2, x + x_other
+
+
+@bucket_pair.register_impl("fuzz_t1")
+def _pair_t1(x: Tensor, x_other: Tensor) -> tuple[Tensor, Tensor]:
+    return x * 2 + 1, x + x_other
+
+
+@bucket_pair.register_impl("fuzz_inplace", inplace=True)
+def _pair_inplace(x: Tensor, x_other: Tensor) -> tuple[Tensor, Tensor]:
+    # returns its activations, whose sizes may be other expressions of equal values
+    # than native's broadcast: ceil and floor halves of one buffer, or a head size
+    x_other.add_(x).add_(4)
+    return x.mul_(2), x_other
+
+
+@ir.register_op(name="fuzz_bucket_heads", feature_dims=2)
+def bucket_heads(x: Tensor, factor: float) -> Tensor:
+    """Tokens are the dims before (heads, head size), as for rotary_embedding."""
+    return x * factor
+
+
+@bucket_heads.register_impl("fuzz_t1")
+def _heads_t1(x: Tensor, factor: float) -> Tensor:
+    return x * factor + 1
+
+
+@bucket_heads.register_impl("fuzz_strided")
+def _heads_strided(x: Tensor, factor: float) -> Tensor:
+    return x.as_strided(x.size(), x.stride(), x.storage_offset()) * factor + 2
+
+
+BUCKET_IMPLS = {
+    "fuzz_bucket_scale": ["native", "fuzz_t1", "fuzz_strided", "fuzz_branchy", "fuzz_inplace"],
+    "fuzz_bucket_pair": ["native", "fuzz_t1", "fuzz_inplace"],
+    "fuzz_bucket_heads": ["native", "fuzz_t1", "fuzz_strided"],
+}
+BUCKET_OPS = {"fuzz_bucket_scale": bucket_scale, "fuzz_bucket_pair": bucket_pair,
+              "fuzz_bucket_heads": bucket_heads}  # fmt: skip
+SIZE_FORMS = ("unbacked", "product", "floordiv", "colmajor", "every_other", "interleaved")
+HEADS = 2
+
+
+@dataclass
+class BucketCase:
+    """One random program of one size form, its tables and its dispatch mode."""
+
+    seed: int
+    form: str
+    steps: list[tuple[str, float]]  # (op, factor) applied in order
+    tables: dict[str, list[dict[str, Any]]]
+    dispatch: str
+    sizes: tuple[int, ...]  # token counts it is called with (the first compiles)
+
+    def describe(self) -> str:
+        return (
+            f"seed {self.seed}: form {self.form}, dispatch {self.dispatch}, "
+            f"steps {self.steps}, tables {self.tables}, sizes {self.sizes}"
+        )
+
+
+def _random_table(rng: random.Random, impls: list[str]) -> list[dict[str, Any]]:
+    bounds = sorted(rng.sample([1, 2, 4, 8, 9, 16, 64], rng.randint(1, 3)))
+    picks = [rng.choice(impls) for _ in range(len(bounds) + 1)]
+    if len(set(picks)) == 1:  # at least two impls: a branch or a graph per range
+        picks[-1] = next(p for p in impls if p != picks[0])
+    table: list[dict[str, Any]] = [
+        {"max_tokens": b, "priority": [p]} for b, p in zip(bounds, picks, strict=False)
+    ]
+    table.append({"priority": [picks[-1]]})
+    return table
+
+
+def make_bucket_case(seed: int) -> BucketCase:
+    rng = random.Random(seed)
+    form = SIZE_FORMS[seed % len(SIZE_FORMS)]  # every form in any run of six seeds
+    if form == "floordiv":
+        names = ["fuzz_bucket_heads", "fuzz_bucket_pair"]
+    elif form == "interleaved":
+        names = ["fuzz_bucket_pair"]
+    else:
+        names = ["fuzz_bucket_scale"]
+    steps = [(rng.choice(names), rng.choice([0.5, 2.0, 3.0])) for _ in range(rng.randint(1, 2))]
+    used = {name for name, _ in steps}
+    tables = {name: _random_table(rng, BUCKET_IMPLS[name]) for name in sorted(used)}
+    dispatch = rng.choice(["graphs", "branches"])
+    sizes = (rng.choice([5, 8, 17]), rng.choice([3, 12, 40]), rng.choice([2, 9, 64]))
+    return BucketCase(seed, form, steps, tables, dispatch, sizes)
+
+
+def _bucket_inputs(case: BucketCase, rows: int) -> tuple[Tensor, ...]:
+    gen = torch.Generator().manual_seed(rows)
+
+    def ints(*shape: int) -> Tensor:
+        return torch.randint(-3, 4, shape, generator=gen).float()
+
+    if case.form == "unbacked":
+        return ints(rows + 3, COLS), torch.tensor(rows)
+    if case.form == "product":
+        return (ints(2, rows, COLS),)
+    if case.form == "floordiv":
+        return ints(rows, HEADS * COLS), torch.zeros(HEADS), ints(rows, HEADS, COLS)
+    if case.form == "colmajor":
+        return (ints(COLS, rows).t(),)
+    if case.form == "every_other":
+        return (ints(2 * rows, COLS),)
+    return (ints(2 * rows, COLS),)  # interleaved: ceil and floor halves of its rows
+
+
+def bucket_program(case: BucketCase) -> Callable[..., tuple[Tensor, ...]]:
+    """The case's program: the size form's activation, then its steps."""
+
+    def scale_steps(x: Tensor, other: Tensor | None = None) -> Tensor:
+        for i, (name, factor) in enumerate(case.steps):
+            if name == "fuzz_bucket_pair":
+                assert other is not None
+                # donated: both are values no later step reads
+                x, other = bucket_pair.maybe_inplace(x * factor, other + 0)
+            else:
+                op = BUCKET_OPS[name]
+                # donate an intermediate now and then: maybe_inplace of a value read no more
+                donate = i > 0 and name == "fuzz_bucket_scale"
+                x = (op.maybe_inplace if donate else op)(x, factor)  # type: ignore[operator]
+            x = x.relu() + 1
+        return x if other is None else x + other
+
+    def fn(*args: Tensor) -> tuple[Tensor, ...]:
+        if case.form == "unbacked":
+            x, cnt = args
+            k = int(cnt.item())
+            torch._check(k >= 0)
+            torch._check(k <= x.shape[0])
+            return (scale_steps(x[:k]) * 1,)
+        if case.form == "floordiv":
+            x, h, other = args
+            heads = h.shape[0]  # head size: hidden // heads of two dynamic sizes
+            return (scale_steps(x.view(x.shape[0], heads, x.shape[1] // heads), other) * 1,)
+        if case.form == "every_other":
+            return (scale_steps(args[0][::2]) * 1,)
+        if case.form == "interleaved":
+            buf = args[0].clone()  # donated below: the caller's tensor stays unwritten
+            a, b = buf[0::2], buf[1::2]  # ((s + 1) // 2) and (s // 2) rows, equal here
+            for _name, _factor in case.steps:
+                a, b = bucket_pair.maybe_inplace(a, b)  # both rows of one buffer donated
+                a, b = a.relu() + 1, b + 0
+            return a * 1, b * 1
+        return (scale_steps(args[0]) * 1,)
+
+    return fn
+
+
+@dataclass
+class BucketStats:
+    compiles: int = 0
+    calls: int = 0
+    runtime_selected: int = 0  # nodes left to select at run time (logged once each)
+    both_fail: int = 0  # programs plain Inductor cannot compile either
+    failures: list[str] = field(default_factory=list)
+    forms: Counter[str] = field(default_factory=Counter)
+
+
+def check_bucket_case(case: BucketCase, stats: BucketStats) -> None:
+    """Compile ``case`` once (dynamic sizes) and call it at its sizes: each output must
+    equal eager's under the same tables, bit for bit. A program plain Inductor
+    cannot compile either is counted, not failed."""
+    from contextlib import ExitStack
+
+    fn = bucket_program(case)
+    backend = ir.VllmIRBackend(priority=case.tables, bucket_dispatch=case.dispatch)  # type: ignore[arg-type]
+    stats.forms[case.form] += 1
+
+    def run(compiled: Callable[..., Any], rows: int) -> tuple[Any, Any]:
+        with ExitStack() as stack:
+            for name, table in case.tables.items():
+                stack.enter_context(BUCKET_OPS[name].set_priority(table))
+            want = fn(*_bucket_inputs(case, rows))
+            got = compiled(*_bucket_inputs(case, rows))
+        return want, got
+
+    torch._dynamo.reset()
+    with torch.no_grad(), torch._dynamo.config.patch(capture_scalar_outputs=True):
+        compiled = torch.compile(fn, backend=backend, dynamic=True)
+        for rows in case.sizes:
+            try:
+                want, got = run(compiled, rows)
+            except Exception as e:
+                inner = getattr(e, "inner_exception", None) or e
+                error = f"{type(inner).__name__}: {str(inner).splitlines()[0][:200]}"
+                torch._dynamo.reset()
+                try:
+                    run(torch.compile(fn, backend="inductor", dynamic=True), rows)
+                except Exception:
+                    stats.both_fail += 1
+                    return
+                stats.failures.append(f"{case.describe()}: raises {error} at {rows} tokens")
+                return
+            stats.calls += 1
+            if not all(torch.equal(a, b) for a, b in zip(want, got, strict=True)):
+                stats.failures.append(f"{case.describe()}: wrong result at {rows} tokens")
+                return
+    stats.compiles += len(backend.pass_contexts)
+    stats.runtime_selected += sum(
+        provider == "<runtime>"
+        for ctx in backend.pass_contexts
+        for nodes in ctx.selected_impls.values()
+        for provider in nodes.values()
+    )
