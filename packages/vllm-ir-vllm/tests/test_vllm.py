@@ -260,6 +260,16 @@ def test_unregister_restores_vllm(marker: Marker) -> None:
     assert ir.ops.vllm_rms_norm.get_priority()[0] != MARKER
 
 
+def test_registering_twice_then_unregistering_leaves_no_setting(marker: Marker) -> None:
+    """vLLM may load the plugin twice; each apply() handle takes back only its own
+    setting, so the plugin keeps one handle and unregister() leaves none behind."""
+    vllm_ir_vllm.register()
+    assert ir.ops.vllm_rms_norm.get_priority()[0] == MARKER
+    vllm_ir_vllm.unregister()
+    for name in OPS:
+        assert ir.get_op(name).get_priority_entries()[0].source != "user (process-wide)"
+
+
 def test_register_and_unregister_forget_vllms_shared_ropes(teardown: None) -> None:
     """vLLM's ``get_rope`` hands later models the RoPE module it cached: after
     ``register`` or ``unregister`` that cache is emptied, so a model built next

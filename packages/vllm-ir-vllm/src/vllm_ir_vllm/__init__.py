@@ -55,9 +55,11 @@ def register() -> None:
         logger.warning("vllm-ir-vllm: this vLLM's layers cannot be replaced (%s)", e)
         return
     if config is not None:
-        handle = config.apply()
-        if _applied is None:  # the first handle restores what was there before the plugin
-            _applied = handle
+        # a handle takes back its own setting only: a second register() replaces
+        # the first's, so unregister() leaves what was there before the plugin
+        if _applied is not None:
+            _applied.remove()
+        _applied = config.apply()
     done = layers.register_layers()
     if done:
         logger.info("vllm-ir routes vLLM's %s through vllm-ir ops", ", ".join(done))
