@@ -46,7 +46,7 @@ def _call_rms_norm() -> Tensor:
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"defaults": {"cpu": {"rms_norm": ["acme"]}}}, TypeError, "sequence of vllm_ir.Platform"),
+        ({"defaults": {"cpu": {"rms_norm": ["acme"]}}}, TypeError, "sequence of vllm_ir.provider.Platform"),
         ({"defaults": ["cpu"]}, TypeError, "got str 'cpu'"),
         ({"register": None}, TypeError, "register must be a function"),
         ({"name": 3}, TypeError, "ProviderSpec.name must be a provider name"),
