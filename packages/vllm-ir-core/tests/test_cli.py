@@ -367,11 +367,12 @@ def test_the_console_script_is_the_torch_free_front_end() -> None:
     assert script.value == "vllm_ir_cli:main"
 
 
-def test_front_end_knows_every_pass() -> None:
-    from vllm_ir.config import IR_PASSES
-    from vllm_ir_cli import PASSES
+def test_one_list_of_passes_for_the_front_end_and_the_config() -> None:
+    import vllm_ir as ir
+    from vllm_ir_cli import flags
 
-    assert sorted(PASSES) == sorted(IR_PASSES)
+    assert ir.IrPassConfig().enabled() == [n for n, on in flags.BUILTIN_PASSES.items() if on]
+    assert not hasattr(flags, "PASSES")
 
 
 def test_importing_core_gives_no_numpy_warning_and_loads_no_sympy() -> None:

@@ -56,7 +56,6 @@ __all__ = [
     "AUTOTUNE_FLAG",
     "CLI_FLAG",
     "DEFAULT_AUTOTUNE_MARGIN",
-    "IR_PASSES",
     "IrPassConfig",
     "parse_ir_pass_args",
     "clear_process_priority",
@@ -195,10 +194,6 @@ def _spec(value: list[str] | BucketedPriority) -> tuple[str, ...] | BucketedPrio
     return value if isinstance(value, BucketedPriority) else tuple(value)
 
 
-IR_PASSES: dict[str, bool] = dict(BUILTIN_PASSES)
-"""The built-in IR passes of the compile backend, and whether each is on by default
-(a copy of :data:`vllm_ir_cli.flags.BUILTIN_PASSES`, the one list)."""
-
 _ON = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 
 
@@ -212,16 +207,16 @@ class IrPassConfig:
     """
 
     def __init__(self, **flags: bool) -> None:
-        unknown = [name for name in flags if name not in IR_PASSES]
+        unknown = [name for name in flags if name not in BUILTIN_PASSES]
         if unknown:
             raise ValueError(
                 f"unknown IR pass(es) {', '.join(map(repr, unknown))}; known passes: "
-                f"{', '.join(sorted(IR_PASSES))}"
+                f"{', '.join(sorted(BUILTIN_PASSES))}"
             )
         for name, value in flags.items():
             if not isinstance(value, bool):
                 raise TypeError(f"IR pass {name!r} must be switched with a bool, got {value!r}")
-        self._flags = {**IR_PASSES, **flags}
+        self._flags = {**BUILTIN_PASSES, **flags}
 
     @classmethod
     def from_cli_args(cls, argv: Sequence[str]) -> IrPassConfig:

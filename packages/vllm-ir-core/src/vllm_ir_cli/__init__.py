@@ -22,8 +22,8 @@ __all__ = ["COMMANDS", "UsageError", "build_parser", "main", "split_selection_fl
 
 from vllm_ir_cli.commands import COMMANDS, UsageError
 from vllm_ir_cli.flags import (  # shared with vllm_ir.config
+    BUILTIN_PASSES,
     PASS_FLAG,
-    PASSES,
     PRIORITY_FLAG,
     TORCH_WRAP_FLAG,
     ArgvCursor,
@@ -91,7 +91,7 @@ def _model_spec(text: str) -> str:
 _SELECTION_HELP = (
     "Kernel selection: --ir-op-priority.OP=a,b (repeatable) or "
     '--ir-op-priority \'{"OP": ["a", "b"]}\'. '
-    f"Compile passes: --ir-pass.NAME=on|off, NAME one of {', '.join(PASSES)} "
+    f"Compile passes: --ir-pass.NAME=on|off, NAME one of {', '.join(BUILTIN_PASSES)} "
     "(e.g. --ir-pass.fuse_norm_quant=off). "
     f"Trace-through mode: {TORCH_WRAP_FLAG}=off (IR ops traced as their selected impls)."
 )

@@ -16,7 +16,6 @@ __all__ = [
     "BUILTIN_PASSES",
     "DEFAULT_AUTOTUNE_BUCKETS",
     "DEFAULT_AUTOTUNE_MARGIN",
-    "PASSES",
     "PASS_FLAG",
     "PRIORITY_FLAG",
     "TORCH_WRAP_FLAG",
@@ -37,9 +36,6 @@ DEFAULT_AUTOTUNE_BUCKETS = (16, 256)
 
 BUILTIN_PASSES = MappingProxyType({"fuse_norm_quant": True, "sequence_parallel": False})
 """The built-in IR passes of the compile backend, and whether each is on by default."""
-
-PASSES = tuple(BUILTIN_PASSES)
-"""The names of :data:`BUILTIN_PASSES`."""
 
 
 class ArgvCursor:
