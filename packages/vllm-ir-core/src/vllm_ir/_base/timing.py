@@ -25,7 +25,7 @@ import torch
 
 __all__ = [
     "NOISY",
-    "Decision",
+    "Verdict",
     "Timing",
     "decide_or_refuse",
     "is_noisy",
@@ -123,7 +123,7 @@ class Timing:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Verdict:
     """The winner, and whether the measurement decided it (else: priority order)."""
 
     winner: str
@@ -131,7 +131,7 @@ class Decision:
     note: str
 
 
-def decide_or_refuse(timings: Mapping[str, Timing], order: Sequence[str], winner: str) -> Decision:
+def decide_or_refuse(timings: Mapping[str, Timing], order: Sequence[str], winner: str) -> Verdict:
     """Keep ``winner`` (the fastest by median, as the caller's rule chose it) only if
     noise cannot explain its lead over the priority list's first candidate.
 
@@ -141,7 +141,7 @@ def decide_or_refuse(timings: Mapping[str, Timing], order: Sequence[str], winner
     """
     first = order[0]
     if winner == first:
-        return Decision(winner, True, "")
+        return Verdict(winner, True, "")
     a, b = timings[winner], timings[first]
     overlap = a.p90 >= b.p10
     if (a.noisy or b.noisy) and overlap:
@@ -151,5 +151,5 @@ def decide_or_refuse(timings: Mapping[str, Timing], order: Sequence[str], winner
             f"(over {NOISY:.0%}) and their p10-p90 ranges overlap; kept the priority "
             "order. Rerun on an idle machine, with more rounds or fewer threads"
         )
-        return Decision(first, False, note)
-    return Decision(winner, True, "")
+        return Verdict(first, False, note)
+    return Verdict(winner, True, "")
