@@ -327,3 +327,33 @@ def test_interleaved_rows_donated_together(stand_ins: None, caches: str) -> None
         caches,
         exact=False,
     )
+
+
+def test_unbacked_count_within_one_bucket_whose_impl_branches_on_it(
+    tagged: ir.IrOp, caches: str
+) -> None:
+    """An unbacked count known to be at most 8 reaches one bucket, whose impl branches
+    on ``rows <= 4``, which the count's range does not decide: tracing it raised a
+    data-dependent guard error. The node selects at run time."""
+
+    def branchy2(x: Tensor, factor: float) -> Tensor:
+        return x * factor + (6 if x.shape[0] <= 4 else 7)
+
+    tagged.register_impl("branchy2")(branchy2)
+    table = [{"max_tokens": 8, "priority": ["branchy2"]}, {"priority": ["t2"]}]
+
+    def fn(x: Tensor, cnt: Tensor) -> Tensor:
+        k = int(cnt.item())
+        torch._check(k >= 0)
+        torch._check(k <= 8)
+        return tagged(x[:k], 2.0) * 1
+
+    x = _ints(20, 8)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        _check(
+            fn,
+            lambda: ir.VllmIRBackend(priority={tagged.name: table}, bucket_dispatch="branches"),
+            [(x, torch.tensor(k)) for k in (3, 7)],
+            lambda: tagged.set_priority(table),
+            caches,
+        )

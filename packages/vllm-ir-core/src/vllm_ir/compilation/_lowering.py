@@ -283,7 +283,14 @@ class LoweringPass:
             impl = self.autotuner.choose(op, node.name, fake_args)
         if impl.inplace and not inplace:
             return 0
-        trace = self._trace(op, impl, args, fake_args)
+        if branches is None:
+            trace = self._trace(op, impl, args, fake_args)
+        else:
+            try:  # a bucketed node: its impl may branch on an unbacked count
+                with _unbacked_left_unbound(fake_args):
+                    trace = self._trace(op, impl, args, fake_args)
+            except _DATA_DEPENDENT as e:
+                return self._select_at_runtime(node, op, str(e).splitlines()[0])
         if not inplace and trace.absolute_views:
             # Traced here, the impl saw its arguments before Inductor's no-op
             # removal, which may replace one (a copy) by an alias at another
@@ -346,8 +353,9 @@ class LoweringPass:
             return 0  # an inplace branch: with the inplace impls, after Inductor's passes
         inserted_from = node.prev
         try:
-            return self._emit_branches(graph, node, op, args, fake_args, branches, inplace)
-        except (BranchUnsupported, GuardOnDataDependentSymNode, PendingUnbackedSymbolNotFound) as e:
+            with _unbacked_left_unbound(fake_args):
+                return self._emit_branches(graph, node, op, args, fake_args, branches, inplace)
+        except (BranchUnsupported, *_DATA_DEPENDENT) as e:
             # nothing emitted yet but copies and size reads: drop them, keep the node
             n = node.prev
             while n is not inserted_from:
@@ -547,6 +555,27 @@ class _LoweringStage(VllmIRPass):
     def cache_state(self) -> Any:
         state = self.lowering.cache_state()
         return state if isinstance(state, Uncacheable) else (self.inplace, state)
+
+
+_DATA_DEPENDENT = (GuardOnDataDependentSymNode, PendingUnbackedSymbolNotFound)
+"""A trace that branched on, or made, a size no graph input gives: plain Inductor runs
+such a node as the op, and so does the lowering (run-time selection)."""
+
+
+@contextlib.contextmanager
+def _unbacked_left_unbound(fake_args: Sequence[Any]) -> Iterator[None]:
+    """On an error, forget the unbacked symbols made since entering: the node stays
+    the IR op, so no node of the graph binds them, and a later trace would find
+    them pending (``PendingUnbackedSymbolNotFound``)."""
+    mode = detect_fake_mode([a for a in fake_args if isinstance(a, torch.Tensor)])
+    env = getattr(mode, "shape_env", None)
+    pending = None if env is None else len(env.pending_fresh_unbacked_symbols)
+    try:
+        yield
+    except BaseException:
+        if env is not None and pending is not None:
+            del env.pending_fresh_unbacked_symbols[pending:]
+        raise
 
 
 def _lowerable(node: fx.Node) -> bool:
