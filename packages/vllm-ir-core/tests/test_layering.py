@@ -114,12 +114,16 @@ def test_public_read_only_members(inplace_op: ir.IrOp) -> None:
 # -- configuration below compilation ---------------------------------------------
 
 
-def test_backend_from_config() -> None:
+def test_backend_from_config_and_the_deprecated_shim() -> None:
     config = ir.KernelConfig(ir_op_priority={"rms_norm": ["native"]}, autotune=True)
     backend = ir.VllmIRBackend.from_config(config)
     assert backend.autotuner is not None
     assert backend.autotuner.margin == config.autotune_margin
     assert backend.lowering_pass.priorities["rms_norm"] == ("native",)
+    with pytest.warns(DeprecationWarning, match="VllmIRBackend.from_config"):
+        old = config.backend()
+    assert type(old) is type(backend)
+    assert old.autotuner is not None
 
 
 def test_one_list_of_builtin_passes() -> None:

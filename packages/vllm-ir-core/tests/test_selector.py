@@ -68,6 +68,13 @@ def test_the_cache_views_are_read_only(scale_op: ir.IrOp) -> None:
         scale_op.selector.cache_of("eager")[("k",)] = None  # type: ignore[index]
 
 
+def test_dispatch_is_the_deprecated_name_of_selected_impl(scale_op: ir.IrOp) -> None:
+    x = torch.ones(2)
+    with pytest.warns(DeprecationWarning, match=r"selected_impl\(\)"):
+        impl = scale_op.dispatch(x, 2.0)
+    assert impl is scale_op.selected_impl(x, 2.0)
+
+
 def test_calls_never_raise_while_another_thread_unregisters_an_impl(scale_op: ir.IrOp) -> None:
     """A selection sees the impls before or after another thread's change, never half of it
     (select() once checked an impl, then looked it up again: KeyError in between)."""

@@ -14,6 +14,7 @@ eager mode and under ``torch.compile``.
 from typing import TYPE_CHECKING
 
 from vllm_ir import ops
+from vllm_ir._base import moved_modules as _moved_modules
 from vllm_ir._base.namespace import NAMESPACE
 from vllm_ir._base.torch_wrap import enable_torch_wrap, torch_wrap_enabled
 from vllm_ir._discovery.providers import load_errors, loaded_providers
@@ -47,14 +48,45 @@ _LAZY = {
     "load_tuning_file": "vllm_ir.config",
 }
 
+_MOVED = {
+    # the provider contract: what provider packages use lives in vllm_ir.provider
+    "API_VERSION": "vllm_ir.provider",
+    "PlatformDefaults": "vllm_ir.provider",
+    "ProviderSpec": "vllm_ir.provider",
+    "RegistrationHandle": "vllm_ir.provider",
+    "RegistrationLog": "vllm_ir.provider",
+    "current_platform": "vllm_ir.provider",
+    "recording_registrations": "vllm_ir.provider",
+    # selection internals
+    "IrOpInplaceOverload": "vllm_ir.compilation.ir_nodes",
+    "PriorityEntry": "vllm_ir.priority",
+    "Selection": "vllm_ir.selection",
+    "compiled_selection": "vllm_ir.priority",
+}
+"""Names that left the top level: still served here, with a DeprecationWarning, for one release."""
+
 
 def __getattr__(name: str) -> object:
     import importlib
 
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _MOVED:
+        from vllm_ir._base.deprecation import warn_deprecated
+
+        warn_deprecated(
+            f"vllm_ir.{name} is deprecated: use {_MOVED[name]}.{name} "
+            "(the old name goes in the next release)"
+        )
+        return getattr(importlib.import_module(_MOVED[name]), name)
     if name in ("compilation", "testing", "provider"):
         return importlib.import_module(f"vllm_ir.{name}")
+    if f"vllm_ir.{name}" in _moved_modules.MOVED:  # an internal module's old name
+        from vllm_ir._base.deprecation import warn_deprecated
+
+        old = f"vllm_ir.{name}"
+        warn_deprecated(_moved_modules.message(old))
+        return importlib.import_module(_moved_modules.MOVED[old])
     raise AttributeError(f"module 'vllm_ir' has no attribute {name!r}")
 
 
@@ -82,3 +114,20 @@ __all__ = [
     "register_op",
     "torch_wrap_enabled",
 ]
+
+
+def _deprecated_backend(self: KernelConfig, **kwargs: object) -> object:
+    """Deprecated: use ``VllmIRBackend.from_config(config, **kwargs)``."""
+    from vllm_ir._base.deprecation import warn_deprecated
+    from vllm_ir.compilation import VllmIRBackend
+
+    warn_deprecated(
+        "KernelConfig.backend() is deprecated; use vllm_ir.VllmIRBackend.from_config(config)"
+    )
+    return VllmIRBackend.from_config(self, **kwargs)  # type: ignore[arg-type]
+
+
+# set here, above both the configuration and the compile integration: no upward import
+KernelConfig.backend = _deprecated_backend  # type: ignore[method-assign]
+
+_moved_modules.install()  # old import paths of the internal modules, for one release

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, ClassVar, TypeVar
 
 from vllm_ir_cli.flags import (
     AUTOTUNE_FLAG,
@@ -322,6 +322,11 @@ class KernelConfig:
         if rest:
             raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
         return cls(priority, passes, autotune, margin, buckets)
+
+    backend: ClassVar[Callable[..., Any]]
+    """Deprecated: ``VllmIRBackend.from_config(config, **kwargs)``. Set by the
+    package (``vllm_ir/__init__.py``), which sits above the compile integration,
+    for one release."""
 
 
 def parse_ir_autotune_args(argv: Sequence[str]) -> tuple[bool, float, list[str]]:

@@ -38,6 +38,7 @@ still work for one release, with a ``DeprecationWarning``.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,9 @@ from vllm_ir._schema.layout import contiguous, may_overlap_itself, rows_flatten_
 from vllm_ir._schema.samples import SampleInput
 from vllm_ir._schema.tolerances import DEFAULT_TOLERANCES, EXACT, Tolerance
 from vllm_ir._version import API_VERSION
+from vllm_ir.kits import norms as _norms_kit
+from vllm_ir.kits import quant as _quant_kit
+from vllm_ir.kits import vendor as _vendor_kit
 from vllm_ir.priority import PlatformDefaults
 
 if TYPE_CHECKING:
@@ -122,10 +126,25 @@ def deferred_register(target: str, *args: Any) -> Callable[[], None]:
     return register
 
 
+_IN_KITS = {
+    name: kit.__name__ for kit in (_norms_kit, _quant_kit, _vendor_kit) for name in kit.__all__
+}
+"""Names that left the contract for the kits (:mod:`vllm_ir.kits`): served here
+with a ``DeprecationWarning`` for one release."""
+
+
 def __getattr__(name: str) -> Any:
     # the kernel-build module loads on first use: a provider package's import stays light
     if name in ("ExtensionBuildError", "cache_problem", "cache_root"):
         from vllm_ir._discovery import extension
 
         return getattr(extension, name)
+    if name in _IN_KITS:
+        from vllm_ir._base.deprecation import warn_deprecated
+
+        warn_deprecated(
+            f"vllm_ir.provider.{name} is deprecated: import it from {_IN_KITS[name]} "
+            "(the old name goes in the next release)"
+        )
+        return getattr(sys.modules[_IN_KITS[name]], name)
     raise AttributeError(f"module 'vllm_ir.provider' has no attribute {name!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from vllm_ir import envs
+from vllm_ir._base.moved_modules import public_name
 
 __all__ = ["get_logger"]
 
@@ -29,13 +30,14 @@ def _configure() -> None:
 
 
 def get_logger(name: str) -> logging.Logger:
-    """Return the logger for module ``name`` (``__name__``; configured on first use).
+    """Return the logger for module ``name`` (configured on first use).
 
-    Every vllm-ir logger is under ``vllm_ir``, the one to filter on:
+    A module that got a private name logs under its old one, so logger names
+    stay what users filter on; other names are kept as given:
 
-    >>> get_logger("vllm_ir.compilation._lowering").name
-    'vllm_ir.compilation._lowering'
+    >>> get_logger("vllm_ir.compilation._lowering").name, get_logger("my_kernels._impls").name
+    ('vllm_ir.compilation.lowering', 'my_kernels._impls')
     """
     if not _configured:
         _configure()
-    return logging.getLogger(name)
+    return logging.getLogger(public_name(name))

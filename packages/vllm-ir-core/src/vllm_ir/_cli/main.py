@@ -29,7 +29,7 @@ def _load_failures_not_logged(command: str) -> Iterator[None]:
     if command not in _LISTS_LOAD_ERRORS:
         yield
         return
-    log = logging.getLogger("vllm_ir._discovery.providers")  # where load failures are logged
+    log = logging.getLogger("vllm_ir.providers")
     drop = _DropLoadFailures()
     log.addFilter(drop)
     try:

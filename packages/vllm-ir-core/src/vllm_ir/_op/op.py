@@ -25,6 +25,7 @@ from vllm_ir._base.cache import (
     before_selection,
     release_cache,
 )
+from vllm_ir._base.deprecation import warn_deprecated
 from vllm_ir._base.namespace import NAMESPACE
 from vllm_ir._base.registration import (
     RegistrationHandle,
@@ -198,6 +199,14 @@ class IrOp(ImplMethods, PriorityMethods, SampleMethods):
         if kwargs or len(args) != len(self._param_names):
             args = self._bind(args, kwargs)
         return self._selector.impl_for(args)
+
+    def dispatch(self, *args: Any, **kwargs: Any) -> IrOpImpl:
+        """Deprecated name of :meth:`selected_impl` (kept for one release)."""
+        warn_deprecated(
+            f"{self.name}.dispatch() is now {self.name}.selected_impl(); dispatch() "
+            "goes in the next release"
+        )
+        return self.selected_impl(*args, **kwargs)
 
     def tokens(self, *args: Any) -> Any:
         """The call's token count: the product of all but the last dim of the op's

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from vllm_ir._base.deprecation import warn_deprecated
 from vllm_ir._base.registration import RegistrationHandle, on_snapshot, record
 
 __all__ = [
@@ -110,7 +111,7 @@ class ToleranceTable(Mapping[torch.dtype, Tolerance]):
     """One op's tolerances per dtype (``IrOp.tolerances``): read like a dict.
 
     Entries are added with :meth:`register`, which returns a
-    :class:`~vllm_ir.provider.RegistrationHandle` and is recorded like every other
+    :class:`~vllm_ir.RegistrationHandle` and is recorded like every other
     registration, so a failed provider load takes its entries back and a
     later registration for the same dtype is not undone by an earlier one's
     removal. Item assignment and ``update()`` still work for one release,
@@ -175,15 +176,18 @@ class ToleranceTable(Mapping[torch.dtype, Tolerance]):
         return record(RegistrationHandle(f"tolerances of op {self.op_name!r} ({names})", undo))
 
     def __setitem__(self, dtype: torch.dtype, tolerance: Tolerance) -> None:
-        self._read_only("op.tolerances[dtype] = ...")
+        self._deprecated("op.tolerances[dtype] = ...")
+        self.register({dtype: tolerance})
 
     def update(self, other: Mapping[torch.dtype, Tolerance] = (), /, **_: Any) -> None:  # type: ignore[assignment]
-        self._read_only("op.tolerances.update(...)")
+        self._deprecated("op.tolerances.update(...)")
+        self.register(dict(other))
 
-    def _read_only(self, spelling: str) -> None:
-        raise TypeError(
-            f"{spelling}: an op's tolerances are read-only; use "
-            f"ir.ops.{self.op_name}.register_tolerances({{...}}), which returns a handle"
+    def _deprecated(self, spelling: str) -> None:
+        warn_deprecated(
+            f"{spelling} is deprecated: use ir.ops.{self.op_name}.register_tolerances({{...}}), "
+            "which returns a handle (the old spelling goes in the next release)",
+            stacklevel=3,
         )
 
 
