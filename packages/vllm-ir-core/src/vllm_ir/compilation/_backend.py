@@ -277,7 +277,10 @@ class VllmIRBackend:
             for nodes in selections_counted_since(counted).values()
             for provider in nodes.values()
         ):
-            compiled = _selecting_at_runtime(compiled, self.lowering_pass.runtime_selection)
+            compiled = _selecting_at_runtime(
+                compiled,  # type: ignore[arg-type]  # compile_fx's union: a callable here
+                self.lowering_pass.runtime_selection,
+            )
         # the post-grad pre pass always runs when Inductor compiles the graph
         ctx.from_cache = "lowering_functional" not in ctx.timings_ms
         if ctx.from_cache:

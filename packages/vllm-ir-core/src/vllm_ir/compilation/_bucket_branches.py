@@ -145,6 +145,7 @@ def branch_outputs_hazard(
         return "an unbacked (data-dependent) size"
     for gm in modules:
         outs = gm.graph.output_node().args[0]
+        assert isinstance(outs, (tuple, list))  # a traced branch returns a tuple
         vals = [o.meta.get("val") if isinstance(o, fx.Node) else o for o in outs]
         if len(vals) != len(expected):
             return "a branch returns another number of outputs"
@@ -199,9 +200,9 @@ def size_symbol_operands(graph: fx.Graph, vals: Sequence[torch.Tensor]) -> list[
     for sym in sorted(found, key=str):
         where = found[sym]
         if isinstance(where, tuple):  # inserted only now: nothing is left behind on a refusal
-            getter, ph, dim, size = where
+            getter, ph, dim, sym_size = where
             node = graph.call_function(getter, (ph, dim))
-            node.meta["val"] = size
+            node.meta["val"] = sym_size
             where = node
         nodes.append(where)
     return nodes
