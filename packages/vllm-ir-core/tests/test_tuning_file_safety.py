@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 import vllm_ir as ir
+from test_fork_safety import _WAIT_FOR_CHILD
 from torch import Tensor
 from vllm_ir import config
 from vllm_ir._cli.args import UsageError
@@ -411,29 +412,22 @@ def test_random_tuning_caches_apply_exactly_when_regular_private_and_known(
 
 # -- forks ------------------------------------------------------------------------
 
-_FORK_PRELUDE = """
+_FORK_PRELUDE = (
+    """
 import json, os, random, sys, threading, time
 import torch, vllm_ir as ir
 from vllm_ir import config
 from vllm_ir._base.runtime import RUNTIME
-
-def wait_for(pid, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return "hung"
-
+"""
+    + _WAIT_FOR_CHILD
+    + """
 def tuning_file(name, provider="native"):
     path = os.path.join(sys.argv[1], name)
     with open(path, "w") as f:
         json.dump({"ir_op_priority": {"rms_norm": [provider]}}, f)
     return path
 """
+)
 
 
 def _run_forking(script: str, tmp_path: Path, **env: str) -> str:
