@@ -36,6 +36,8 @@ __all__ = [
     "bucket_branches",
     "describe_branches",
     "emit_cond",
+    "emit_product",
+    "emit_size",
     "plain_strides",
     "ranges_text",
     "size_symbol_operands",
@@ -236,21 +238,28 @@ def _token_count(graph: fx.Graph, act: fx.Node, val: torch.Tensor, feature_dims:
     the product of its dims but the last ``feature_dims`` (``IrOp.tokens``)."""
     total: Any = 1
     for dim in range(val.dim() - feature_dims):
-        size = val.shape[dim]
-        if type(size) is int:
-            factor: Any = size
-        else:
-            factor = graph.call_function(torch.ops.aten.sym_size.int, (act, dim))
-            factor.meta["val"] = size
-        if total == 1:
-            total = factor
-        elif isinstance(total, int) and isinstance(factor, int):
-            total = total * factor
-        else:
-            prod = graph.call_function(operator.mul, (total, factor))
-            prod.meta["val"] = _val(total) * _val(factor)
-            total = prod
+        factor = emit_size(graph, act, dim, val.shape[dim])
+        total = factor if total == 1 else emit_product(graph, total, factor)
     return total
+
+
+def emit_size(graph: fx.Graph, tensor: fx.Node, dim: int, size: Any) -> Any:
+    """``size``, the ``shape[dim]`` of ``tensor``'s value: an int as it is, a
+    symbolic size as a ``sym_size`` node of ``graph``."""
+    if type(size) is int:
+        return size
+    node = graph.call_function(torch.ops.aten.sym_size.int, (tensor, dim))
+    node.meta["val"] = size
+    return node
+
+
+def emit_product(graph: fx.Graph, a: Any, b: Any) -> Any:
+    """``a * b`` for ints or size nodes: an int when both are, else a node of ``graph``."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    node = graph.call_function(operator.mul, (a, b))
+    node.meta["val"] = _val(a) * _val(b)
+    return node
 
 
 def _val(x: Any) -> Any:

@@ -70,6 +70,8 @@ from vllm_ir.compilation._bucket_branches import (
     bucket_branches,
     describe_branches,
     emit_cond,
+    emit_product,
+    emit_size,
     nested_cond_module,
     plain_strides,
     size_symbol_operands,
@@ -794,25 +796,12 @@ def _contiguous_copy(graph: fx.Graph, node: fx.Node, fake_mode: Any) -> fx.Node:
         strides.append(stride)
         if dim == 0:
             break
-        size: Any = val.shape[dim]
-        if type(size) is not int:
-            size = graph.call_function(torch.ops.aten.sym_size.int, (copy, dim))
-            size.meta["val"] = val.shape[dim]
-        if isinstance(stride, int) and isinstance(size, int):
-            stride = stride * size
-        else:
-            product = graph.call_function(operator.mul, (stride, size))
-            product.meta["val"] = _value(stride) * _value(size)
-            stride = product
+        stride = emit_product(graph, stride, emit_size(graph, copy, dim, val.shape[dim]))
     strides.reverse()
     forced = graph.call_function(inductor_prims.force_stride_order, (copy, strides))
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         forced.meta["val"] = inductor_prims.force_stride_order(val, list(val.stride()))
     return forced
-
-
-def _value(x: Any) -> Any:
-    return x.meta["val"] if isinstance(x, fx.Node) else x
 
 
 def _new_fake_like(val: torch.Tensor, fake_mode: Any) -> torch.Tensor:
