@@ -14,7 +14,6 @@ import time
 
 import compile_fuzz
 import pytest
-import torch
 from test_clone_elimination_fuzz import write_report
 
 COMPILES = int(os.environ.get("VLLM_IR_FUZZ_COMPILES", "6"))
@@ -76,17 +75,6 @@ BUCKET_CASES = int(os.environ.get("VLLM_IR_FUZZ_BUCKET_CASES", "3"))
 BUCKET_SEED = int(os.environ.get("VLLM_IR_FUZZ_BUCKET_SEED", "0"))
 
 
-# torch 2.11's Inductor fails lowering a bucket branch whose head size is a
-# floor-division of symbols ("cannot determine truth value of Relational:
-# (s50//s6) < 1"): an open defect (issue 59), visible here, not hidden
-_FLOORDIV_ON_OLD_TORCH = pytest.mark.xfail(
-    tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),
-    reason="torch 2.11: floor-division sizes in a bucket branch fail Inductor's lowering",
-    strict=False,
-)
-
-
-@_FLOORDIV_ON_OLD_TORCH
 def test_bucketed_tables_under_symbolic_sizes(capsys: pytest.CaptureFixture[str]) -> None:
     """Random programs over ops with bucketed tables, on activations whose sizes are
     unbacked, products, floor divisions or non-contiguous (``compile_fuzz.SIZE_FORMS``,
@@ -121,7 +109,6 @@ def test_bucketed_tables_under_symbolic_sizes(capsys: pytest.CaptureFixture[str]
     assert not stats.failures, "\n\n".join(stats.failures[:3])
 
 
-@_FLOORDIV_ON_OLD_TORCH
 @pytest.mark.parametrize("seed", [23, 27, 38])
 def test_bucket_programs_that_once_crashed(seed: int) -> None:
     """compile-v5 families the bucket fuzz found on bfd78c6 (seed 0 of the run above

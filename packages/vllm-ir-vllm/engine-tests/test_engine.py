@@ -115,6 +115,17 @@ def _routed(result: dict[str, Any]) -> dict[str, str]:
 ROPE = "vllm.model_executor.layers.rotary_embedding.base.RotaryEmbedding"
 
 
+def _vllm_rounds_bf16_to_nearest() -> bool:
+    """Whether the CPU build vLLM loads here rounds fp32 to bf16 to nearest, as the
+    plugin's ops do. Its AVX-512 builds do; the AVX2 one (``vllm._C_AVX2``, loaded
+    where AVX-512 is absent, by this test of ``vllm.platforms.cpu``) truncates: its
+    ``rms_norm``, fused add and neox RoPE outputs differ from round-to-nearest in
+    about half of their bf16 elements, and greedy tokens drift (docs/vllm.md)."""
+    import torch
+
+    return bool(torch.cpu._is_avx512_supported())
+
+
 def _runs_vllm_ir(result: dict[str, Any]) -> None:
     """Every replaced layer ran an IR op (RoPE in bf16: ``rotary_embedding_fp32``)."""
     for layer, impl in _routed(result).items():
@@ -134,7 +145,12 @@ def test_plugin_on_generates_vllms_tokens(llama_runs: Any, dtype: str, mode: str
     _runs_vllm_ir(on)
     assert all(impl.startswith("vllm (built while") for impl in _routed(off).values())
     eager_off = llama_runs[dtype, "eager", False]["tokens"]
-    if (dtype, mode) == ("bfloat16", "compiled"):
+    if dtype == "bfloat16" and not _vllm_rounds_bf16_to_nearest():
+        # vLLM's tokens come from truncating kernels here: the plugin's tokens are
+        # its own, the same compiled as eager
+        assert on["tokens"] == llama_runs[dtype, "eager", True]["tokens"]
+        assert llama_runs[dtype, "compiled", True]["tokens"] == on["tokens"]
+    elif (dtype, mode) == ("bfloat16", "compiled"):
         # vLLM's own Inductor code for its native layers rounds otherwise in bf16 than
         # its eager kernels (one token of 48 differs here); the plugin's ops run the
         # same kernels compiled as eager, so plugin-on gives vLLM's eager tokens
@@ -188,7 +204,8 @@ def test_qwen3_q_k_norms_run_through_vllm_ir(models: dict[str, str]) -> None:
     # per layer: input, post-attention, q_norm, k_norm; and the final norm
     assert norms == {"vllm.model_executor.layers.layernorm.RMSNorm": 2 * 4 + 1}
     _runs_vllm_ir(on)
-    assert on["tokens"] == off["tokens"]
+    if _vllm_rounds_bf16_to_nearest():
+        assert on["tokens"] == off["tokens"]
 
 
 def test_a_bad_setting_stops_the_engine_with_one_line(models: dict[str, str]) -> None:

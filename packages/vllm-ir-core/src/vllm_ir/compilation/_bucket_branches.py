@@ -10,13 +10,15 @@ selecting the same impl are merged; one impl left means no branch.
 
 A node whose sizes a branch cannot carry (:class:`BranchUnsupported`: an
 unbacked size, outputs whose sizes differ between buckets, a size symbol no
-input of the graph gives) is not branched: the lowering leaves the IR op in
+input of the graph gives, a copy whose strides this torch's Inductor cannot
+order) is not branched: the lowering leaves the IR op in
 the graph, and it selects its impl at run time, as in eager mode.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,6 +41,7 @@ __all__ = [
     "emit_product",
     "emit_size",
     "plain_strides",
+    "require_orderable_strides",
     "ranges_text",
     "size_symbol_operands",
 ]
@@ -50,6 +53,35 @@ Branch = tuple[int | None, IrOpImpl]
 class BranchUnsupported(RuntimeError):
     """A node's sizes cannot go through ``torch.cond`` branches as Inductor
     compiles them; the lowering selects that node's impl at run time instead."""
+
+
+@functools.cache
+def _orders_strides_without_shape_env() -> bool:
+    """Whether this torch's Inductor lowers ``force_stride_order`` by sorting the
+    strides as bare sympy expressions (torch 2.11), which raises where sympy cannot
+    decide an order; later versions sort them with the shape environment's help."""
+    from torch._inductor import lowering
+
+    fn = getattr(lowering.inductor_force_stride_order, "__wrapped__", None)
+    return fn is None or "shape_env" not in fn.__code__.co_names
+
+
+def require_orderable_strides(val: torch.Tensor) -> None:
+    """Raise :class:`BranchUnsupported` where Inductor could not lower forcing
+    ``val``'s strides: on torch 2.11 a stride such as ``hidden // heads``, which may
+    be 0 for all sympy knows, cannot be compared with 1."""
+    if not _orders_strides_without_shape_env():
+        return
+    from torch._inductor.ir import get_stride_order
+
+    strides = [s.node.expr if isinstance(s, torch.SymInt) else s for s in val.stride()]
+    try:
+        get_stride_order(strides)
+    except TypeError as e:
+        raise BranchUnsupported(
+            f"this torch's Inductor cannot order the strides {tuple(strides)} of a "
+            f"contiguous copy ({e})"
+        ) from None
 
 
 def bucket_branches(

@@ -74,6 +74,7 @@ from vllm_ir.compilation._bucket_branches import (
     emit_size,
     nested_cond_module,
     plain_strides,
+    require_orderable_strides,
     size_symbol_operands,
 )
 from vllm_ir.compilation._context import (
@@ -790,6 +791,7 @@ def _contiguous_copy(graph: fx.Graph, node: fx.Node, fake_mode: Any) -> fx.Node:
     from torch._inductor import inductor_prims  # defines prims.inductor_force_stride_order
 
     val = copy.meta["val"]
+    require_orderable_strides(val)
     strides: list[Any] = []
     stride: Any = 1
     for dim in reversed(range(val.dim())):  # contiguous strides, symbolic ones as nodes
