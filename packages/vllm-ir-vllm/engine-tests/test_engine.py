@@ -187,6 +187,21 @@ def test_each_replaced_layer_runs_its_marker_impl(models: dict[str, str]) -> Non
     assert transformers_impl["tokens"] == default["tokens"]
 
 
+def test_a_per_rank_file_is_read_in_the_worker(models: dict[str, str], tmp_path: Path) -> None:
+    """vLLM's workers set no RANK: the plugin reads a ``{rank}`` file when the worker
+    builds its layers, with the rank of vLLM's distributed setup (0 here), and the
+    layers run the file's choice."""
+    (tmp_path / "p-0.json").write_text(json.dumps({"vllm_rms_norm": ["marker", "native"]}))
+    runs = [{"dtype": "float32", "mode": "eager", "impl": "auto", "plugin": True}]
+    assert "RANK" not in os.environ, "vLLM's workers run without RANK"
+    (result,) = _engines(
+        models["llama"], runs, VLLM_IR_PRIORITY_FILE=str(tmp_path / "p-{rank}.json")
+    )
+    norm = _routed(result)["vllm.model_executor.layers.layernorm.RMSNorm"]
+    assert norm.startswith("marker"), norm
+    assert result["calls"].get("vllm_rms_norm", 0) > 0
+
+
 def test_hardware_agnostic_transformers_layers(models: dict[str, str]) -> None:
     runs = [{"dtype": "float32", "mode": "eager", "impl": "transformers", "plugin": True}]
     (result,) = _engines(models["llama"], runs, VLLM_USE_HW_AGNOSTIC="1", **MARKED)
@@ -208,12 +223,24 @@ def test_qwen3_q_k_norms_run_through_vllm_ir(models: dict[str, str]) -> None:
         assert on["tokens"] == off["tokens"]
 
 
-def test_a_bad_setting_stops_the_engine_with_one_line(models: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("VLLM_IR_PRIORITY_VLLM_RMS_NORM", "no_such_kernel", "no_such_kernel"),
+        # a seed op: vLLM's RMSNorm calls vllm_rms_norm, so the list would do nothing
+        ("VLLM_IR_PRIORITY_RMS_NORM", "native", "set VLLM_IR_PRIORITY_VLLM_RMS_NORM"),
+        ("VLLM_IR_PRIORTY_VLLM_RMS_NORM", "native", "did you mean VLLM_IR_PRIORITY_VLLM_RMS_NORM"),
+    ],
+    ids=["provider", "seed-op", "typo"],
+)
+def test_a_bad_setting_stops_the_engine_with_one_line(
+    models: dict[str, str], name: str, value: str, says: str
+) -> None:
     code = (
         "import sys\nfrom vllm import LLM\n"
         f"LLM({models['llama']!r}, skip_tokenizer_init=True, enforce_eager=True)\n"
     )
-    env = {**os.environ, "VLLM_IR_PRIORITY_RMS_NORM": "no_such_kernel"}
+    env = {**os.environ, name: value}
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
@@ -221,8 +248,8 @@ def test_a_bad_setting_stops_the_engine_with_one_line(models: dict[str, str]) ->
     assert result.returncode == 1
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("vllm-ir-vllm: VLLM_IR_PRIORITY_RMS_NORM"), result.stderr[-3000:]
-    assert "no_such_kernel" in last
+    assert last.startswith(f"vllm-ir-vllm: {name}"), result.stderr[-3000:]
+    assert says in last
 
 
 def _first(entries: list[dict[str, Any]]) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import vllm_ir_vllm
-from vllm_ir_vllm.settings import priority_config
+from vllm_ir_vllm.settings import priority_config, waits_for_rank
 
 
 def test_nothing_set_is_none() -> None:
@@ -33,9 +33,31 @@ def test_per_op_variables_override_the_file(tmp_path: Path) -> None:
     ("env", "names"),
     [
         ({"VLLM_IR_PRIORITY_NO_SUCH_OP": "native"}, "VLLM_IR_PRIORITY_NO_SUCH_OP"),
-        ({"VLLM_IR_PRIORITY_RMS_NORM": "native,,"}, "VLLM_IR_PRIORITY_RMS_NORM"),
-        ({"VLLM_IR_PRIORITY_RMS_NORM": "no_such_provider"}, "VLLM_IR_PRIORITY_RMS_NORM"),
+        ({"VLLM_IR_PRIORITY_VLLM_RMS_NORM": "native,,"}, "VLLM_IR_PRIORITY_VLLM_RMS_NORM"),
+        (
+            {"VLLM_IR_PRIORITY_VLLM_RMS_NORM": "no_such_provider"},
+            "VLLM_IR_PRIORITY_VLLM_RMS_NORM: unknown provider",
+        ),
         ({"VLLM_IR_PRIORITY_FILE": "/no/such/file.json"}, "VLLM_IR_PRIORITY_FILE"),
+        # the seed ops: vLLM's layers call the ops with vLLM's numerics instead
+        (
+            {"VLLM_IR_PRIORITY_RMS_NORM": "native"},
+            "^VLLM_IR_PRIORITY_RMS_NORM: vLLM's layers never call rms_norm.*"
+            "set VLLM_IR_PRIORITY_VLLM_RMS_NORM$",
+        ),
+        (
+            {"VLLM_IR_PRIORITY_FUSED_ADD_RMS_NORM": "native"},
+            "set VLLM_IR_PRIORITY_VLLM_FUSED_ADD_RMS_NORM$",
+        ),
+        ({"VLLM_IR_PRIORITY_GELU_AND_MUL": "native"}, "never call gelu_and_mul.*silu_and_mul"),
+        # a typo is not a silent no-op
+        (
+            {"VLLM_IR_PRIORTY_VLLM_RMS_NORM": "native"},
+            "^VLLM_IR_PRIORTY_VLLM_RMS_NORM is not a variable vllm-ir reads; "
+            "did you mean VLLM_IR_PRIORITY_VLLM_RMS_NORM\\?$",
+        ),
+        ({"VLLM_IR_PLATFROM": "cpu"}, "did you mean VLLM_IR_PLATFORM"),
+        ({"VLLM_IR_PRIORITY_FIEL": "x.json"}, "VLLM_IR_PRIORITY_FIEL"),
     ],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], names: str) -> None:
@@ -44,13 +66,41 @@ def test_bad_settings_name_the_variable(env: dict[str, str], names: str) -> None
     assert "\n" not in str(info.value)
 
 
+def test_what_the_project_and_its_tools_read_is_known() -> None:
+    names = {"VLLM_IR_VLLM_MODEL": "m", "VLLM_IR_FUZZ_THREADS": "3", "VLLM_IR_CACHE_DIR": "/x"}
+    names |= {"VLLM_IR_TEST_WORKERS": "2", "VLLM_IR_PRIORITY_SILU_AND_MUL": "native"}
+    config = priority_config(names)
+    assert config is not None
+    assert config.to_dict() == {"silu_and_mul": ["native"]}
+
+
+def test_a_per_rank_file_waits_for_the_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's workers set no RANK: without a rank the file is left for later (the
+    layers read it when built), never read as rank 0; with one it is that rank's."""
+    (tmp_path / "p-1.json").write_text(json.dumps({"silu_and_mul": ["native"]}))
+    env = {"VLLM_IR_PRIORITY_FILE": str(tmp_path / "p-{rank}.json")}
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert waits_for_rank(env)
+    assert priority_config(env, read_file=False) is None
+    with pytest.raises(ValueError, match=r"VLLM_IR_PRIORITY_FILE=.*none is known"):
+        priority_config(env)
+    monkeypatch.setenv("RANK", "1")
+    assert not waits_for_rank(env)
+    config = priority_config(env)
+    assert config is not None
+    assert config.to_dict() == {"silu_and_mul": ["native"]}
+
+
 def test_the_plugin_entry_stops_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """What vLLM's load_general_plugins() calls: a bad setting is one line, not a traceback."""
-    monkeypatch.setenv("VLLM_IR_PRIORITY_RMS_NORM", "no_such_provider")
+    monkeypatch.setenv("VLLM_IR_PRIORITY_VLLM_RMS_NORM", "no_such_provider")
     with pytest.raises(SystemExit) as info:
         vllm_ir_vllm.register()
-    assert str(info.value.code).startswith("vllm-ir-vllm: VLLM_IR_PRIORITY_RMS_NORM")
-    env = {**os.environ, "VLLM_IR_PRIORITY_RMS_NORM": "no_such_provider"}
+    assert str(info.value.code).startswith("vllm-ir-vllm: VLLM_IR_PRIORITY_VLLM_RMS_NORM")
+    env = {**os.environ, "VLLM_IR_PRIORITY_VLLM_RMS_NORM": "no_such_provider"}
     result = subprocess.run(
         [sys.executable, "-c", "import vllm_ir_vllm; vllm_ir_vllm.register()"],
         capture_output=True,

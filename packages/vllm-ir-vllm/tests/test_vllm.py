@@ -8,11 +8,13 @@ import, see the noxfile); skipped where it is absent.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from importlib.metadata import entry_points, files, version
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -268,6 +270,27 @@ def test_registering_twice_then_unregistering_leaves_no_setting(marker: Marker) 
     vllm_ir_vllm.unregister()
     for name in OPS:
         assert ir.get_op(name).get_priority_entries()[0].source != "user (process-wide)"
+
+
+def test_a_per_rank_file_is_read_when_the_worker_builds_a_layer(
+    marker: Marker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's workers set no RANK and get their rank (torch.distributed) after the
+    plugin loads: a ``{rank}`` file is read when the first replaced layer is built,
+    as that rank's file, never as rank 0's."""
+    for name in ("RANK", "LOCAL_RANK", "VLLM_IR_PRIORITY_VLLM_RMS_NORM"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "p-1.json").write_text(json.dumps({"vllm_rms_norm": [MARKER, "native"]}))
+    (tmp_path / "p-0.json").write_text(json.dumps({"vllm_rms_norm": ["native"]}))
+    monkeypatch.setenv("VLLM_IR_PRIORITY_FILE", str(tmp_path / "p-{rank}.json"))
+    vllm_ir_vllm.register()
+    assert ir.ops.vllm_rms_norm.get_priority_entries()[0].source != "user (process-wide)"
+    assert ir.ops.silu_and_mul.get_priority()[0] == MARKER  # its variable: applied at once
+    monkeypatch.setenv("RANK", "1")  # what the worker's distributed setup makes known
+    with set_current_vllm_config(_config(["all"])), torch.inference_mode():
+        RMSNorm(8)
+    assert ir.ops.vllm_rms_norm.get_priority() == [MARKER, "native"]
+    assert ir.ops.silu_and_mul.get_priority()[0] == MARKER  # the variable still wins
 
 
 def test_register_and_unregister_forget_vllms_shared_ropes(teardown: None) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, TypeVar
 
+import torch
 from vllm_ir_cli.flags import (
     AUTOTUNE_FLAG,
     BUILTIN_PASSES,
@@ -65,6 +66,7 @@ __all__ = [
     "KernelConfig",
     "parse_ir_autotune_args",
     "parse_ir_op_priority_args",
+    "process_rank",
     "rank_path",
 ]
 
@@ -585,9 +587,23 @@ def _check_tuning_file(st: os.stat_result, *, path: Path, where: str, yours: boo
 on_before_selection(_load_tuned_files_once)
 
 
+def process_rank() -> tuple[str, str] | None:
+    """This process's rank as ``(where it came from, value)``: ``RANK``, else
+    ``LOCAL_RANK``, else torch.distributed's rank once its process group is up
+    (vLLM's workers set neither variable); None where no rank is known."""
+    for name in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(name)
+        if value:
+            return name, value
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return "torch.distributed's rank", str(dist.get_rank())
+    return None
+
+
 def rank_path(path: str | Path) -> str:
-    """``path`` with ``{rank}`` replaced by this process's rank: ``RANK``, else
-    ``LOCAL_RANK``, else 0 (one tuning file per rank in multi-process serving).
+    """``path`` with ``{rank}`` replaced by this process's rank (:func:`process_rank`:
+    ``RANK``, ``LOCAL_RANK`` or torch.distributed's; one tuning file per rank).
 
     >>> import os; os.environ["RANK"] = "3"
     >>> rank_path("tuned-{rank}.json")
@@ -595,13 +611,20 @@ def rank_path(path: str | Path) -> str:
     >>> del os.environ["RANK"]
 
     A rank is a non-negative decimal integer: any other value (``-1``, ``' 3'``,
-    ``../x``) would name a file outside the per-rank set, so it is a ``ValueError``.
+    ``../x``) would name a file outside the per-rank set, so it is a ``ValueError``;
+    so is a path with ``{rank}`` where no rank is known (never a silent rank 0).
     """
     path = str(path)
     if "{rank}" not in path:
         return path  # RANK matters only where it is used
-    name = "RANK" if os.environ.get("RANK") else "LOCAL_RANK"
-    rank = os.environ.get(name) or "0"
+    known = process_rank()
+    if known is None:
+        raise ValueError(
+            f"{path}: {{rank}} needs this process's rank and none is known (RANK and "
+            "LOCAL_RANK are unset, torch.distributed is not initialized); set RANK, or "
+            "give a path without {rank}"
+        )
+    name, rank = known
     if not _RANK.fullmatch(rank):
         raise ValueError(
             f"{path}: {name}={short_repr(rank)} is not a rank (a non-negative integer such as "

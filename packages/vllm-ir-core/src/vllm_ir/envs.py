@@ -20,11 +20,12 @@ discovery running under it.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -54,6 +55,7 @@ __all__ = [
     "provider_load_warn_s",
     "read",
     "set_platform_names",
+    "unknown_variables",
     "torch_wrap",
     "triton_direct_launch",
 ]
@@ -380,6 +382,41 @@ def torch_wrap() -> bool:
 
 def triton_direct_launch() -> bool:
     return bool(read(VLLM_IR_TRITON_DIRECT_LAUNCH))
+
+
+_TOOLING = frozenset(
+    {
+        "VLLM_IR_CI_LANES",
+        "VLLM_IR_NOVA_PRESENT",
+        "VLLM_IR_TEST_WORKERS",
+        "VLLM_IR_VLLM_WHEEL",
+        "VLLM_IR_WHEEL_DIR",
+    }
+)
+"""Read by the repository's CI, tests and benchmarks (and ``VLLM_IR_FUZZ_*``), not by
+the library: never reported unknown."""
+
+
+def unknown_variables(
+    environ: Mapping[str, str], also_known: Iterable[str] = ()
+) -> list[tuple[str, str | None]]:
+    """The ``VLLM_IR_*`` variables of ``environ`` that nothing reads: neither one of
+    :data:`ENV_VARS` nor ``also_known`` (what a component such as the vLLM plugin
+    reads), each with the nearest known name (None if nothing is near), sorted.
+
+    >>> unknown_variables({"VLLM_IR_PLATFROM": "cpu", "VLLM_IR_PLATFORM": "cpu"})
+    [('VLLM_IR_PLATFROM', 'VLLM_IR_PLATFORM')]
+    """
+    known = {v.name for v in ENV_VARS} | set(also_known)
+    unknown = []
+    for name in sorted(environ):
+        if not name.startswith("VLLM_IR_") or name in known or name in _TOOLING:
+            continue
+        if name.startswith("VLLM_IR_FUZZ_"):
+            continue
+        near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        unknown.append((name, near[0] if near else None))
+    return unknown
 
 
 def markdown_table() -> str:

@@ -223,7 +223,8 @@ def _add_tune(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--out",
         help="the JSON file to write, merged into what it holds (the ops measured now replace "
-        "their entries); {rank} in the name is this process's rank (RANK or LOCAL_RANK)",
+        "their entries); {rank} in the name is this process's rank (RANK, LOCAL_RANK or "
+        "torch.distributed's)",
     )
     parser.add_argument(
         "--cache",

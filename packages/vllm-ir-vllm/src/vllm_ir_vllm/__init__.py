@@ -12,57 +12,101 @@ run which impl. Importing this package does not import vLLM.
 
 from __future__ import annotations
 
+import logging
+import os
+
+from vllm_ir import IrOpPriorityConfig
 from vllm_ir.provider import RegistrationHandle, get_logger
 
 from vllm_ir_vllm._version import __version__
-from vllm_ir_vllm.settings import priority_config
+from vllm_ir_vllm.settings import LAYER_OPS, PRIORITY_FILE, priority_config, waits_for_rank
 
 __all__ = ["OPS", "__version__", "register", "unregister"]
 
-OPS = (
-    "vllm_rms_norm",
-    "vllm_fused_add_rms_norm",
-    "silu_and_mul",
-    "rotary_embedding",
-    "rotary_embedding_fp32",
-)
+OPS = LAYER_OPS
 """The IR ops the replaced layers call (:mod:`vllm_ir_vllm.layers`)."""
 
 logger = get_logger("vllm_ir.vllm")
 
+_announce = logging.getLogger("vllm.vllm_ir_vllm")
+"""Under vLLM's ``vllm`` logger, whose handler prints INFO by default: the one line
+per process that says the plugin is on (``vllm_ir``'s own loggers print warnings only
+unless ``VLLM_LOGGING_LEVEL`` is set)."""
+
 _applied: RegistrationHandle | None = None
 """Takes back the process-wide priorities :func:`register` applied."""
+
+_file_waits = False
+"""A ``{rank}`` priority file not read yet: no rank when the plugin loaded."""
+
+
+def _fail(e: ValueError) -> SystemExit:
+    # vLLM's load_general_plugins() lets what a plugin raises propagate, so a
+    # ValueError ends the process in a traceback through vLLM's startup;
+    # SystemExit's message is all Python prints (in worker processes too).
+    return SystemExit(f"vllm-ir-vllm: {e}")
+
+
+def _settings(read_file: bool) -> IrOpPriorityConfig | None:
+    try:
+        return priority_config(read_file=read_file)
+    except ValueError as e:
+        raise _fail(e) from None
+
+
+def _apply(config: IrOpPriorityConfig | None, read_file: bool) -> str:
+    """Apply ``config`` (replacing what this plugin applied before); what it sets."""
+    global _applied
+    # a handle takes back its own setting only: applying again replaces the earlier
+    # one, so unregister() leaves what was there before the plugin
+    if _applied is not None:
+        _applied.remove()
+        _applied = None
+    if config is not None:
+        _applied = config.apply()
+    lists = config.to_dict() if config is not None else {}
+    text = ", ".join(f"{op}={','.join(map(str, p))}" for op, p in lists.items()) or "defaults"
+    path = os.environ.get(PRIORITY_FILE, "").strip()
+    if path:
+        how = "read" if read_file else "read when this process builds its first layer"
+        text += f"; {PRIORITY_FILE}={path} ({how}, above provider and platform defaults)"
+    return text
+
+
+def read_waiting_file() -> None:
+    """Read a ``{rank}`` priority file that waited for the rank (called as each
+    replaced layer is built: after vLLM's distributed setup, in processes that run a model)."""
+    global _file_waits
+    if not _file_waits:
+        return
+    _file_waits = False
+    _announce.info("vllm-ir priorities in this worker: %s", _apply(_settings(True), True))
 
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point; safe to call more than once.
 
     Raises ``SystemExit`` with one line naming the variable when a
-    ``VLLM_IR_*`` priority setting is wrong: vLLM then stops at startup,
-    before loading a model, printing that line (no traceback).
+    ``VLLM_IR_*`` setting is wrong: vLLM then stops at startup, before
+    loading a model, printing that line (no traceback).
     """
-    global _applied
-    try:
-        config = priority_config()
-    except ValueError as e:
-        # vLLM's load_general_plugins() lets what a plugin raises propagate, so
-        # a ValueError ends the process in a traceback through vLLM's startup;
-        # SystemExit's message is all Python prints (in worker processes too).
-        raise SystemExit(f"vllm-ir-vllm: {e}") from None
+    global _file_waits
+    waits = waits_for_rank()
+    config = _settings(read_file=not waits)
     try:
         from vllm_ir_vllm import layers
     except ImportError as e:  # no vLLM, or one without CustomOp layers
         logger.warning("vllm-ir-vllm: this vLLM's layers cannot be replaced (%s)", e)
         return
-    if config is not None:
-        # a handle takes back its own setting only: a second register() replaces
-        # the first's, so unregister() leaves what was there before the plugin
-        if _applied is not None:
-            _applied.remove()
-        _applied = config.apply()
+    _file_waits = waits
+    applied = _apply(config, read_file=not waits)
     done = layers.register_layers()
     if done:
-        logger.info("vllm-ir routes vLLM's %s through vllm-ir ops", ", ".join(done))
+        _announce.info(
+            "vllm-ir routes vLLM's %s through vllm-ir ops; priorities: %s",
+            ", ".join(done),
+            applied,
+        )
 
 
 def unregister() -> None:
@@ -70,7 +114,8 @@ def unregister() -> None:
 
     Layers built before stay what they are; new ones are vLLM's in-tree classes.
     """
-    global _applied
+    global _applied, _file_waits
+    _file_waits = False
     try:
         from vllm_ir_vllm import layers
     except ImportError:

@@ -75,6 +75,9 @@ class _Routed:
     forward_oot: Callable[..., Any]
 
     def dispatch_forward(self, compile_native: bool) -> Any:
+        from vllm_ir_vllm import read_waiting_file
+
+        read_waiting_file()  # a {rank} file: this process builds a model, its rank is known
         forward = super().dispatch_forward(compile_native)  # type: ignore[misc]  # records enabled
         self._vllm_forward = forward
         if self._enforce_enable or self.enabled():  # type: ignore[attr-defined]

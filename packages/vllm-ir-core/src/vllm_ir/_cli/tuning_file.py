@@ -17,8 +17,9 @@
   creates its temporary file under that lock, so every ``.FILE.*.tmp`` the next
   writer finds under it is a killed writer's: it is removed.
 * **Per rank**: ``{rank}`` in the path becomes this process's rank (``RANK``,
-  else ``LOCAL_RANK``, else 0), for one file per rank in multi-process serving;
-  readers expand it the same way (:func:`vllm_ir.config.rank_path`).
+  else ``LOCAL_RANK``, else torch.distributed's; none known: an error), for one
+  file per rank in multi-process serving; readers expand it the same way
+  (:func:`vllm_ir.config.rank_path`).
 """
 
 from __future__ import annotations
