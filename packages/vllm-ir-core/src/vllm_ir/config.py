@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, TypeVar
 
-import torch
 from vllm_ir_cli.flags import (
     AUTOTUNE_FLAG,
     BUILTIN_PASSES,
@@ -39,6 +38,7 @@ from vllm_ir_cli.flags import (
 from vllm_ir import envs
 from vllm_ir._base.cache import on_before_selection
 from vllm_ir._base.logger import get_logger
+from vllm_ir._base.rank import process_rank
 from vllm_ir._base.registration import RegistrationHandle
 from vllm_ir._base.runtime import RUNTIME
 from vllm_ir._base.text import json_nesting_depth, short_repr
@@ -66,7 +66,6 @@ __all__ = [
     "KernelConfig",
     "parse_ir_autotune_args",
     "parse_ir_op_priority_args",
-    "process_rank",
     "rank_path",
 ]
 
@@ -585,20 +584,6 @@ def _check_tuning_file(st: os.stat_result, *, path: Path, where: str, yours: boo
 
 
 on_before_selection(_load_tuned_files_once)
-
-
-def process_rank() -> tuple[str, str] | None:
-    """This process's rank as ``(where it came from, value)``: ``RANK``, else
-    ``LOCAL_RANK``, else torch.distributed's rank once its process group is up
-    (vLLM's workers set neither variable); None where no rank is known."""
-    for name in ("RANK", "LOCAL_RANK"):
-        value = os.environ.get(name)
-        if value:
-            return name, value
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return "torch.distributed's rank", str(dist.get_rank())
-    return None
 
 
 def rank_path(path: str | Path) -> str:

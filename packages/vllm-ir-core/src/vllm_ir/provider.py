@@ -18,7 +18,7 @@ What is here:
 * :func:`deferred_register`: the spec's ``register``, importing the kernels
   only when vllm-ir registers them;
 * infrastructure: :func:`get_logger`, :func:`current_platform`, :mod:`envs`
-  (every environment variable, typed and validated),
+  (every environment variable, typed and validated), :func:`process_rank`,
   :func:`build_extension` / :class:`ExtensionBuildError` / :func:`cache_root` /
   :func:`cache_problem` (why a build could not use the cache here);
 * layout predicates that never guard a compiled graph: :func:`contiguous`,
@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_ir import envs
 from vllm_ir._base.logger import get_logger
 from vllm_ir._base.platform import Platform, current_platform, device_type, privateuse1_available
+from vllm_ir._base.rank import process_rank
 from vllm_ir._base.registration import RegistrationHandle, RegistrationLog, recording_registrations
 from vllm_ir._discovery.providers import ProviderSpec, register_platform
 from vllm_ir._schema.impl import NATIVE
@@ -84,6 +85,7 @@ __all__ = [
     "get_logger",
     "may_overlap_itself",
     "privateuse1_available",
+    "process_rank",
     "recording_registrations",
     "register_platform",
     "rows_flatten_free",

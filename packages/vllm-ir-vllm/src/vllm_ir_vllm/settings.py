@@ -31,8 +31,7 @@ from pathlib import Path
 
 import vllm_ir as ir
 from vllm_ir import IrOpPriorityConfig
-from vllm_ir.config import process_rank
-from vllm_ir.envs import unknown_variables
+from vllm_ir.provider import envs, process_rank
 
 __all__ = [
     "LAYER_OPS",
@@ -72,7 +71,7 @@ def _check_names(environ: Mapping[str, str]) -> None:
     # VLLM_IR_PRIORITY_<OP> is checked by op (_per_op); names it offers for a typo
     per_op = {PRIORITY_PREFIX + name.upper() for name in (*LAYER_OPS, *ir.ops.__all__)}
     rest = {k: v for k, v in environ.items() if not k.startswith(PRIORITY_PREFIX)}
-    unknown = unknown_variables(rest, {PRIORITY_FILE, _MODEL_VARIABLE, *per_op})
+    unknown = envs.unknown_variables(rest, {PRIORITY_FILE, _MODEL_VARIABLE, *per_op})
     if unknown:
         name, near = unknown[0]
         hint = f"; did you mean {near}?" if near else " (docs/vllm.md lists them)"
