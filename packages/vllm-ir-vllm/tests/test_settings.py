@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import vllm_ir_vllm
-from vllm_ir_vllm.settings import priority_config, waits_for_rank
+from vllm_ir_vllm.settings import check_file, priority_config
 
 
 def test_nothing_set_is_none() -> None:
@@ -74,24 +74,23 @@ def test_what_the_project_and_its_tools_read_is_known() -> None:
     assert config.to_dict() == {"silu_and_mul": ["native"]}
 
 
-def test_a_per_rank_file_waits_for_the_rank(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """vLLM's workers set no RANK: without a rank the file is left for later (the
-    layers read it when built), never read as rank 0; with one it is that rank's."""
+def test_a_per_rank_file_needs_a_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a rank a ``{rank}`` file is an error, never rank 0's; with one it is that
+    rank's; ``read_file=False`` (the plugin at startup) leaves it to the worker."""
     (tmp_path / "p-1.json").write_text(json.dumps({"silu_and_mul": ["native"]}))
     env = {"VLLM_IR_PRIORITY_FILE": str(tmp_path / "p-{rank}.json")}
     for name in ("RANK", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
-    assert waits_for_rank(env)
     assert priority_config(env, read_file=False) is None
+    check_file(env)  # each worker's own file: not checked at startup
     with pytest.raises(ValueError, match=r"VLLM_IR_PRIORITY_FILE=.*none is known"):
         priority_config(env)
     monkeypatch.setenv("RANK", "1")
-    assert not waits_for_rank(env)
     config = priority_config(env)
     assert config is not None
     assert config.to_dict() == {"silu_and_mul": ["native"]}
+    with pytest.raises(ValueError, match=r"^VLLM_IR_PRIORITY_FILE='/no/such\.json': no such file$"):
+        check_file({"VLLM_IR_PRIORITY_FILE": "/no/such.json"})
 
 
 def test_the_plugin_entry_stops_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,7 @@ from vllm_ir import IrOpPriorityConfig
 from vllm_ir.provider import RegistrationHandle, get_logger
 
 from vllm_ir_vllm._version import __version__
-from vllm_ir_vllm.settings import LAYER_OPS, PRIORITY_FILE, priority_config, waits_for_rank
+from vllm_ir_vllm.settings import LAYER_OPS, PRIORITY_FILE, check_file, priority_config
 
 __all__ = ["OPS", "__version__", "register", "unregister"]
 
@@ -37,7 +37,7 @@ _applied: RegistrationHandle | None = None
 """Takes back the process-wide priorities :func:`register` applied."""
 
 _file_waits = False
-"""A ``{rank}`` priority file not read yet: no rank when the plugin loaded."""
+"""``VLLM_IR_PRIORITY_FILE`` is set and not read yet in this process."""
 
 
 def _fail(e: ValueError) -> SystemExit:
@@ -49,6 +49,8 @@ def _fail(e: ValueError) -> SystemExit:
 
 def _settings(read_file: bool) -> IrOpPriorityConfig | None:
     try:
+        if not read_file:
+            check_file()
         return priority_config(read_file=read_file)
     except ValueError as e:
         raise _fail(e) from None
@@ -68,19 +70,25 @@ def _apply(config: IrOpPriorityConfig | None, read_file: bool) -> str:
     text = ", ".join(f"{op}={','.join(map(str, p))}" for op, p in lists.items()) or "defaults"
     path = os.environ.get(PRIORITY_FILE, "").strip()
     if path:
-        how = "read" if read_file else "read when this process builds its first layer"
+        how = "read" if read_file else "read where a model is built, at its first layer"
         text += f"; {PRIORITY_FILE}={path} ({how}, above provider and platform defaults)"
     return text
 
 
-def read_waiting_file() -> None:
-    """Read a ``{rank}`` priority file that waited for the rank (called as each
-    replaced layer is built: after vLLM's distributed setup, in processes that run a model)."""
+def read_file_once() -> None:
+    """Read ``VLLM_IR_PRIORITY_FILE`` in a process that builds a model (called as each
+    replaced layer is built: after vLLM's distributed setup, so a ``{rank}`` file is
+    the worker's; stamps are checked against the worker's thread count)."""
     global _file_waits
     if not _file_waits:
         return
     _file_waits = False
-    _announce.info("vllm-ir priorities in this worker: %s", _apply(_settings(True), True))
+    import torch
+
+    applied = _apply(_settings(True), True)
+    _announce.info(
+        "vllm-ir priorities in this worker (threads: %d): %s", torch.get_num_threads(), applied
+    )
 
 
 def register() -> None:
@@ -91,7 +99,7 @@ def register() -> None:
     loading a model, printing that line (no traceback).
     """
     global _file_waits
-    waits = waits_for_rank()
+    waits = bool(os.environ.get(PRIORITY_FILE, "").strip())
     config = _settings(read_file=not waits)
     try:
         from vllm_ir_vllm import layers

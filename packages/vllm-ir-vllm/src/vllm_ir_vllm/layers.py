@@ -75,9 +75,9 @@ class _Routed:
     forward_oot: Callable[..., Any]
 
     def dispatch_forward(self, compile_native: bool) -> Any:
-        from vllm_ir_vllm import read_waiting_file
+        from vllm_ir_vllm import read_file_once
 
-        read_waiting_file()  # a {rank} file: this process builds a model, its rank is known
+        read_file_once()  # this process builds a model: its rank and threads are known
         forward = super().dispatch_forward(compile_native)  # type: ignore[misc]  # records enabled
         self._vllm_forward = forward
         if self._enforce_enable or self.enabled():  # type: ignore[attr-defined]

@@ -14,9 +14,11 @@ process vLLM starts (it loads the plugin in each):
   the op the layer calls (``RMS_NORM``: ``VLLM_RMS_NORM``).
 
 A ``VLLM_IR_*`` variable that nothing reads (a typo) is an error naming the
-nearest valid one. ``{rank}`` in the file's name is the worker's rank
-(:func:`vllm_ir.config.rank_path`); a process that has none yet reads the
-file when it builds its first layer (:func:`waits_for_rank`).
+nearest valid one. The file is read where a model is built, when the first
+replaced layer is: processes that run no model (vLLM's API server and engine
+front) never read it, and the worker reads it with its own thread count and
+rank (``{rank}`` in the name; vLLM's workers set no ``RANK``, their
+torch.distributed rank is known by then).
 
 >>> cfg = priority_config({"VLLM_IR_PRIORITY_SILU_AND_MUL": "native"})
 >>> cfg.to_dict()
@@ -31,14 +33,14 @@ from pathlib import Path
 
 import vllm_ir as ir
 from vllm_ir import IrOpPriorityConfig
-from vllm_ir.provider import envs, process_rank
+from vllm_ir.provider import envs
 
 __all__ = [
     "LAYER_OPS",
     "PRIORITY_FILE",
     "PRIORITY_PREFIX",
+    "check_file",
     "priority_config",
-    "waits_for_rank",
 ]
 
 PRIORITY_FILE = "VLLM_IR_PRIORITY_FILE"
@@ -98,12 +100,14 @@ def _check_layer_op(key: str, op_name: str) -> None:
     )
 
 
-def waits_for_rank(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``VLLM_IR_PRIORITY_FILE`` names a per-rank file (``{rank}``) and this
-    process has no rank yet: vLLM's workers get theirs (torch.distributed) after the
-    plugin loads, and processes that run no model never do."""
+def check_file(environ: Mapping[str, str] | None = None) -> None:
+    """Raise ``ValueError`` where ``VLLM_IR_PRIORITY_FILE`` names no file, at startup:
+    the file itself is read where a model is built (:func:`vllm_ir_vllm.read_file_once`),
+    a ``{rank}`` file there only."""
     env = os.environ if environ is None else environ
-    return "{rank}" in env.get(PRIORITY_FILE, "") and process_rank() is None
+    path = env.get(PRIORITY_FILE, "").strip()
+    if path and "{rank}" not in path and not Path(path).is_file():
+        raise ValueError(f"{PRIORITY_FILE}={path!r}: no such file")
 
 
 def _per_op(environ: Mapping[str, str]) -> dict[str, list[str]]:
