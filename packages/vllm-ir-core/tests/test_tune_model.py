@@ -312,6 +312,47 @@ def test_plan_command_shows_what_runs_never_runs_and_loses(
     assert "summary" in saved["2 tokens"]["plan"]
 
 
+def test_the_closing_line_names_what_serves_the_file(
+    model_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model that says which variable its runtime reads files from (the vLLM plugin's
+    layers: ``VLLM_IR_PRIORITY_FILE``) gets that variable in tune's last line."""
+    (tmp_path / f"{model_module}_var.py").write_text(
+        MODEL_MODULE + "\nclass Named(TinyDecoder):\n    ir_priority_variable = 'MY_FILE'\n"
+        "\ndef named():\n    return Named(16, 2), lambda t: (torch.randn(t, 16),)\n"
+    )
+    out = tmp_path / "tuned.json"
+    argv = ["tune", "--model", f"{model_module}_var:named", "--tokens", "2", "--rounds", "1"]
+    assert main([*argv, "--warmup", "0", "--out", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"wrote {out}; serve the model with MY_FILE={out}"
+    sys.modules.pop(f"{model_module}_var", None)
+
+
+def test_plan_command_plans_under_the_tuned_file(
+    model_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``plan --tuned FILE`` shows what a process given the file runs: the file's
+    priorities apply while planning (and only then), each op's block printed once."""
+    op = ir.ops.rms_norm
+    op.register_impl("plan_t")(op.native)
+    try:
+        tuned = tmp_path / "tuned.json"
+        doc = {"ir_op_priority": {"rms_norm": ["plan_t", "native"]}, "_measurements": {"ops": {}}}
+        tuned.write_text(json.dumps(doc))
+        argv = ["plan", "--model", f"{model_module}:build", "--tokens", "2"]
+        assert main([*argv, "--tuned", str(tuned), "--threads", "1"]) == 0
+        printed = capsys.readouterr().out
+        assert printed.startswith("threads: 1 (--threads")
+        assert "  rms_norm: 1 calls at 1 site; ran plan_t (1)" in printed
+        assert printed.count("  rms_norm: ") == 1
+        assert op.get_priority()[0] != "plan_t"  # taken back
+        assert main(argv) == 0
+        assert "ran plan_t" not in capsys.readouterr().out
+    finally:
+        op.unregister_impl("plan_t")
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -271,6 +271,7 @@ def test_tune_serve_with_the_file(models: dict[str, str], tmp_path: Path) -> Non
     tune += ["--threads", threads, "--out", str(tuned)]
     done = subprocess.run(tune, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert f"serve the model with VLLM_IR_PRIORITY_FILE={tuned}" in done.stdout
     table = json.loads(tuned.read_text())["ir_op_priority"]
     assert set(table) == {
         "vllm_rms_norm",

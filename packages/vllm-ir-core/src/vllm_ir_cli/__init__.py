@@ -288,6 +288,7 @@ def _add_plan(subparsers: argparse._SubParsersAction) -> None:
         help="how much faster another candidate must be for a pick to lose (default 0.05)",
     )
     parser.add_argument("--json", metavar="OUT", help="also write the plans and findings here")
+    _add_threads(parser, 1)  # as tune's: a tuned file's stamps are checked against it
 
 
 def build_parser() -> argparse.ArgumentParser:

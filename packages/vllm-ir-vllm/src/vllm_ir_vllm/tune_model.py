@@ -37,6 +37,9 @@ MODEL_VARIABLE = "VLLM_IR_VLLM_MODEL"
 class VllmLayers(nn.Module):
     """The norm, RoPE and activation layers of each decoder layer, called as the engine does."""
 
+    ir_priority_variable = "VLLM_IR_PRIORITY_FILE"
+    """What applies a tuned file to these layers in vLLM (``tune``'s closing line says it)."""
+
     def __init__(self, config: dict[str, Any], dtype: torch.dtype) -> None:
         from vllm.model_executor.layers.activation import SiluAndMul
         from vllm.model_executor.layers.layernorm import RMSNorm

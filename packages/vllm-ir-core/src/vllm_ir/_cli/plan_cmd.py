@@ -6,23 +6,26 @@ does (a model directory, a cached name, or ``module:callable``), plans one step
 at each token count and prints, per count, the plan's table and one summary
 line per op: the impls that ran, those registered but rejected at every call
 site (with the reason), those listed but never reached, those not listed.
-``--tuned FILE`` (what ``tune --model`` wrote) adds the picks that lose to
-another candidate by more than ``--margin`` at a token count the sweep
-measured. ``vllm-ir plan FILE.json`` does the same for a saved plan;
-``--json OUT`` writes the plans and those findings.
+``--tuned FILE`` (what ``tune --model`` wrote) plans under the file (its
+priorities applied as ``--ir-op-priority=@FILE`` would, stamps checked against
+``--threads``) and adds the picks that lose to another candidate by more than
+``--margin`` at a token count the sweep measured. ``vllm-ir plan FILE.json``
+does the same for a saved plan; ``--json OUT`` writes the plans and those findings.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
+from vllm_ir._base.registration import RegistrationHandle
 from vllm_ir._base.text import json_nesting_depth
-from vllm_ir._cli.args import UsageError, writable_file, write_atomically
+from vllm_ir._cli.args import UsageError, apply_threads, writable_file, write_atomically
 from vllm_ir._tools.planning import Plan, PlanFormatError, sweep_measurements
-from vllm_ir.config import MAX_PRIORITY_FILE_BYTES
+from vllm_ir.config import MAX_PRIORITY_FILE_BYTES, IrOpPriorityConfig
 
 __all__ = ["print_plan", "read_plan", "run"]
 
@@ -97,6 +100,14 @@ def _read_tuned(path: str) -> dict[str, Any]:
     return doc
 
 
+def _applied(path: str) -> RegistrationHandle:
+    """The file's priorities applied in the user layer (as ``--ir-op-priority=@FILE``)."""
+    try:
+        return IrOpPriorityConfig.from_json(Path(path)).apply()
+    except (OSError, ValueError, TypeError) as e:
+        raise UsageError(f"--tuned {path}: {e}") from None
+
+
 def _plans(args: argparse.Namespace) -> dict[str, Plan]:
     """Label -> plan: the saved plan, or the model's at each ``--tokens`` count."""
     if (args.saved is None) == (args.model is None):
@@ -129,13 +140,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--margin must be at least 0 and below 1, got {args.margin}")
     tuned = _read_tuned(args.tuned) if args.tuned else None
     out = writable_file("--json", args.json) if args.json else None
-    plans = _plans(args)
+    with contextlib.ExitStack() as stack:
+        if args.model is not None:
+            print(apply_threads(args.threads))
+            if tuned is not None and "ir_op_priority" in tuned:  # what a process given it runs
+                stack.callback(_applied(args.tuned).remove)
+        plans = _plans(args)
     report: dict[str, Any] = {}
     for label, found in plans.items():
         print(f"{label}:")
-        print(found.table(candidates=False))
-        for line in found.summary_lines():
-            print(f"  {line}")
+        print(found.table(candidates=False))  # with its per-op lines
         losing = found.losing_picks(tuned, margin=args.margin) if tuned is not None else []
         for pick in losing:
             print(

@@ -488,7 +488,8 @@ def run(args: argparse.Namespace) -> int:
         )
     doc = write_tuning(option, out, stamped(doc, _device_type(source)), replace=args.replace)
     _print(doc)
-    print(applying(option, out))
+    variable = getattr(source.model, "ir_priority_variable", None)
+    print(applying(option, out, variable if isinstance(variable, str) else None))
     return 0
 
 

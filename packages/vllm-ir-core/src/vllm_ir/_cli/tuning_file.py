@@ -83,10 +83,14 @@ def output_path(out: str | None, cache: bool, *, kind: str, replace: bool) -> tu
     return option, path
 
 
-def applying(option: str, path: Path) -> str:
-    """The line saying what was written and how it applies."""
+def applying(option: str, path: Path, variable: str | None = None) -> str:
+    """The line saying what was written and how it applies; ``variable``: the one the
+    tuned model's runtime reads files from (a model's ``ir_priority_variable``, such as
+    the vLLM plugin's ``VLLM_IR_PRIORITY_FILE``)."""
     if option == "--cache":
         return f"wrote {path}: the local tuning cache, applied by every process here"
+    if variable is not None:
+        return f"wrote {path}; serve the model with {variable}={path}"
     return (
         f"wrote {path}; apply it with VLLM_IR_TUNING_FILE={path} (below explicit settings) "
         f"or --ir-op-priority=@{path}"
