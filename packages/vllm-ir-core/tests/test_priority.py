@@ -282,3 +282,39 @@ def test_a_scope_closed_in_order_keeps_contexts_that_copied_it(scale_op: ir.IrOp
         copied = contextvars.copy_context()
     assert scale_op.get_priority()[0] == "native"
     assert copied.run(scale_op.get_priority)[0] == "alt"
+
+
+def test_an_unknown_provider_of_the_project_names_its_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A provider of one of the project's packages that is not installed says which
+    package brings it; installed without an impl of the op, says that; others, nothing."""
+    from importlib import metadata
+
+    from vllm_ir._base.provider_packages import PROVIDER_PACKAGES
+
+    op = ir.ops.gelu_and_mul
+    name = next(p for p in sorted(PROVIDER_PACKAGES) if p not in op.impls)
+    package = PROVIDER_PACKAGES[name]
+    installed = {"yes": True}
+
+    def version(dist: str) -> str:
+        if dist == package and not installed["yes"]:
+            raise metadata.PackageNotFoundError(dist)
+        return "0.1.0"
+
+    monkeypatch.setattr(metadata, "version", version)
+    installed["yes"] = False
+    with pytest.raises(ValueError, match="not installed here") as info:
+        op.check_providers([name, "zz"])
+    assert str(info.value).startswith(
+        f"unknown provider(s) {name!r}, 'zz' for op 'gelu_and_mul' ({name} comes with "
+        f"{package}, not installed here: pip install {package}); known providers: "
+    )
+    installed["yes"] = True
+    with pytest.raises(ValueError, match=f"{package}, installed, without an impl of this op"):
+        op.check_providers([name])
+    with pytest.raises(
+        ValueError, match=r"^unknown provider\(s\) 'zz' for op 'gelu_and_mul'; known"
+    ):
+        op.check_providers(["zz"])

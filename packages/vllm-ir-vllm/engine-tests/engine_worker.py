@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # a test may set "1"
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 # 1 GiB of KV cache per engine (vLLM's CPU default is 4): a process builds several, and
 # vLLM does not give all of an engine's memory back when it is dropped
@@ -39,7 +39,6 @@ def run_one(model: str, run: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.distributed import cleanup_dist_env_and_memory
     from vllm.inputs import TokensPrompt
-    from vllm_ir_vllm.report import layer_report
 
     if run["plugin"]:
         vllm_ir_vllm.register()
@@ -53,6 +52,8 @@ def run_one(model: str, run: dict[str, Any]) -> dict[str, Any]:
         "max_model_len": 64,
         "max_num_seqs": len(PROMPTS),
         "seed": 0,
+        # the report by method name, as on a default multiprocess engine
+        "worker_extension_cls": "vllm_ir_vllm.report.LayerReportExtension",
     }
     if run["mode"] == "compiled" or "custom_ops" in run:
         options["compilation_config"] = {"custom_ops": run.get("custom_ops", CUSTOM_OPS)}
@@ -60,7 +61,7 @@ def run_one(model: str, run: dict[str, Any]) -> dict[str, Any]:
     llm = LLM(model, **options)
     params = SamplingParams(max_tokens=TOKENS, temperature=0.0, detokenize=False)
     outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params)
-    rows = llm.apply_model(layer_report)[0]
+    rows = llm.collective_rpc("ir_layer_report")[0]
     calls = {k: n - before.get(k, 0) for k, n in vllm_ir_marker.CALLS.items()}
     del llm
     gc.collect()
@@ -68,7 +69,7 @@ def run_one(model: str, run: dict[str, Any]) -> dict[str, Any]:
     return {
         "run": run,
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-        "layers": [[r.layer, r.count, r.impl] for r in rows],
+        "layers": rows,
         "calls": {k: n for k, n in calls.items() if n},
     }
 

@@ -4,7 +4,12 @@
 hands it the model) and returns one row per layer class and impl: every vLLM
 ``CustomOp`` layer, the ones the plugin replaced with the provider each call form
 selects, the others with why they stay vLLM's. :func:`format_report` prints the
-rows as a table.
+rows as a table. On an engine whose workers run in other processes (vLLM's
+default), ``apply_model`` must ship a function to them, which vLLM refuses
+unless ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``; build the engine with
+``worker_extension_cls="vllm_ir_vllm.report.LayerReportExtension"`` instead
+and call ``llm.collective_rpc("ir_layer_report")``: one list of rows per
+worker (per rank under tensor parallelism), by method name.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from torch import nn
 
 from vllm_ir_vllm.layers import LEFT_ALONE, RMSNormRoute, _Routed, replacements
 
-__all__ = ["LayerRow", "format_report", "layer_report"]
+__all__ = ["LayerReportExtension", "LayerRow", "format_report", "layer_report"]
 
 
 @dataclass(frozen=True)
@@ -91,3 +96,15 @@ def format_report(rows: list[LayerRow]) -> str:
     lines = ["| layer class | count | impl |", "|---|---|---|"]
     lines += [f"| `{r.layer}` | {r.count} | {r.impl} |" for r in rows]
     return "\n".join(lines)
+
+
+class LayerReportExtension:
+    """A vLLM worker extension: ``LLM(..., worker_extension_cls=
+    "vllm_ir_vllm.report.LayerReportExtension")`` gives each worker
+    :meth:`ir_layer_report`, which ``llm.collective_rpc("ir_layer_report")`` calls
+    by name (no function is serialized: vLLM's default settings suffice)."""
+
+    def ir_layer_report(self) -> list[list[Any]]:
+        """This worker's :func:`layer_report`, as ``[layer, count, impl]`` lists."""
+        model = self.get_model()  # type: ignore[attr-defined]  # vLLM's worker
+        return [[r.layer, r.count, r.impl] for r in layer_report(model)]

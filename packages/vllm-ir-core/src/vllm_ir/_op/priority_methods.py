@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vllm_ir._base.cache import before_selection
+from vllm_ir._base.provider_packages import where_provider_comes_from
 from vllm_ir._base.text import listing, short_repr
 from vllm_ir._schema.impl import IrOpImpl
 from vllm_ir._selection import compiled_eager
@@ -43,8 +44,8 @@ class PriorityMethods:
         unknown = [p for p in providers if p not in known]
         if unknown:
             raise ValueError(
-                f"unknown provider(s) {listing(unknown)} for op {self.name!r}; "
-                f"known providers: {', '.join(sorted(known))}"
+                f"unknown provider(s) {listing(unknown)} for op {self.name!r}"
+                f"{where_provider_comes_from(unknown)}; known providers: {', '.join(sorted(known))}"
             )
         return list(providers)
 
