@@ -293,6 +293,15 @@ def test_a_per_rank_file_is_read_when_the_worker_builds_a_layer(
     assert ir.ops.silu_and_mul.get_priority()[0] == MARKER  # the variable still wins
 
 
+def test_vllm_does_not_call_the_plugins_variables_unknown(marker: Marker) -> None:
+    """vLLM checks ``VLLM_*`` variables against its own table after loading plugins:
+    the plugin's are in it, so a strict engine (``fail_on_environ_validation``) starts."""
+    from vllm.platforms import current_platform
+
+    assert os.environ["VLLM_IR_PRIORITY_VLLM_RMS_NORM"]  # set by the marker fixture
+    current_platform.validate_environ(hard_fail=True)
+
+
 def test_register_and_unregister_forget_vllms_shared_ropes(teardown: None) -> None:
     """vLLM's ``get_rope`` hands later models the RoPE module it cached: after
     ``register`` or ``unregister`` that cache is emptied, so a model built next

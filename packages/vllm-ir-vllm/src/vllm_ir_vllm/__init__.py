@@ -12,6 +12,7 @@ run which impl. Importing this package does not import vLLM.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -91,6 +92,20 @@ def read_file_once() -> None:
     )
 
 
+def _declare_to_vllm() -> None:
+    """Add the ``VLLM_IR_*`` variables set here (each checked: something reads it) to
+    vLLM's table of its variables, which vLLM checks after loading plugins: else it
+    calls each one unknown (or fails, with ``fail_on_environ_validation``)."""
+    from vllm import envs as vllm_envs
+
+    table = getattr(vllm_envs, "environment_variables", None)
+    if not isinstance(table, dict):
+        return
+    for name in os.environ:
+        if name.startswith("VLLM_IR_"):
+            table.setdefault(name, functools.partial(os.environ.get, name))
+
+
 def register() -> None:
     """The ``vllm.general_plugins`` entry point; safe to call more than once.
 
@@ -108,6 +123,7 @@ def register() -> None:
         return
     _file_waits = waits
     applied = _apply(config, read_file=not waits)
+    _declare_to_vllm()
     done = layers.register_layers()
     if done:
         _announce.info(
