@@ -504,3 +504,65 @@ def test_integer_inputs_index_valid_rows(make_op: Callable[..., ir.IrOp]) -> Non
     assert len(set(ids.flatten().tolist())) > 1  # not all one row
     times = measure(op, list(op.impls.values()), args, WallClockTimer(warmup=0, runs=1))
     assert set(times) == {"native", "index_select"}
+
+
+_RANK = """
+import json, sys
+import torch, torch.distributed as dist
+import vllm_ir as ir
+from vllm_ir.compilation import pass_context, set_tuning_group
+from vllm_ir.compilation._autotune import Autotuner
+from vllm_ir.priority import compiled_selection
+
+rank, init, agree = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+if not agree:
+    set_tuning_group(None)
+
+def ranked(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return x * factor
+
+op = ir.register_op(name="ranked_op")(ranked)
+for name in ("a", "b"):
+    op.register_impl(name)(ranked)
+# each rank's noise favours another kernel
+times = {"native": 10.0, "a": 1.0, "b": 2.0} if rank == 0 else {"native": 10.0, "a": 2.0, "b": 1.0}
+timer = lambda provider, prepare, device: times[provider]
+tuner = Autotuner(timer=timer, persist=False)
+chosen = []
+with op.set_priority(["a", "b"]), compiled_selection(), pass_context():
+    for shape in ((4, 8), (16, 8), (4, 8)):  # the third: this run's record, no broadcast
+        chosen.append(tuner.choose(op, "n", (torch.randn(*shape), 2.0)).provider)
+print(json.dumps(chosen))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("agree", [True, False], ids=["agreed", "alone"])
+def test_ranks_with_different_noise_choose_alike(tmp_path: Path, agree: bool) -> None:
+    """Two gloo ranks whose timings favour different kernels: with the group agreeing
+    (the default under torch.distributed) both run rank 0's choice; alone, each its own."""
+    import os
+    import subprocess
+    import sys
+
+    init = f"file://{tmp_path / 'rendezvous'}"
+    env = {**os.environ, "VLLM_IR_CACHE_DIR": str(tmp_path / "cache")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK, str(rank), init, "1" if agree else "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in (0, 1)
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    chosen = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    if agree:
+        assert chosen == [["a", "a", "a"], ["a", "a", "a"]]
+    else:
+        assert chosen == [["a", "a", "a"], ["b", "b", "b"]]

@@ -17,6 +17,7 @@ import logging
 import os
 
 from vllm_ir import IrOpPriorityConfig
+from vllm_ir.compilation import set_tuning_group
 from vllm_ir.provider import RegistrationHandle, get_logger
 
 from vllm_ir_vllm._version import __version__
@@ -39,6 +40,9 @@ _applied: RegistrationHandle | None = None
 
 _file_waits = False
 """``VLLM_IR_PRIORITY_FILE`` is set and not read yet in this process."""
+
+_group_set = False
+"""The autotuner's group is vLLM's tensor-parallel group (set at the first layer)."""
 
 
 def _fail(e: ValueError) -> SystemExit:
@@ -76,11 +80,29 @@ def _apply(config: IrOpPriorityConfig | None, read_file: bool) -> str:
     return text
 
 
-def read_file_once() -> None:
-    """Read ``VLLM_IR_PRIORITY_FILE`` in a process that builds a model (called as each
-    replaced layer is built: after vLLM's distributed setup, so a ``{rank}`` file is
-    the worker's; stamps are checked against the worker's thread count)."""
+def _tensor_parallel_group() -> None:
+    """Autotuning agrees within vLLM's tensor-parallel group (whose ranks compile the same
+    graphs; pipeline stages do not), not the whole world (:mod:`vllm_ir.compilation`)."""
+    global _group_set
+    if _group_set:
+        return
+    _group_set = True
+    try:
+        from vllm.distributed import parallel_state
+
+        group = parallel_state.get_tp_group().cpu_group
+    except (ImportError, AssertionError, AttributeError):  # no distributed setup here
+        return
+    set_tuning_group(group)
+
+
+def on_first_layer() -> None:
+    """In a process that builds a model (called as each replaced layer is built: after
+    vLLM's distributed setup): autotune agreement over the tensor-parallel group, and
+    ``VLLM_IR_PRIORITY_FILE`` read, so a ``{rank}`` file is the worker's and stamps are
+    checked against the worker's thread count."""
     global _file_waits
+    _tensor_parallel_group()
     if not _file_waits:
         return
     _file_waits = False

@@ -75,9 +75,9 @@ class _Routed:
     forward_oot: Callable[..., Any]
 
     def dispatch_forward(self, compile_native: bool) -> Any:
-        from vllm_ir_vllm import read_file_once
+        from vllm_ir_vllm import on_first_layer
 
-        read_file_once()  # this process builds a model: its rank and threads are known
+        on_first_layer()  # this process builds a model: its rank, group, threads are known
         forward = super().dispatch_forward(compile_native)  # type: ignore[misc]  # records enabled
         self._vllm_forward = forward
         if self._enforce_enable or self.enabled():  # type: ignore[attr-defined]

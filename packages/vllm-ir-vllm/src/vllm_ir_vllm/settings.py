@@ -102,7 +102,7 @@ def _check_layer_op(key: str, op_name: str) -> None:
 
 def check_file(environ: Mapping[str, str] | None = None) -> None:
     """Raise ``ValueError`` where ``VLLM_IR_PRIORITY_FILE`` names no file, at startup:
-    the file itself is read where a model is built (:func:`vllm_ir_vllm.read_file_once`),
+    the file itself is read where a model is built (:func:`vllm_ir_vllm.on_first_layer`),
     a ``{rank}`` file there only."""
     env = os.environ if environ is None else environ
     path = env.get(PRIORITY_FILE, "").strip()

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from vllm_ir.compilation._fusion import NormQuantFusionPass
     from vllm_ir.compilation._lowering import LoweringPass
     from vllm_ir.compilation._pass_base import DUMP_ENV, VllmIRPass
+    from vllm_ir.compilation._rank_agreement import set_tuning_group
     from vllm_ir.compilation._sequence_parallel import SequenceParallelismPass
 
 _MODULE_OF = {
@@ -47,6 +48,7 @@ _MODULE_OF = {
     "DUMP_ENV": "_pass_base",
     "VllmIRPass": "_pass_base",
     "SequenceParallelismPass": "_sequence_parallel",
+    "set_tuning_group": "_rank_agreement",
 }
 """Where each name of ``__all__`` is defined."""
 
@@ -69,6 +71,7 @@ __all__ = [
     "eliminate_clones",
     "get_pass_context",
     "pass_context",
+    "set_tuning_group",
     "vllm_ir_backend",
 ]
 

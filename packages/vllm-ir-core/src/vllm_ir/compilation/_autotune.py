@@ -45,6 +45,7 @@ fastest count as ties, broken by priority order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -68,6 +69,7 @@ from vllm_ir._op.op import IrOp
 from vllm_ir._schema.impl import IrOpImpl
 from vllm_ir.compilation._bucket_branches import bucket_branches
 from vllm_ir.compilation._context import _current_context
+from vllm_ir.compilation._rank_agreement import agreed_winner
 from vllm_ir.compilation._tuning_cache import TuningCache, record_problem
 from vllm_ir.priority import Mode, selection_mode_scope, user_priority
 
@@ -720,6 +722,11 @@ class Autotuner:
                     raise
                 except BuildCacheError as e:  # persisting is only a cache: keep the result
                     logger.warning("autotune %s: result not saved: %s", op.name, e)
+        chosen = agreed_winner(op.name, record.winner, order)
+        if chosen != record.winner:  # the group's choice, not this rank's measurement
+            record = dataclasses.replace(
+                record, winner=chosen, note=f"rank 0's choice; {record.note}"
+            )
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "autotune %s%s: %s -> %s",
