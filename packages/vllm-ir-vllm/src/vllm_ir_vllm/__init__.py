@@ -41,9 +41,6 @@ _applied: RegistrationHandle | None = None
 _file_waits = False
 """``VLLM_IR_PRIORITY_FILE`` is set and not read yet in this process."""
 
-_group_set = False
-"""The autotuner's group is vLLM's tensor-parallel group (set at the first layer)."""
-
 
 def _fail(e: ValueError) -> SystemExit:
     # vLLM's load_general_plugins() lets what a plugin raises propagate, so a
@@ -82,11 +79,8 @@ def _apply(config: IrOpPriorityConfig | None, read_file: bool) -> str:
 
 def _tensor_parallel_group() -> None:
     """Autotuning agrees within vLLM's tensor-parallel group (whose ranks compile the same
-    graphs; pipeline stages do not), not the whole world (:mod:`vllm_ir.compilation`)."""
-    global _group_set
-    if _group_set:
-        return
-    _group_set = True
+    graphs; pipeline stages do not), not the whole world (:mod:`vllm_ir.compilation`).
+    Set at each layer built: an engine built after another has new groups."""
     try:
         from vllm.distributed import parallel_state
 
@@ -167,6 +161,7 @@ def unregister() -> None:
     except ImportError:
         return
     layers.unregister_layers()
+    set_tuning_group("default")
     if _applied is not None:
         _applied.remove()
         _applied = None

@@ -50,7 +50,10 @@ def _agreeing_group() -> tuple[bool, Any]:
     if _group is None or not (dist.is_available() and dist.is_initialized()):
         return False, None
     group = None if _group is _DEFAULT_GROUP else _group
-    return dist.get_world_size(group) > 1, group
+    try:
+        return dist.get_world_size(group) > 1, group
+    except (RuntimeError, ValueError):  # a group destroyed since it was set
+        return False, None
 
 
 def agreed_winner(op: str, winner: str, candidates: Sequence[str]) -> str:
