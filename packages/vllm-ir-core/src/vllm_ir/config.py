@@ -76,10 +76,6 @@ CLI_FLAG = PRIORITY_FLAG
 _MAX_JSON_DEPTH = 32  # a priority map nests two levels; deeper input is not a priority map
 
 
-def _short(value: object, limit: int = 80) -> str:
-    return short_repr(value, limit)
-
-
 PriorityValue = Sequence[str] | Sequence[Mapping[str, Any]] | BucketedPriority
 """One op's entry as given: provider names, or size buckets (:mod:`vllm_ir._selection.buckets`)."""
 
@@ -123,11 +119,11 @@ class IrOpPriorityConfig:
     def from_dict(cls, priorities: Mapping[str, PriorityValue]) -> IrOpPriorityConfig:
         if not isinstance(priorities, Mapping):
             raise TypeError(
-                f"ir_op_priority must map op names to provider lists, got {_short(priorities)}"
+                f"ir_op_priority must map op names to provider lists, got {short_repr(priorities)}"
             )
         for op_name in priorities:
             if not isinstance(op_name, str):
-                raise TypeError(f"ir_op_priority keys must be op names, got {_short(op_name)}")
+                raise TypeError(f"ir_op_priority keys must be op names, got {short_repr(op_name)}")
         return cls(**priorities)
 
     @classmethod
@@ -279,13 +275,13 @@ class KernelConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.autotune, bool):
-            raise TypeError(f"autotune must be a bool, got {_short(self.autotune)}")
+            raise TypeError(f"autotune must be a bool, got {short_repr(self.autotune)}")
         if not isinstance(self.autotune_margin, (int, float)) or not (
             0.0 <= self.autotune_margin < 1.0
         ):
             raise ValueError(
                 f"autotune_margin must be a fraction in [0, 1), e.g. 0.1, "
-                f"got {_short(self.autotune_margin)}"
+                f"got {short_repr(self.autotune_margin)}"
             )
         self.autotune_buckets = _autotune_buckets(self.autotune_buckets)
         if not isinstance(self.ir_op_priority, IrOpPriorityConfig):
@@ -296,7 +292,7 @@ class KernelConfig:
             ):
                 raise TypeError(
                     "ir_passes must map IR pass names to bools, e.g. "
-                    f"{{'fuse_norm_quant': False}}, got {_short(self.ir_passes)}"
+                    f"{{'fuse_norm_quant': False}}, got {short_repr(self.ir_passes)}"
                 )
             self.ir_passes = IrPassConfig(**self.ir_passes)
 
@@ -368,7 +364,7 @@ def _autotune_buckets(value: object) -> tuple[int, ...]:
     ):
         raise ValueError(
             "autotune_buckets must be ascending positive token bounds, e.g. (16, 256), "
-            f"got {_short(value)}"
+            f"got {short_repr(value)}"
         )
     return bounds
 
@@ -412,7 +408,7 @@ def _parse_json(
     level, and the document is unwrapped the same way. ``where`` names the
     source in errors (default: the flag and the text, cut short).
     """
-    where = where or f"{CLI_FLAG} {_short(value)}"
+    where = where or f"{CLI_FLAG} {short_repr(value)}"
     example = 'expected e.g. \'{"rms_norm": ["vllm_c", "native"]}\''
     if json_nesting_depth(value, _MAX_JSON_DEPTH) > _MAX_JSON_DEPTH:  # json.loads recurses
         raise ValueError(f"{where} nests deeper than {_MAX_JSON_DEPTH} levels; {example}")
@@ -431,7 +427,7 @@ def _parse_json(
         # would apply unchecked what a newer writer meant to be checked
         if type(fmt) is not int or fmt not in TUNING_FORMATS:
             raise ValueError(
-                f'{where}: "format": {_short(fmt)} is not a tuning-file format this vllm-ir '
+                f'{where}: "format": {short_repr(fmt)} is not a tuning-file format this vllm-ir '
                 f"reads ({', '.join(map(str, TUNING_FORMATS))}); tune again with this vllm-ir, "
                 "or upgrade vllm-ir to read it"
             )
