@@ -3,11 +3,13 @@
 ``python engine_worker.py MODEL_DIR RUNS_JSON``: ``RUNS_JSON`` is a list of runs,
 each ``{"dtype": "float32"|"bfloat16", "mode": "eager"|"compiled", "impl":
 "auto"|"transformers", "plugin": bool}`` and optionally ``"custom_ops"`` (vLLM's
-``compilation_config.custom_ops``; compiled runs default to :data:`CUSTOM_OPS`).
+``compilation_config.custom_ops``; compiled runs default to :data:`CUSTOM_OPS`) and
+``"tp"`` (the tensor-parallel size).
 Each run builds ``vllm.LLM`` with the vllm-ir plugin (``vllm_ir_vllm.register()``)
 or not (``unregister()``), generates greedily from fixed token-id prompts and prints
 ``{"run": ..., "tokens": [[...], ...], "layers": [[class, count, impl], ...],
-"calls": {op: n}}`` (``calls``: the ``marker`` provider's calls during the run).
+"rank_layers": [layers of each rank], "calls": {op: n}}`` (``calls``: the ``marker``
+provider's calls during the run).
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the
 marker's counts are this process's.
 """
@@ -52,6 +54,7 @@ def run_one(model: str, run: dict[str, Any]) -> dict[str, Any]:
         "max_model_len": 64,
         "max_num_seqs": len(PROMPTS),
         "seed": 0,
+        "tensor_parallel_size": run.get("tp", 1),
         # the report by method name, as on a default multiprocess engine
         "worker_extension_cls": "vllm_ir_vllm.report.LayerReportExtension",
     }
@@ -61,7 +64,7 @@ def run_one(model: str, run: dict[str, Any]) -> dict[str, Any]:
     llm = LLM(model, **options)
     params = SamplingParams(max_tokens=TOKENS, temperature=0.0, detokenize=False)
     outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params)
-    rows = llm.collective_rpc("ir_layer_report")[0]
+    reports = llm.collective_rpc("ir_layer_report")  # one per rank
     calls = {k: n - before.get(k, 0) for k, n in vllm_ir_marker.CALLS.items()}
     del llm
     gc.collect()
@@ -69,7 +72,8 @@ def run_one(model: str, run: dict[str, Any]) -> dict[str, Any]:
     return {
         "run": run,
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-        "layers": rows,
+        "layers": reports[0],
+        "rank_layers": reports,
         "calls": {k: n for k, n in calls.items() if n},
     }
 

@@ -203,6 +203,23 @@ def test_a_per_rank_file_is_read_in_the_worker(models: dict[str, str], tmp_path:
     assert norm.startswith("marker"), norm
 
 
+def test_tensor_parallel_ranks_read_their_own_files(
+    models: dict[str, str], tmp_path: Path
+) -> None:
+    """TP=2 (vLLM's CPU thread binding set by hand, one core per rank): each worker
+    reads the ``{rank}`` file of its torch.distributed rank, and each rank's layer
+    report shows its own file's choice."""
+    (tmp_path / "tp-0.json").write_text(json.dumps({"vllm_rms_norm": ["cpu_c", "native"]}))
+    (tmp_path / "tp-1.json").write_text(json.dumps({"vllm_rms_norm": ["native"]}))
+    runs = [{"dtype": "float32", "mode": "eager", "impl": "auto", "plugin": True, "tp": 2}]
+    env = {"VLLM_IR_PRIORITY_FILE": str(tmp_path / "tp-{rank}.json")}
+    env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    (result,) = _engines(models["llama"], runs, **env)
+    norm = "vllm.model_executor.layers.layernorm.RMSNorm"
+    per_rank = [{layer: impl for layer, _, impl in rows}[norm] for rows in result["rank_layers"]]
+    assert per_rank == ["cpu_c", "native (with residual: cpu_c)"]
+
+
 def test_hardware_agnostic_transformers_layers(models: dict[str, str]) -> None:
     runs = [{"dtype": "float32", "mode": "eager", "impl": "transformers", "plugin": True}]
     (result,) = _engines(models["llama"], runs, VLLM_USE_HW_AGNOSTIC="1", **MARKED)
