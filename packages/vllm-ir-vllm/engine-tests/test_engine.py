@@ -203,9 +203,7 @@ def test_a_per_rank_file_is_read_in_the_worker(models: dict[str, str], tmp_path:
     assert norm.startswith("marker"), norm
 
 
-def test_tensor_parallel_ranks_read_their_own_files(
-    models: dict[str, str], tmp_path: Path
-) -> None:
+def test_tensor_parallel_ranks_read_their_own_files(models: dict[str, str], tmp_path: Path) -> None:
     """TP=2 (vLLM's CPU thread binding set by hand, one core per rank): each worker
     reads the ``{rank}`` file of its torch.distributed rank, and each rank's layer
     report shows its own file's choice."""
