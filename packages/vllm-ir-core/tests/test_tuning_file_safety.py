@@ -567,6 +567,10 @@ def build():
 """
 
 
+def _sigint_as_from_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_interrupting_tune_model_keeps_the_old_file_and_leaves_nothing(
     tmp_path: Path, sig: signal.Signals
@@ -589,6 +593,9 @@ def test_interrupting_tune_model_keeps_the_old_file_and_leaves_nothing(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as from a terminal: a background job (`cmd &` in a script) starts with
+        # SIGINT ignored, and Python then never raises KeyboardInterrupt
+        preexec_fn=_sigint_as_from_a_terminal,
     )
     deadline = time.monotonic() + 120
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
