@@ -37,6 +37,7 @@ from vllm_ir.provider import envs
 
 __all__ = [
     "LAYER_OPS",
+    "MODEL_VARIABLE",
     "PRIORITY_FILE",
     "PRIORITY_PREFIX",
     "check_file",
@@ -65,15 +66,15 @@ _CALLED_INSTEAD = {
 }
 """Seed ops whose vLLM layer calls the op with vLLM's numerics instead."""
 
-_MODEL_VARIABLE = "VLLM_IR_VLLM_MODEL"
-"""Read by ``vllm_ir_vllm.tune_model`` (kept here: importing it imports torch.nn)."""
+MODEL_VARIABLE = "VLLM_IR_VLLM_MODEL"
+"""The model directory ``vllm_ir_vllm.tune_model`` sizes vLLM's layers for."""
 
 
 def _check_names(environ: Mapping[str, str]) -> None:
     # VLLM_IR_PRIORITY_<OP> is checked by op (_per_op); names it offers for a typo
     per_op = {PRIORITY_PREFIX + name.upper() for name in (*LAYER_OPS, *ir.ops.__all__)}
     rest = {k: v for k, v in environ.items() if not k.startswith(PRIORITY_PREFIX)}
-    unknown = envs.unknown_variables(rest, {PRIORITY_FILE, _MODEL_VARIABLE, *per_op})
+    unknown = envs.unknown_variables(rest, {PRIORITY_FILE, MODEL_VARIABLE, *per_op})
     if unknown:
         name, near = unknown[0]
         hint = f"; did you mean {near}?" if near else " (docs/vllm.md lists them)"

@@ -28,10 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["MODEL_VARIABLE", "VllmLayers", "layers"]
+from vllm_ir_vllm.settings import MODEL_VARIABLE
 
-MODEL_VARIABLE = "VLLM_IR_VLLM_MODEL"
-"""The variable naming the model directory whose config sizes the layers."""
+__all__ = ["MODEL_VARIABLE", "VllmLayers", "layers"]
 
 
 class VllmLayers(nn.Module):
